@@ -1,1 +1,30 @@
-//! placeholder
+//! Safe Rust for CRIU's plugin ABI.
+//!
+//! A CRIU plugin is a shared object in CRIU's plugin directory that exports one symbol,
+//! `CR_PLUGIN_DESC`. This crate provides:
+//!
+//! - [`abi`]: the descriptor, hook slots and stages exactly as `criu` reads them;
+//! - [`host`]: which CRIU loaded the plugin (hook count, `RESTORE_EXT_FILE` arity), found
+//!   before CRIU checks the descriptor, so one binary loads in every CRIU from 3.17 to criu-dev;
+//! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
+//!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
+//! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
+//! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
+//!   contain panics and map errors to negative errno, and [`export_plugin!`].
+//!
+//! ```ignore
+//! struct MyPlugin;
+//! impl criu_plugin::Plugin for MyPlugin { /* ... */ }
+//! criu_plugin::export_plugin!(MyPlugin);
+//! ```
+
+pub mod abi;
+pub mod host;
+pub mod log;
+pub mod plugin;
+pub mod symbols;
+
+pub use abi::{HookId, PluginDesc, Stage};
+pub use host::{Host, HostVersion};
+pub use plugin::{HookError, HookResult, Plugin, VmaUpdate};
+pub use symbols::{CriuSymbols, FinalState};

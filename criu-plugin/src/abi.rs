@@ -1,0 +1,188 @@
+//! CRIU's plugin ABI as the `criu` binary reads it (`criu/include/criu-plugin.h`).
+//!
+//! The descriptor layout has not changed since CRIU 1.4 apart from the length of the hook
+//! array, and the host only reads `hooks[0 .. max_hooks)`. On x86-64 and aarch64 the fields sit
+//! at: name 0, init 8, exit 16, version 24, max_hooks 28, hooks 32.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+/// The descriptor version CRIU accepts (`CRIU_PLUGIN_VERSION`, 0.2.0, since CRIU 1.4).
+///
+/// Never 0x100 (`CRIU_PLUGIN_VERSION_OLD`): `cr_plugin_fini` frees descriptors with that
+/// version, assuming the host allocated them.
+pub const CRIU_PLUGIN_VERSION: c_uint = 0x0200;
+
+/// The pre-descriptor version CRIU frees on unload; exported only so tests can refuse it.
+pub const CRIU_PLUGIN_VERSION_OLD: c_uint = 0x0100;
+
+/// Number of hook slots this crate knows (`CR_PLUGIN_HOOK__MAX` of criu-dev, November 2025).
+pub const HOOK_SLOTS: usize = 15;
+
+/// The stage a plugin is initialised for (`enum cr_plugin_stage`, the same in every CRIU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// `criu dump` (`CR_PLUGIN_STAGE__DUMP`).
+    Dump,
+    /// `criu pre-dump` (`CR_PLUGIN_STAGE__PRE_DUMP`): CRIU never calls `exit` for it.
+    PreDump,
+    /// `criu restore` (`CR_PLUGIN_STAGE__RESTORE`).
+    Restore,
+}
+
+impl Stage {
+    /// Decodes CRIU's stage number.
+    pub fn from_raw(raw: c_int) -> Option<Stage> {
+        match raw {
+            0 => Some(Stage::Dump),
+            1 => Some(Stage::PreDump),
+            2 => Some(Stage::Restore),
+            _ => None,
+        }
+    }
+
+    /// CRIU's stage number.
+    pub fn as_raw(self) -> c_int {
+        match self {
+            Stage::Dump => 0,
+            Stage::PreDump => 1,
+            Stage::Restore => 2,
+        }
+    }
+}
+
+/// Hook slots (`enum cr_plugin_hook`), with the CRIU release that introduced each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum HookId {
+    /// `(int fd, int id)`, all versions.
+    DumpUnixSk = 0,
+    /// `(int id)`, all versions.
+    RestoreUnixSk = 1,
+    /// `(int fd, int id)`, all versions.
+    DumpExtFile = 2,
+    /// `(int id)` up to 4.2; `(int id, bool *retry_needed)` in criu-dev.
+    RestoreExtFile = 3,
+    /// `(char *mountpoint, int id)`, all versions.
+    DumpExtMount = 4,
+    /// `(int id, char *mountpoint, char *old_root, int *is_file)`, all versions.
+    RestoreExtMount = 5,
+    /// `(int index, int type, char *kind)`, all versions.
+    DumpExtLink = 6,
+    /// `(int fd, const struct stat *st)`, CRIU 3.17.
+    HandleDeviceVma = 7,
+    /// `(const char *path, u64 addr, u64 old_pgoff, u64 *new_pgoff, int *plugin_fd)`, CRIU 3.17.
+    UpdateVmaMap = 8,
+    /// `(int pid)`, CRIU 3.17.
+    ResumeDevicesLate = 9,
+    /// `(int pid)`, CRIU 4.0.
+    PauseDevices = 10,
+    /// `(int pid)`, CRIU 4.0.
+    CheckpointDevices = 11,
+    /// `(void)`, CRIU 4.2.
+    PostForking = 12,
+    /// `(void)`, criu-dev.
+    RestoreInit = 13,
+    /// `(int id)`, criu-dev.
+    DumpDevicesLate = 14,
+}
+
+impl HookId {
+    /// Every hook in slot order.
+    pub const ALL: [HookId; HOOK_SLOTS] = [
+        HookId::DumpUnixSk,
+        HookId::RestoreUnixSk,
+        HookId::DumpExtFile,
+        HookId::RestoreExtFile,
+        HookId::DumpExtMount,
+        HookId::RestoreExtMount,
+        HookId::DumpExtLink,
+        HookId::HandleDeviceVma,
+        HookId::UpdateVmaMap,
+        HookId::ResumeDevicesLate,
+        HookId::PauseDevices,
+        HookId::CheckpointDevices,
+        HookId::PostForking,
+        HookId::RestoreInit,
+        HookId::DumpDevicesLate,
+    ];
+
+    /// The slot index in the descriptor's hook array.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The legacy symbol name CRIU looks up for this hook; it also sits in the `criu` binary's
+    /// read-only data of every host that knows the hook, which is how hosts are told apart.
+    pub const fn legacy_symbol(self) -> &'static str {
+        match self {
+            HookId::DumpUnixSk => "cr_plugin_dump_unix_sk",
+            HookId::RestoreUnixSk => "cr_plugin_restore_unix_sk",
+            HookId::DumpExtFile => "cr_plugin_dump_file",
+            HookId::RestoreExtFile => "cr_plugin_restore_file",
+            HookId::DumpExtMount => "cr_plugin_dump_ext_mount",
+            HookId::RestoreExtMount => "cr_plugin_restore_ext_mount",
+            HookId::DumpExtLink => "cr_plugin_dump_ext_link",
+            HookId::HandleDeviceVma => "cr_plugin_handle_device_vma",
+            HookId::UpdateVmaMap => "cr_plugin_update_vma_map",
+            HookId::ResumeDevicesLate => "cr_plugin_resume_devices_late",
+            HookId::PauseDevices => "cr_plugin_pause_devices",
+            HookId::CheckpointDevices => "cr_plugin_checkpoint_devices",
+            HookId::PostForking => "cr_plugin_post_forking",
+            HookId::RestoreInit => "cr_plugin_restore_init",
+            HookId::DumpDevicesLate => "cr_plugin_dump_devices_late",
+        }
+    }
+}
+
+/// A type-erased hook pointer as stored in the descriptor (`void *hooks[]`).
+pub type RawHook = Option<unsafe extern "C" fn()>;
+
+/// `int (*init)(int stage)`.
+pub type InitFn = unsafe extern "C" fn(stage: c_int) -> c_int;
+/// `void (*exit)(int stage, int ret)`.
+pub type ExitFn = unsafe extern "C" fn(stage: c_int, ret: c_int);
+
+/// `cr_plugin_desc_t`, laid out exactly as CRIU reads it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PluginDesc {
+    /// Plugin name, shown in CRIU's debug log.
+    pub name: *const c_char,
+    /// Called once per stage after loading; non-zero fails the whole CRIU run.
+    pub init: Option<InitFn>,
+    /// Called at the end of dump and restore (never for pre-dump).
+    pub exit: Option<ExitFn>,
+    /// Must be at most [`CRIU_PLUGIN_VERSION`] and never [`CRIU_PLUGIN_VERSION_OLD`].
+    pub version: c_uint,
+    /// How many hook slots the host may read; more than the host knows fails every CRIU run.
+    pub max_hooks: c_uint,
+    /// Hook pointers; NULL slots are skipped by the host.
+    pub hooks: [RawHook; HOOK_SLOTS],
+}
+
+// SAFETY: the descriptor holds only a pointer to a static C string and function pointers, all
+// immutable after the load-time constructor adjusts `max_hooks`.
+unsafe impl Sync for PluginDesc {}
+
+impl PluginDesc {
+    /// A descriptor with every slot set from `hooks`; `max_hooks` starts at the full count and is
+    /// lowered to the host's by [`crate::host::adapt_descriptor`].
+    pub const fn new(
+        name: &'static std::ffi::CStr,
+        init: Option<InitFn>,
+        exit: Option<ExitFn>,
+        hooks: [RawHook; HOOK_SLOTS],
+    ) -> PluginDesc {
+        PluginDesc {
+            name: name.as_ptr(),
+            init,
+            exit,
+            version: CRIU_PLUGIN_VERSION,
+            max_hooks: HOOK_SLOTS as c_uint,
+            hooks,
+        }
+    }
+}
+
+/// Signature of `print_on_level` (`void print_on_level(unsigned int loglevel, const char *format, ...)`).
+pub type PrintOnLevelFn = unsafe extern "C" fn(c_uint, *const c_char, ...);

@@ -1,0 +1,163 @@
+//! Logging into CRIU's own log through `print_on_level`, behind the `log` facade.
+//!
+//! CRIU formats every message into one static buffer, so calls are serialised here (CRIU's own
+//! SIGALRM handler may still log concurrently; nothing can be done about that). Lines follow
+//! CRIU's macros: errors and warnings read `Error (file:line): prefix: message`, so the first
+//! error (which CRIU hands to runc and Podman as the failure reason) carries the plugin's name.
+//! Level 0 (`LOG_MSG`) goes to stdout in CRIU and is never used.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::sync::Mutex;
+
+use crate::symbols::CriuSymbols;
+
+/// CRIU's log levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum CriuLevel {
+    /// `LOG_ERROR`.
+    Error = 1,
+    /// `LOG_WARN`, CRIU's default.
+    Warn = 2,
+    /// `LOG_INFO`: timestamps are added from here on.
+    Info = 3,
+    /// `LOG_DEBUG` (`-v4`, what runc and crun use).
+    Debug = 4,
+}
+
+impl From<log::Level> for CriuLevel {
+    fn from(l: log::Level) -> Self {
+        match l {
+            log::Level::Error => CriuLevel::Error,
+            log::Level::Warn => CriuLevel::Warn,
+            log::Level::Info => CriuLevel::Info,
+            log::Level::Debug | log::Level::Trace => CriuLevel::Debug,
+        }
+    }
+}
+
+/// Builds one CRIU log line the way CRIU's `pr_*` macros do.
+pub fn format_line(
+    level: CriuLevel,
+    prefix: &str,
+    file: Option<&str>,
+    line: Option<u32>,
+    msg: &str,
+) -> String {
+    let loc = match (file, line) {
+        (Some(f), Some(l)) => format!("{}:{l}", f.rsplit('/').next().unwrap_or(f)),
+        (Some(f), None) => f.to_string(),
+        _ => prefix.to_string(),
+    };
+    let mut s = match level {
+        CriuLevel::Error => format!("Error ({loc}): {prefix}: {msg}"),
+        CriuLevel::Warn => format!("Warn  ({loc}): {prefix}: {msg}"),
+        CriuLevel::Info | CriuLevel::Debug => format!("{prefix}: {msg}"),
+    };
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+/// The `log::Log` implementation that writes into CRIU's log.
+pub struct CriuLogger {
+    prefix: &'static str,
+    lock: Mutex<()>,
+}
+
+impl CriuLogger {
+    /// A logger whose lines start with `prefix` (for example `gpu_plugin`).
+    pub const fn new(prefix: &'static str) -> CriuLogger {
+        CriuLogger {
+            prefix,
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Installs `logger` as the process's `log` backend (once; later calls keep the first) and
+    /// sets the `log` filter from CRIU's current level.
+    pub fn install(logger: &'static CriuLogger) {
+        let _ = log::set_logger(logger);
+        let level = match CriuSymbols::get().log_level() {
+            Some(0 | 1) => log::LevelFilter::Error,
+            Some(2) => log::LevelFilter::Warn,
+            Some(3) => log::LevelFilter::Info,
+            Some(_) => log::LevelFilter::Debug,
+            // Outside CRIU only warnings and errors reach stderr.
+            None => log::LevelFilter::Warn,
+        };
+        log::set_max_level(level);
+    }
+
+    /// Writes one line at `level`; used by the logger and by the panic path.
+    pub fn write(&self, level: CriuLevel, file: Option<&str>, line: Option<u32>, msg: &str) {
+        let text = format_line(level, self.prefix, file, line, msg);
+        // A poisoned lock only means another thread panicked while logging: keep logging.
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let syms = CriuSymbols::get();
+        match syms.print_on_level() {
+            Some(print) => {
+                let Ok(c) = CString::new(text.replace('\0', "\\0")) else {
+                    return;
+                };
+                // SAFETY: "%s" consumes exactly one NUL-terminated string argument, which `c`
+                // provides for the duration of the call; CRIU never keeps the pointer.
+                unsafe { print(level as u32, c"%s".as_ptr(), c.as_ptr()) };
+            }
+            None => {
+                let _ = std::io::stderr().write_all(text.as_bytes());
+            }
+        }
+    }
+}
+
+impl log::Log for CriuLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        self.write(
+            record.level().into(),
+            record.file(),
+            record.line(),
+            &record.args().to_string(),
+        );
+    }
+
+    fn flush(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_look_like_criu_macros() {
+        assert_eq!(
+            format_line(CriuLevel::Error, "gpu", Some("src/cuda/mod.rs"), Some(7), "boom"),
+            "Error (mod.rs:7): gpu: boom\n"
+        );
+        assert_eq!(
+            format_line(CriuLevel::Warn, "gpu", None, None, "careful\n"),
+            "Warn  (gpu): gpu: careful\n"
+        );
+        assert_eq!(
+            format_line(CriuLevel::Info, "gpu", Some("a.rs"), Some(1), "hi"),
+            "gpu: hi\n"
+        );
+    }
+
+    #[test]
+    fn levels_map_onto_criu() {
+        assert_eq!(CriuLevel::from(log::Level::Error) as u32, 1);
+        assert_eq!(CriuLevel::from(log::Level::Warn) as u32, 2);
+        assert_eq!(CriuLevel::from(log::Level::Info) as u32, 3);
+        assert_eq!(CriuLevel::from(log::Level::Trace) as u32, 4);
+    }
+}

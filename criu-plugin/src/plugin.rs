@@ -1,0 +1,640 @@
+//! The safe side of the ABI: a trait with one method per hook, and the `extern "C"`
+//! trampolines CRIU calls, which contain every panic and turn errors into negative errno.
+//!
+//! CRIU chains plugins per hook: `-ENOTSUP` means "not mine, ask the next plugin"; any other
+//! value ends the chain. [`HookError::NotMine`] is that answer.
+
+use std::ffi::{CStr, c_char, c_int};
+use std::os::fd::RawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook, Stage};
+use crate::log::{CriuLevel, CriuLogger};
+
+/// Why a hook did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookError {
+    /// The object (process, file, mapping) is not this plugin's: CRIU asks the next plugin.
+    NotMine,
+    /// A failure, as a positive errno value.
+    Errno(i32),
+}
+
+impl HookError {
+    /// The value a hook returns to CRIU.
+    pub fn to_return(self) -> c_int {
+        match self {
+            HookError::NotMine => -libc::ENOTSUP,
+            // A failure must never read as success or as "not mine".
+            HookError::Errno(e) if e > 0 && e != libc::ENOTSUP => -e,
+            HookError::Errno(_) => -libc::EIO,
+        }
+    }
+}
+
+impl From<std::io::Error> for HookError {
+    fn from(e: std::io::Error) -> Self {
+        HookError::Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+/// Result of a hook.
+pub type HookResult<T = ()> = Result<T, HookError>;
+
+/// The answer to `UPDATE_VMA_MAP` for a mapping the plugin owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaUpdate {
+    /// The new file offset for the mapping (`*new_pgoff`).
+    pub new_pgoff: u64,
+    /// An fd CRIU maps instead of reopening the path, and then closes; `None` for -1.
+    pub plugin_fd: Option<RawFd>,
+}
+
+/// A CRIU plugin. Every hook defaults to [`HookError::NotMine`]; list the hooks the plugin
+/// implements in [`Plugin::HOOKS`] so that CRIU only calls those.
+#[allow(unused_variables)]
+pub trait Plugin: Sync + 'static {
+    /// Name in the descriptor (CRIU's debug log shows it).
+    const NAME: &'static CStr;
+    /// Prefix of every log line.
+    const LOG_PREFIX: &'static str;
+    /// Hooks to register.
+    const HOOKS: &'static [HookId];
+
+    /// The plugin's single instance.
+    fn instance() -> &'static Self;
+
+    /// The logger the trampolines install at `init`.
+    fn logger() -> &'static CriuLogger;
+
+    /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do (no
+    /// GPU) returns `Ok` and disables itself.
+    fn init(&self, stage: Stage) -> HookResult;
+    /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure).
+    fn exit(&self, stage: Stage, ret: i32);
+
+    /// `DUMP_UNIX_SK(fd, id)`.
+    fn dump_unix_sk(&self, fd: RawFd, id: u32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `RESTORE_UNIX_SK(id)`: the restored socket.
+    fn restore_unix_sk(&self, id: u32) -> HookResult<RawFd> {
+        Err(HookError::NotMine)
+    }
+    /// `DUMP_EXT_FILE(fd, id)`.
+    fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `RESTORE_EXT_FILE(id[, retry_needed])`: the restored fd. `retry` is `Some` where the host
+    /// supports retries (criu-dev); setting it to true asks CRIU to call again later.
+    fn restore_ext_file(&self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
+        Err(HookError::NotMine)
+    }
+    /// `DUMP_EXT_MOUNT(mountpoint, id)`.
+    fn dump_ext_mount(&self, mountpoint: &CStr, id: u32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `RESTORE_EXT_MOUNT(id, mountpoint, old_root, is_file)`.
+    fn restore_ext_mount(
+        &self,
+        id: u32,
+        mountpoint: &CStr,
+        old_root: &CStr,
+        is_file: Option<&mut bool>,
+    ) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `DUMP_EXT_LINK(index, type, kind)`; runs in a forked child of CRIU.
+    fn dump_ext_link(&self, index: i32, link_type: i32, kind: &CStr) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `HANDLE_DEVICE_VMA(fd, stat)`: claim a device mapping so CRIU records it without contents.
+    fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `UPDATE_VMA_MAP(path, addr, old_pgoff, new_pgoff, plugin_fd)`.
+    fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
+        Err(HookError::NotMine)
+    }
+    /// `RESUME_DEVICES_LATE(pid)`: CRIU ignores failures here beyond a debug line.
+    fn resume_devices_late(&self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `PAUSE_DEVICES(pid)`: before the task is seized (also in pre-dump).
+    fn pause_devices(&self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `CHECKPOINT_DEVICES(pid)`: every task seized.
+    fn checkpoint_devices(&self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `POST_FORKING()`.
+    fn post_forking(&self) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `RESTORE_INIT()`.
+    fn restore_init(&self) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// `DUMP_DEVICES_LATE(id)`.
+    fn dump_devices_late(&self, id: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Runs a hook body: a panic is logged and returned as `-EIO`, never unwound into CRIU.
+pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(rc) => rc,
+        Err(payload) => {
+            let msg = format!(
+                "internal error in {hook}: {}; the operation is failed safely",
+                panic_message(payload.as_ref())
+            );
+            P::logger().write(CriuLevel::Error, None, None, &msg);
+            -libc::EIO
+        }
+    }
+}
+
+fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => e.to_return(),
+    }
+}
+
+fn id_u32(id: c_int) -> u32 {
+    id as u32
+}
+
+/// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
+pub mod trampolines {
+    use super::*;
+
+    /// `init`.
+    pub unsafe extern "C" fn init<P: Plugin>(stage: c_int) -> c_int {
+        guard::<P>("init", || {
+            CriuLogger::install(P::logger());
+            // Quieten Rust's default panic message on stderr: `guard` logs panics instead.
+            std::panic::set_hook(Box::new(|_| {}));
+            let Some(stage) = Stage::from_raw(stage) else {
+                log::error!("unknown CRIU stage {stage}");
+                return -libc::EINVAL;
+            };
+            ret(P::instance().init(stage), |_| 0)
+        })
+    }
+
+    /// `exit`.
+    pub unsafe extern "C" fn exit<P: Plugin>(stage: c_int, rc: c_int) {
+        guard::<P>("exit", || {
+            if let Some(stage) = Stage::from_raw(stage) {
+                P::instance().exit(stage, rc);
+            }
+            0
+        });
+    }
+
+    /// `DUMP_UNIX_SK`.
+    pub unsafe extern "C" fn dump_unix_sk<P: Plugin>(fd: c_int, id: c_int) -> c_int {
+        guard::<P>("DUMP_UNIX_SK", || {
+            ret(P::instance().dump_unix_sk(fd, id_u32(id)), |_| 0)
+        })
+    }
+
+    /// `RESTORE_UNIX_SK`.
+    pub unsafe extern "C" fn restore_unix_sk<P: Plugin>(id: c_int) -> c_int {
+        guard::<P>("RESTORE_UNIX_SK", || {
+            ret(P::instance().restore_unix_sk(id_u32(id)), |fd| fd)
+        })
+    }
+
+    /// `DUMP_EXT_FILE`.
+    pub unsafe extern "C" fn dump_ext_file<P: Plugin>(fd: c_int, id: c_int) -> c_int {
+        guard::<P>("DUMP_EXT_FILE", || {
+            ret(P::instance().dump_ext_file(fd, id_u32(id)), |_| 0)
+        })
+    }
+
+    /// `RESTORE_EXT_FILE` as CRIU up to 4.2 calls it.
+    pub unsafe extern "C" fn restore_ext_file<P: Plugin>(id: c_int) -> c_int {
+        guard::<P>("RESTORE_EXT_FILE", || {
+            ret(P::instance().restore_ext_file(id_u32(id), None), |fd| fd)
+        })
+    }
+
+    /// `RESTORE_EXT_FILE` as criu-dev calls it, with `bool *retry_needed`.
+    pub unsafe extern "C" fn restore_ext_file_retry<P: Plugin>(
+        id: c_int,
+        retry_needed: *mut bool,
+    ) -> c_int {
+        guard::<P>("RESTORE_EXT_FILE", || {
+            let mut retry = false;
+            let rc = ret(
+                P::instance().restore_ext_file(id_u32(id), Some(&mut retry)),
+                |fd| fd,
+            );
+            // The host leaves its flag uninitialised: always write it.
+            if !retry_needed.is_null() {
+                // SAFETY: criu-dev passes a pointer to a live bool on its stack.
+                unsafe { retry_needed.write(retry) };
+            }
+            rc
+        })
+    }
+
+    /// `DUMP_EXT_MOUNT`.
+    pub unsafe extern "C" fn dump_ext_mount<P: Plugin>(mp: *mut c_char, id: c_int) -> c_int {
+        guard::<P>("DUMP_EXT_MOUNT", || {
+            if mp.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: CRIU passes a NUL-terminated mount point valid for the call.
+            let mp = unsafe { CStr::from_ptr(mp) };
+            ret(P::instance().dump_ext_mount(mp, id_u32(id)), |_| 0)
+        })
+    }
+
+    /// `RESTORE_EXT_MOUNT`.
+    pub unsafe extern "C" fn restore_ext_mount<P: Plugin>(
+        id: c_int,
+        mp: *mut c_char,
+        old_root: *mut c_char,
+        is_file: *mut c_int,
+    ) -> c_int {
+        guard::<P>("RESTORE_EXT_MOUNT", || {
+            if mp.is_null() || old_root.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: CRIU passes NUL-terminated strings valid for the call.
+            let (mp, old_root) = unsafe { (CStr::from_ptr(mp), CStr::from_ptr(old_root)) };
+            let mut file = false;
+            let want_file = !is_file.is_null();
+            let r = P::instance().restore_ext_mount(
+                id_u32(id),
+                mp,
+                old_root,
+                want_file.then_some(&mut file),
+            );
+            if want_file {
+                // SAFETY: non-null `is_file` points to an int CRIU reads after the call.
+                unsafe { is_file.write(c_int::from(file)) };
+            }
+            ret(r, |_| 0)
+        })
+    }
+
+    /// `DUMP_EXT_LINK`.
+    pub unsafe extern "C" fn dump_ext_link<P: Plugin>(
+        index: c_int,
+        link_type: c_int,
+        kind: *mut c_char,
+    ) -> c_int {
+        guard::<P>("DUMP_EXT_LINK", || {
+            if kind.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: CRIU passes a NUL-terminated link kind valid for the call.
+            let kind = unsafe { CStr::from_ptr(kind) };
+            ret(P::instance().dump_ext_link(index, link_type, kind), |_| 0)
+        })
+    }
+
+    /// `HANDLE_DEVICE_VMA`.
+    pub unsafe extern "C" fn handle_device_vma<P: Plugin>(
+        fd: c_int,
+        st: *const libc::stat,
+    ) -> c_int {
+        guard::<P>("HANDLE_DEVICE_VMA", || {
+            if st.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: CRIU passes the stat of the mapping's file, valid for the call.
+            let st = unsafe { &*st };
+            ret(P::instance().handle_device_vma(fd, st), |_| 0)
+        })
+    }
+
+    /// `UPDATE_VMA_MAP`: returns 1 when the offset was replaced, as CRIU expects.
+    pub unsafe extern "C" fn update_vma_map<P: Plugin>(
+        path: *const c_char,
+        addr: u64,
+        old_pgoff: u64,
+        new_pgoff: *mut u64,
+        plugin_fd: *mut c_int,
+    ) -> c_int {
+        guard::<P>("UPDATE_VMA_MAP", || {
+            if path.is_null() || new_pgoff.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: CRIU passes a NUL-terminated path valid for the call.
+            let path = unsafe { CStr::from_ptr(path) };
+            ret(P::instance().update_vma_map(path, addr, old_pgoff), |u| {
+                // SAFETY: CRIU passes pointers to its own locals for both outputs.
+                unsafe {
+                    new_pgoff.write(u.new_pgoff);
+                    if !plugin_fd.is_null() {
+                        plugin_fd.write(u.plugin_fd.unwrap_or(-1));
+                    }
+                }
+                1
+            })
+        })
+    }
+
+    /// `RESUME_DEVICES_LATE`.
+    pub unsafe extern "C" fn resume_devices_late<P: Plugin>(pid: c_int) -> c_int {
+        guard::<P>("RESUME_DEVICES_LATE", || {
+            ret(P::instance().resume_devices_late(pid), |_| 0)
+        })
+    }
+
+    /// `PAUSE_DEVICES`.
+    pub unsafe extern "C" fn pause_devices<P: Plugin>(pid: c_int) -> c_int {
+        guard::<P>("PAUSE_DEVICES", || {
+            ret(P::instance().pause_devices(pid), |_| 0)
+        })
+    }
+
+    /// `CHECKPOINT_DEVICES`.
+    pub unsafe extern "C" fn checkpoint_devices<P: Plugin>(pid: c_int) -> c_int {
+        guard::<P>("CHECKPOINT_DEVICES", || {
+            ret(P::instance().checkpoint_devices(pid), |_| 0)
+        })
+    }
+
+    /// `POST_FORKING`.
+    pub unsafe extern "C" fn post_forking<P: Plugin>() -> c_int {
+        guard::<P>("POST_FORKING", || ret(P::instance().post_forking(), |_| 0))
+    }
+
+    /// `RESTORE_INIT`.
+    pub unsafe extern "C" fn restore_init<P: Plugin>() -> c_int {
+        guard::<P>("RESTORE_INIT", || ret(P::instance().restore_init(), |_| 0))
+    }
+
+    /// `DUMP_DEVICES_LATE`.
+    pub unsafe extern "C" fn dump_devices_late<P: Plugin>(id: c_int) -> c_int {
+        guard::<P>("DUMP_DEVICES_LATE", || {
+            ret(P::instance().dump_devices_late(id), |_| 0)
+        })
+    }
+}
+
+macro_rules! erase {
+    ($f:expr, $ty:ty) => {{
+        let f: $ty = $f;
+        // SAFETY: function pointers of every signature share one representation; CRIU calls
+        // the slot with the signature `$ty` spells out.
+        Some(unsafe { std::mem::transmute::<$ty, unsafe extern "C" fn()>(f) })
+    }};
+}
+
+type PidHook = unsafe extern "C" fn(c_int) -> c_int;
+type FdIdHook = unsafe extern "C" fn(c_int, c_int) -> c_int;
+type VoidHook = unsafe extern "C" fn() -> c_int;
+
+/// The hook pointer for slot `hook` of plugin `P`.
+pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
+    use trampolines as t;
+    match hook {
+        HookId::DumpUnixSk => erase!(t::dump_unix_sk::<P>, FdIdHook),
+        HookId::RestoreUnixSk => erase!(t::restore_unix_sk::<P>, PidHook),
+        HookId::DumpExtFile => erase!(t::dump_ext_file::<P>, FdIdHook),
+        HookId::RestoreExtFile => erase!(t::restore_ext_file::<P>, PidHook),
+        HookId::DumpExtMount => erase!(
+            t::dump_ext_mount::<P>,
+            unsafe extern "C" fn(*mut c_char, c_int) -> c_int
+        ),
+        HookId::RestoreExtMount => erase!(
+            t::restore_ext_mount::<P>,
+            unsafe extern "C" fn(c_int, *mut c_char, *mut c_char, *mut c_int) -> c_int
+        ),
+        HookId::DumpExtLink => erase!(
+            t::dump_ext_link::<P>,
+            unsafe extern "C" fn(c_int, c_int, *mut c_char) -> c_int
+        ),
+        HookId::HandleDeviceVma => erase!(
+            t::handle_device_vma::<P>,
+            unsafe extern "C" fn(c_int, *const libc::stat) -> c_int
+        ),
+        HookId::UpdateVmaMap => erase!(
+            t::update_vma_map::<P>,
+            unsafe extern "C" fn(*const c_char, u64, u64, *mut u64, *mut c_int) -> c_int
+        ),
+        HookId::ResumeDevicesLate => erase!(t::resume_devices_late::<P>, PidHook),
+        HookId::PauseDevices => erase!(t::pause_devices::<P>, PidHook),
+        HookId::CheckpointDevices => erase!(t::checkpoint_devices::<P>, PidHook),
+        HookId::PostForking => erase!(t::post_forking::<P>, VoidHook),
+        HookId::RestoreInit => erase!(t::restore_init::<P>, VoidHook),
+        HookId::DumpDevicesLate => erase!(t::dump_devices_late::<P>, PidHook),
+    }
+}
+
+/// The `RESTORE_EXT_FILE` variant for criu-dev hosts.
+pub const fn restore_ext_file_retry_pointer<P: Plugin>() -> RawHook {
+    erase!(
+        trampolines::restore_ext_file_retry::<P>,
+        unsafe extern "C" fn(c_int, *mut bool) -> c_int
+    )
+}
+
+/// The descriptor for plugin `P`, with the hooks of [`Plugin::HOOKS`] filled in.
+pub const fn descriptor<P: Plugin>() -> PluginDesc {
+    let mut hooks: [RawHook; HOOK_SLOTS] = [None; HOOK_SLOTS];
+    let mut i = 0;
+    while i < P::HOOKS.len() {
+        let h = P::HOOKS[i];
+        hooks[h.index()] = hook_pointer::<P>(h);
+        i += 1;
+    }
+    PluginDesc::new(
+        P::NAME,
+        erase_init(trampolines::init::<P>),
+        erase_exit(trampolines::exit::<P>),
+        hooks,
+    )
+}
+
+const fn erase_init(f: unsafe extern "C" fn(c_int) -> c_int) -> Option<crate::abi::InitFn> {
+    Some(f)
+}
+
+const fn erase_exit(f: unsafe extern "C" fn(c_int, c_int)) -> Option<crate::abi::ExitFn> {
+    Some(f)
+}
+
+/// Exports `CR_PLUGIN_DESC` for plugin type `$plugin`, and a library constructor that fits the
+/// descriptor to the loading CRIU before `dlopen` returns. Use it once, in the cdylib crate
+/// itself (`#[no_mangle]` items of dependencies are not reliably exported).
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        /// The descriptor CRIU looks up after `dlopen`.
+        #[unsafe(no_mangle)]
+        pub static mut CR_PLUGIN_DESC: $crate::abi::PluginDesc =
+            $crate::plugin::descriptor::<$plugin>();
+
+        #[used]
+        #[unsafe(link_section = ".init_array")]
+        static __CRIU_PLUGIN_ADAPT: extern "C" fn() = {
+            extern "C" fn adapt() {
+                // A panic here would abort CRIU inside dlopen: contain it and keep the
+                // descriptor's defaults.
+                let _ = ::std::panic::catch_unwind(|| {
+                    // SAFETY: constructors run inside dlopen before CRIU reads the descriptor,
+                    // and nothing else touches it then.
+                    unsafe {
+                        $crate::host::adapt_descriptor(
+                            &raw mut CR_PLUGIN_DESC,
+                            $crate::plugin::restore_ext_file_retry_pointer::<$plugin>(),
+                        )
+                    }
+                });
+            }
+            adapt
+        };
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Probe {
+        calls: Mutex<Vec<String>>,
+        panics: AtomicUsize,
+    }
+
+    static PROBE: Probe = Probe {
+        calls: Mutex::new(Vec::new()),
+        panics: AtomicUsize::new(0),
+    };
+    static LOGGER: CriuLogger = CriuLogger::new("probe");
+
+    impl Plugin for Probe {
+        const NAME: &'static CStr = c"probe";
+        const LOG_PREFIX: &'static str = "probe";
+        const HOOKS: &'static [HookId] = &[
+            HookId::PauseDevices,
+            HookId::RestoreExtFile,
+            HookId::UpdateVmaMap,
+        ];
+        fn instance() -> &'static Self {
+            &PROBE
+        }
+        fn logger() -> &'static CriuLogger {
+            &LOGGER
+        }
+        fn init(&self, _stage: Stage) -> HookResult {
+            Ok(())
+        }
+        fn exit(&self, stage: Stage, ret: i32) {
+            self.calls.lock().unwrap().push(format!("exit {stage:?} {ret}"));
+        }
+        fn pause_devices(&self, pid: i32) -> HookResult {
+            match pid {
+                1 => Ok(()),
+                2 => Err(HookError::Errno(libc::ETIMEDOUT)),
+                3 => {
+                    self.panics.fetch_add(1, Ordering::SeqCst);
+                    panic!("pid 3 is cursed")
+                }
+                4 => Err(HookError::Errno(0)),
+                _ => Err(HookError::NotMine),
+            }
+        }
+        fn restore_ext_file(&self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
+            if let Some(r) = retry {
+                *r = id == 9;
+            }
+            Ok(id as RawFd + 100)
+        }
+        fn update_vma_map(&self, _p: &CStr, _a: u64, old: u64) -> HookResult<VmaUpdate> {
+            Ok(VmaUpdate {
+                new_pgoff: old + 1,
+                plugin_fd: None,
+            })
+        }
+    }
+
+    #[test]
+    fn descriptor_fills_only_listed_hooks() {
+        let d = descriptor::<Probe>();
+        assert_eq!(d.version, crate::abi::CRIU_PLUGIN_VERSION);
+        assert_eq!(d.max_hooks as usize, HOOK_SLOTS);
+        for h in HookId::ALL {
+            assert_eq!(d.hooks[h.index()].is_some(), Probe::HOOKS.contains(&h), "{h:?}");
+        }
+        assert!(d.init.is_some() && d.exit.is_some());
+    }
+
+    #[test]
+    fn errors_become_negative_errno_and_panics_are_contained() {
+        // SAFETY: calling the trampolines directly as CRIU would.
+        unsafe {
+            assert_eq!(trampolines::pause_devices::<Probe>(1), 0);
+            assert_eq!(trampolines::pause_devices::<Probe>(2), -libc::ETIMEDOUT);
+            assert_eq!(trampolines::pause_devices::<Probe>(7), -libc::ENOTSUP);
+            assert_eq!(trampolines::pause_devices::<Probe>(4), -libc::EIO);
+            assert_eq!(trampolines::pause_devices::<Probe>(3), -libc::EIO);
+        }
+        assert_eq!(PROBE.panics.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn retry_flag_is_always_written() {
+        let mut flag = true;
+        // SAFETY: `flag` outlives the call.
+        let fd = unsafe { trampolines::restore_ext_file_retry::<Probe>(5, &mut flag) };
+        assert_eq!((fd, flag), (105, false));
+        // SAFETY: as above.
+        let fd = unsafe { trampolines::restore_ext_file_retry::<Probe>(9, &mut flag) };
+        assert_eq!((fd, flag), (109, true));
+        // SAFETY: the 1-argument variant takes only the id.
+        assert_eq!(unsafe { trampolines::restore_ext_file::<Probe>(1) }, 101);
+    }
+
+    #[test]
+    fn update_vma_map_returns_one_and_writes_outputs() {
+        let (mut pg, mut fd) = (0u64, 7);
+        // SAFETY: outputs point to locals; the path is a valid C string.
+        let rc = unsafe {
+            trampolines::update_vma_map::<Probe>(c"/dev/kfd".as_ptr(), 0, 41, &mut pg, &mut fd)
+        };
+        assert_eq!((rc, pg, fd), (1, 42, -1));
+    }
+
+    #[test]
+    fn exit_is_forwarded_with_stage() {
+        // SAFETY: calling the exit trampoline as CRIU would.
+        unsafe { trampolines::exit::<Probe>(0, -1) };
+        // SAFETY: unknown stages are ignored, not forwarded.
+        unsafe { trampolines::exit::<Probe>(9, 0) };
+        let calls = PROBE.calls.lock().unwrap();
+        assert_eq!(calls.iter().filter(|c| c.starts_with("exit")).count(), 1);
+        assert!(calls.contains(&"exit Dump -1".to_string()));
+    }
+
+    #[test]
+    fn hook_error_mapping() {
+        assert_eq!(HookError::NotMine.to_return(), -95);
+        assert_eq!(HookError::Errno(libc::ENOTSUP).to_return(), -libc::EIO);
+        assert_eq!(HookError::Errno(-3).to_return(), -libc::EIO);
+        let io = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(HookError::from(io), HookError::Errno(libc::ENOENT));
+    }
+}

@@ -1,0 +1,210 @@
+//! CRIU functions and data the plugin uses, resolved at run time.
+//!
+//! rustc links cdylibs with immediate binding, so one linked CRIU symbol that an older CRIU
+//! lacks would make the plugin fail to load there. Everything here is looked up with
+//! `dlsym(RTLD_DEFAULT, …)` instead: `criu` is linked with `-rdynamic` in every release, so its
+//! globals are visible to plugins. A missing symbol is `None`, never an error at load time.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+use crate::abi::PrintOnLevelFn;
+
+/// `opts.final_state` values (`COMPEL_TASK_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalState {
+    /// `--leave-running` (`TASK_ALIVE` = 1): tasks run on after dump.
+    Alive,
+    /// The default (`TASK_DEAD` = 2): tasks are killed after a successful dump.
+    Dead,
+    /// `--leave-stopped` (`TASK_STOPPED` = 3).
+    Stopped,
+}
+
+/// The CRIU symbols found in this process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CriuSymbols {
+    print_on_level: Option<PrintOnLevelFn>,
+    log_get_loglevel: Option<unsafe extern "C" fn() -> c_uint>,
+    criu_get_image_dir: Option<unsafe extern "C" fn() -> c_int>,
+    add_inventory_plugin: Option<unsafe extern "C" fn(*const c_char) -> c_int>,
+    check_and_remove_inventory_plugin: Option<unsafe extern "C" fn(*const c_char, usize) -> bool>,
+    alarm_timeouted: Option<unsafe extern "C" fn() -> bool>,
+    set_compel_interrupt_only_mode: Option<unsafe extern "C" fn()>,
+    dont_use_freeze_cgroup: Option<unsafe extern "C" fn()>,
+    opts: Option<*const c_int>,
+}
+
+// SAFETY: the struct holds function pointers and a pointer to CRIU's global `opts`, which lives
+// for the whole process; reading its first int from any thread is as safe as CRIU's own reads.
+unsafe impl Send for CriuSymbols {}
+// SAFETY: see `Send`; nothing here is mutated after resolution.
+unsafe impl Sync for CriuSymbols {}
+
+fn lookup(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+macro_rules! resolve_fn {
+    ($name:literal) => {
+        // SAFETY: a non-null symbol of this name in CRIU is the function with the signature
+        // declared for the field (`criu/include/*.h`, unchanged across releases that have it).
+        lookup($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+    };
+}
+
+impl CriuSymbols {
+    /// Looks every symbol up in the process's global scope.
+    pub fn resolve() -> CriuSymbols {
+        CriuSymbols {
+            print_on_level: resolve_fn!(c"print_on_level"),
+            log_get_loglevel: resolve_fn!(c"log_get_loglevel"),
+            criu_get_image_dir: resolve_fn!(c"criu_get_image_dir"),
+            add_inventory_plugin: resolve_fn!(c"add_inventory_plugin"),
+            check_and_remove_inventory_plugin: resolve_fn!(c"check_and_remove_inventory_plugin"),
+            alarm_timeouted: resolve_fn!(c"alarm_timeouted"),
+            set_compel_interrupt_only_mode: resolve_fn!(c"set_compel_interrupt_only_mode"),
+            dont_use_freeze_cgroup: resolve_fn!(c"dont_use_freeze_cgroup"),
+            opts: lookup(c"opts").map(|p| p.cast_const().cast::<c_int>()),
+        }
+    }
+
+    /// The symbols of this process, resolved once.
+    pub fn get() -> &'static CriuSymbols {
+        static SYMS: OnceLock<CriuSymbols> = OnceLock::new();
+        SYMS.get_or_init(CriuSymbols::resolve)
+    }
+
+    /// `print_on_level`, if CRIU is the host.
+    pub fn print_on_level(&self) -> Option<PrintOnLevelFn> {
+        self.print_on_level
+    }
+
+    /// CRIU's current log level (`log_get_loglevel`).
+    pub fn log_level(&self) -> Option<u32> {
+        // SAFETY: `log_get_loglevel` takes no arguments and only reads a global.
+        self.log_get_loglevel.map(|f| unsafe { f() })
+    }
+
+    /// The image directory as an fd owned by CRIU (`criu_get_image_dir`); do not close it.
+    pub fn image_dir_fd(&self) -> Option<c_int> {
+        // SAFETY: `criu_get_image_dir` takes no arguments and returns a service fd number.
+        self.criu_get_image_dir.map(|f| unsafe { f() }).filter(|fd| *fd >= 0)
+    }
+
+    /// Whether the host keeps a list of plugins in its inventory image (CRIU 4.1 and later).
+    pub fn has_inventory_plugins(&self) -> bool {
+        self.add_inventory_plugin.is_some() && self.check_and_remove_inventory_plugin.is_some()
+    }
+
+    /// Records `name` in the inventory's plugin list at dump. `Ok(false)` where the host has
+    /// no such list; an error where the host failed to add it.
+    pub fn add_inventory_plugin(&self, name: &CStr) -> Result<bool, i32> {
+        let Some(f) = self.add_inventory_plugin else {
+            return Ok(false);
+        };
+        // SAFETY: CRIU copies the NUL-terminated name; it does not keep the pointer.
+        match unsafe { f(name.as_ptr()) } {
+            0 => Ok(true),
+            e => Err(e),
+        }
+    }
+
+    /// Claims `name` from the inventory's plugin list at restore. Returns whether the image
+    /// needs this plugin: true for images that carry no list (CRIU before 4.1) and for hosts
+    /// that do not know lists, true when listed (and then removed, so CRIU does not report it
+    /// missing), false when the image lists other plugins only.
+    pub fn claim_inventory_plugin(&self, name: &CStr) -> bool {
+        let Some(f) = self.check_and_remove_inventory_plugin else {
+            return true;
+        };
+        let len = name.to_bytes().len() + 1;
+        // SAFETY: CRIU compares at most `len` bytes of the NUL-terminated name.
+        unsafe { f(name.as_ptr(), len) }
+    }
+
+    /// Whether CRIU's SIGALRM for `--timeout` has fired (`alarm_timeouted`).
+    pub fn alarm_timed_out(&self) -> bool {
+        // SAFETY: `alarm_timeouted` takes no arguments and reads a global flag.
+        self.alarm_timeouted.map(|f| unsafe { f() }).unwrap_or(false)
+    }
+
+    /// Asks CRIU to stop tasks with ptrace interrupts even in freezer mode (4.0 and later), so
+    /// tasks stay runnable while plugins act on them. Returns whether the host offers it.
+    pub fn request_interrupt_only_mode(&self) -> bool {
+        if let Some(f) = self.set_compel_interrupt_only_mode.or(self.dont_use_freeze_cgroup) {
+            // SAFETY: both functions take no arguments and set a flag in seize.c.
+            unsafe { f() };
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `opts.final_state`, the first member of `struct cr_options` in every CRIU release.
+    pub fn final_state(&self) -> Option<FinalState> {
+        let p = self.opts?;
+        // SAFETY: `opts` is CRIU's global options struct; its first member is the int
+        // `final_state` in every release from 3.15 to criu-dev.
+        match unsafe { p.read_volatile() } {
+            1 => Some(FinalState::Alive),
+            2 => Some(FinalState::Dead),
+            3 => Some(FinalState::Stopped),
+            _ => None,
+        }
+    }
+}
+
+/// Seconds and microseconds left on CRIU's `alarm(opts.timeout)`; `None` when no alarm is set.
+///
+/// Inside `PAUSE_DEVICES` this is the real time budget left of CRIU's `--timeout`, shared by
+/// every task of the tree.
+pub fn alarm_remaining() -> Option<std::time::Duration> {
+    let mut it = libc::itimerval {
+        it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+        it_value: libc::timeval { tv_sec: 0, tv_usec: 0 },
+    };
+    // SAFETY: getitimer writes one itimerval into the valid, writable `it`.
+    if unsafe { libc::getitimer(libc::ITIMER_REAL, &mut it) } != 0 {
+        return None;
+    }
+    let v = it.it_value;
+    if v.tv_sec == 0 && v.tv_usec == 0 {
+        return None;
+    }
+    Some(std::time::Duration::new(
+        v.tv_sec.max(0) as u64,
+        (v.tv_usec.clamp(0, 999_999) as u32) * 1000,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_criu_nothing_resolves_and_defaults_are_safe() {
+        let s = CriuSymbols::resolve();
+        assert!(s.print_on_level().is_none());
+        assert!(s.image_dir_fd().is_none());
+        assert!(!s.has_inventory_plugins());
+        assert_eq!(s.add_inventory_plugin(c"cuda_plugin"), Ok(false));
+        assert!(s.claim_inventory_plugin(c"cuda_plugin"));
+        assert!(!s.alarm_timed_out());
+        assert!(!s.request_interrupt_only_mode());
+        assert_eq!(s.final_state(), None);
+    }
+
+    #[test]
+    fn alarm_remaining_reads_the_real_timer() {
+        assert_eq!(alarm_remaining(), None);
+        // SAFETY: alarm only arms this process's timer; it is cancelled right after.
+        unsafe { libc::alarm(30) };
+        let left = alarm_remaining().expect("alarm armed");
+        // SAFETY: cancels the alarm armed above.
+        unsafe { libc::alarm(0) };
+        assert!(left.as_secs() >= 28 && left.as_secs() <= 30, "{left:?}");
+    }
+}
