@@ -94,8 +94,7 @@ impl CriuLogger {
     /// Writes one line at `level`; used by the logger and by the panic path.
     pub fn write(&self, level: CriuLevel, file: Option<&str>, line: Option<u32>, msg: &str) {
         let text = format_line(level, self.prefix, file, line, msg);
-        // A poisoned lock only means another thread panicked while logging: keep logging.
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.lock_bounded();
         let syms = CriuSymbols::get();
         match syms.print_on_level() {
             Some(print) => {
@@ -108,6 +107,27 @@ impl CriuLogger {
             }
             None => {
                 let _ = std::io::stderr().write_all(text.as_bytes());
+            }
+        }
+    }
+}
+
+impl CriuLogger {
+    /// Takes the writer lock, but gives up waiting after a while: a process CRIU forked while
+    /// another thread held the lock would otherwise wait forever. A poisoned lock only means a
+    /// thread panicked while logging, which is no reason to stop.
+    fn lock_bounded(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        loop {
+            match self.lock.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
             }
         }
     }
@@ -140,7 +160,13 @@ mod tests {
     #[test]
     fn lines_look_like_criu_macros() {
         assert_eq!(
-            format_line(CriuLevel::Error, "gpu", Some("src/cuda/mod.rs"), Some(7), "boom"),
+            format_line(
+                CriuLevel::Error,
+                "gpu",
+                Some("src/cuda/mod.rs"),
+                Some(7),
+                "boom"
+            ),
             "Error (mod.rs:7): gpu: boom\n"
         );
         assert_eq!(

@@ -179,6 +179,11 @@ fn id_u32(id: c_int) -> u32 {
 }
 
 /// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
+///
+/// # Safety
+/// Every function here must be called only as CRIU calls the hook slot of the same name: with
+/// pointer arguments that are null or valid for the duration of the call.
+#[allow(clippy::missing_safety_doc)]
 pub mod trampolines {
     use super::*;
 
@@ -543,7 +548,10 @@ mod tests {
             Ok(())
         }
         fn exit(&self, stage: Stage, ret: i32) {
-            self.calls.lock().unwrap().push(format!("exit {stage:?} {ret}"));
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("exit {stage:?} {ret}"));
         }
         fn pause_devices(&self, pid: i32) -> HookResult {
             match pid {
@@ -577,7 +585,11 @@ mod tests {
         assert_eq!(d.version, crate::abi::CRIU_PLUGIN_VERSION);
         assert_eq!(d.max_hooks as usize, HOOK_SLOTS);
         for h in HookId::ALL {
-            assert_eq!(d.hooks[h.index()].is_some(), Probe::HOOKS.contains(&h), "{h:?}");
+            assert_eq!(
+                d.hooks[h.index()].is_some(),
+                Probe::HOOKS.contains(&h),
+                "{h:?}"
+            );
         }
         assert!(d.init.is_some() && d.exit.is_some());
     }

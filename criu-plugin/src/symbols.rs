@@ -91,7 +91,9 @@ impl CriuSymbols {
     /// The image directory as an fd owned by CRIU (`criu_get_image_dir`); do not close it.
     pub fn image_dir_fd(&self) -> Option<c_int> {
         // SAFETY: `criu_get_image_dir` takes no arguments and returns a service fd number.
-        self.criu_get_image_dir.map(|f| unsafe { f() }).filter(|fd| *fd >= 0)
+        self.criu_get_image_dir
+            .map(|f| unsafe { f() })
+            .filter(|fd| *fd >= 0)
     }
 
     /// Whether the host keeps a list of plugins in its inventory image (CRIU 4.1 and later).
@@ -128,13 +130,18 @@ impl CriuSymbols {
     /// Whether CRIU's SIGALRM for `--timeout` has fired (`alarm_timeouted`).
     pub fn alarm_timed_out(&self) -> bool {
         // SAFETY: `alarm_timeouted` takes no arguments and reads a global flag.
-        self.alarm_timeouted.map(|f| unsafe { f() }).unwrap_or(false)
+        self.alarm_timeouted
+            .map(|f| unsafe { f() })
+            .unwrap_or(false)
     }
 
     /// Asks CRIU to stop tasks with ptrace interrupts even in freezer mode (4.0 and later), so
     /// tasks stay runnable while plugins act on them. Returns whether the host offers it.
     pub fn request_interrupt_only_mode(&self) -> bool {
-        if let Some(f) = self.set_compel_interrupt_only_mode.or(self.dont_use_freeze_cgroup) {
+        if let Some(f) = self
+            .set_compel_interrupt_only_mode
+            .or(self.dont_use_freeze_cgroup)
+        {
             // SAFETY: both functions take no arguments and set a flag in seize.c.
             unsafe { f() };
             true
@@ -163,8 +170,14 @@ impl CriuSymbols {
 /// every task of the tree.
 pub fn alarm_remaining() -> Option<std::time::Duration> {
     let mut it = libc::itimerval {
-        it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
-        it_value: libc::timeval { tv_sec: 0, tv_usec: 0 },
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
     };
     // SAFETY: getitimer writes one itimerval into the valid, writable `it`.
     if unsafe { libc::getitimer(libc::ITIMER_REAL, &mut it) } != 0 {

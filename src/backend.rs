@@ -1,0 +1,99 @@
+//! One vocabulary for every GPU vendor: pause, checkpoint, resume.
+//!
+//! Each vendor implements [`GpuBackend`]; [`crate::plugin::GpuPlugin`] maps CRIU's hooks onto
+//! it and chains the backends the way CRIU chains plugins: the first backend that does not
+//! answer [`HookError::NotMine`] owns the call.
+//!
+//! | CRIU hook | backend method | NVIDIA | AMD |
+//! |---|---|---|---|
+//! | `init` | [`GpuBackend::init`] | load libcuda, claim inventory | read topology, claim inventory |
+//! | `PAUSE_DEVICES` | [`GpuBackend::pause`] | lock | — |
+//! | `CHECKPOINT_DEVICES` | [`GpuBackend::checkpoint`] | checkpoint (whole tree at once) | — |
+//! | `HANDLE_DEVICE_VMA` | [`GpuBackend::handle_device_vma`] | — | claim KFD/DRM mappings |
+//! | `DUMP_EXT_FILE` | [`GpuBackend::dump_file`] | — | KFD checkpoint, BO contents |
+//! | `DUMP_DEVICES_LATE` | [`GpuBackend::dump_late`] | — | unpause queues |
+//! | `RESTORE_INIT` | [`GpuBackend::restore_prepare`] | — | shared restore state |
+//! | `RESTORE_EXT_FILE` | [`GpuBackend::restore_file`] | — | KFD restore |
+//! | `UPDATE_VMA_MAP` | [`GpuBackend::update_vma`] | — | offset remapping |
+//! | `POST_FORKING` | [`GpuBackend::post_forking`] | — | parallel BO restore |
+//! | `RESUME_DEVICES_LATE` | [`GpuBackend::resume`] | restore + unlock | KFD resume |
+//! | `exit` | [`GpuBackend::finish`] | put every touched process back | unpause on failure |
+//!
+//! Per-task restore hooks (`RESTORE_EXT_FILE`, `UPDATE_VMA_MAP`) run in tasks CRIU forked from
+//! its main process: a backend's own threads must never hold a lock that such a hook takes.
+
+use std::ffi::CStr;
+use std::os::fd::RawFd;
+
+use criu_plugin::{HookError, HookResult, Host, Stage, VmaUpdate};
+
+use crate::config::Config;
+
+/// What a backend learns at `init`.
+pub struct InitContext<'a> {
+    /// The CRIU that loaded the plugin.
+    pub host: Host,
+    /// The plugin's settings.
+    pub config: &'a Config,
+    /// Whether the image being restored lists this backend's inventory name (restore only;
+    /// images written before CRIU 4.1 carry no list and count as listing every plugin).
+    pub listed_in_image: bool,
+}
+
+/// A GPU vendor's checkpoint and restore. Every method but `name`, `inventory_name`, `init` and
+/// `finish` defaults to "not mine".
+#[allow(unused_variables)]
+pub trait GpuBackend: Send {
+    /// Short name used in logs and in the `disable` setting (`cuda`, `amdgpu`).
+    fn name(&self) -> &'static str;
+    /// The name recorded in CRIU's inventory; the C plugins' names, so images move both ways.
+    fn inventory_name(&self) -> &'static CStr;
+    /// Prepares for `stage`; `Ok(false)` means the backend sits this run out (no such GPU, or
+    /// the image does not need it). Errors fail the CRIU run, so use them only when the run
+    /// cannot succeed.
+    fn init(&mut self, ctx: &InitContext<'_>, stage: Stage) -> Result<bool, HookError>;
+    /// The end of the run; `ret` is CRIU's result (non-zero: failed). After a failed dump or
+    /// with `--leave-running`, every process the backend touched must be as it was found.
+    fn finish(&mut self, stage: Stage, ret: i32);
+
+    /// Quiesce the process's GPU work before CRIU seizes it (`PAUSE_DEVICES`).
+    fn pause(&mut self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Move device state into the process's memory, every task seized (`CHECKPOINT_DEVICES`).
+    fn checkpoint(&mut self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Claim a device mapping (`HANDLE_DEVICE_VMA`).
+    fn handle_device_vma(&mut self, fd: RawFd, st: &libc::stat) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Dump a device file (`DUMP_EXT_FILE`).
+    fn dump_file(&mut self, fd: RawFd, id: u32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// After every task's memory is dumped (`DUMP_DEVICES_LATE`, criu-dev).
+    fn dump_late(&mut self, root_pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Before anything is forked on restore (`RESTORE_INIT`, criu-dev).
+    fn restore_prepare(&mut self) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Reopen a device file inside the restored task (`RESTORE_EXT_FILE`).
+    fn restore_file(&mut self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
+        Err(HookError::NotMine)
+    }
+    /// Remap a device mapping's offset inside the restored task (`UPDATE_VMA_MAP`).
+    fn update_vma(&mut self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
+        Err(HookError::NotMine)
+    }
+    /// The root task has forked (`POST_FORKING`, 4.2).
+    fn post_forking(&mut self) -> HookResult {
+        Err(HookError::NotMine)
+    }
+    /// Give the restored process its GPU back, before it runs again (`RESUME_DEVICES_LATE`).
+    fn resume(&mut self, pid: i32) -> HookResult {
+        Err(HookError::NotMine)
+    }
+}

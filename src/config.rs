@@ -1,0 +1,214 @@
+//! The plugin's settings: a configuration file plus environment overrides.
+//!
+//! Container runtimes do not pass a plugin option or a libdir through CRIU's RPC, and Podman and
+//! CRI-O strip the environment of the runtime they start, so environment variables alone would
+//! not reach CRIU there. The plugin therefore reads its own file, `/etc/criu/gpu-plugin.conf`
+//! (another path through `CRIU_GPU_PLUGIN_CONFIG`), which every CRIU invocation on the host sees.
+//! Environment variables override the file where they do reach CRIU: a key `cuda.device-map`
+//! is overridden by `CRIU_GPU_CUDA_DEVICE_MAP`.
+//!
+//! Format: one `key = value` per line; `#` starts a comment; unknown keys are warned about and
+//! ignored so that newer files work with older plugins. The file is read with a size bound.
+//!
+//! | key | meaning | default |
+//! |---|---|---|
+//! | `disable` | comma list of backends to switch off (`cuda`, `amdgpu`) | none |
+//! | `libcuda` | path of the CUDA driver library to load | `libcuda.so.1` |
+//! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
+//! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
+//! | `cuda.parallel` | checkpoint and restore all processes of the tree at once | true |
+//! | `cuda.nvidia-proc` | directory whose presence says an NVIDIA driver is loaded | `/proc/driver/nvidia/gpus` |
+//! | `amdgpu.*` | the AMD backend's settings (see [`crate::amdgpu`]) | |
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Default location of the configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/criu/gpu-plugin.conf";
+
+/// Environment variable naming another configuration file.
+pub const CONFIG_PATH_ENV: &str = "CRIU_GPU_PLUGIN_CONFIG";
+
+/// Longest configuration file read; anything beyond is an error, not a truncation.
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+
+const KNOWN_KEYS: &[&str] = &[
+    "disable",
+    "libcuda",
+    "cuda.device-map",
+    "cuda.lock-timeout-ms",
+    "cuda.parallel",
+    "cuda.nvidia-proc",
+];
+
+/// Parsed settings: raw strings by key, with environment overrides applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    values: BTreeMap<String, String>,
+    /// Where the file was read from, if one was.
+    pub source: Option<PathBuf>,
+    /// Problems found while reading (unknown keys, bad lines), logged by the caller.
+    pub warnings: Vec<String>,
+}
+
+/// The environment variable that overrides `key`.
+pub fn env_name(key: &str) -> String {
+    let mut s = String::from("CRIU_GPU_");
+    for c in key.chars() {
+        s.push(match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        });
+    }
+    s
+}
+
+impl Config {
+    /// Parses configuration text.
+    pub fn parse(text: &str) -> Config {
+        let mut cfg = Config::default();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                cfg.warnings
+                    .push(format!("line {}: expected `key = value`, ignored", n + 1));
+                continue;
+            };
+            let (k, v) = (k.trim(), v.trim());
+            let known = KNOWN_KEYS.contains(&k) || k.starts_with("amdgpu.");
+            if !known {
+                cfg.warnings
+                    .push(format!("line {}: unknown key `{k}`, ignored", n + 1));
+                continue;
+            }
+            cfg.values.insert(k.to_string(), v.to_string());
+        }
+        cfg
+    }
+
+    /// Reads the file at `path` (missing is fine: empty settings), then applies overrides from
+    /// `env` (a lookup, so tests need not touch the process environment).
+    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let mut cfg = match std::fs::File::open(path) {
+            Ok(f) => {
+                let mut text = String::new();
+                f.take(MAX_CONFIG_BYTES + 1)
+                    .read_to_string(&mut text)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                if text.len() as u64 > MAX_CONFIG_BYTES {
+                    return Err(format!(
+                        "{} is larger than {MAX_CONFIG_BYTES} bytes",
+                        path.display()
+                    ));
+                }
+                let mut c = Config::parse(&text);
+                c.source = Some(path.to_path_buf());
+                c
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        for key in KNOWN_KEYS {
+            if let Some(v) = env(&env_name(key)) {
+                cfg.values.insert((*key).to_string(), v);
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Loads from the default place (or `CRIU_GPU_PLUGIN_CONFIG`) with the process environment.
+    pub fn from_process() -> Result<Config, String> {
+        let env = |k: &str| std::env::var(k).ok();
+        let path = env(CONFIG_PATH_ENV).unwrap_or_else(|| DEFAULT_CONFIG_PATH.to_string());
+        Config::load(Path::new(&path), &env)
+    }
+
+    /// The raw value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// Sets a value (tests and tools).
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.values.insert(key.to_string(), value.to_string());
+    }
+
+    /// A boolean setting (`true/false`, `yes/no`, `1/0`, `on/off`).
+    pub fn get_bool(&self, key: &str, default: bool) -> Result<bool, String> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(format!("{key} = {v}: expected true or false")),
+            },
+        }
+    }
+
+    /// An unsigned number setting.
+    pub fn get_u64(&self, key: &str, default: u64) -> Result<u64, String> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("{key} = {v}: expected a whole number")),
+        }
+    }
+
+    /// Whether backend `name` was switched off with `disable`.
+    pub fn is_disabled(&self, name: &str) -> bool {
+        self.get("disable")
+            .map(|v| v.split(',').any(|b| b.trim() == name))
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keys_comments_and_warns_about_the_rest() {
+        let c = Config::parse(
+            "# comment\nlibcuda = /opt/x/libcuda.so.1  # trailing\n\nbogus\nfoo = 1\ncuda.parallel=no\n",
+        );
+        assert_eq!(c.get("libcuda"), Some("/opt/x/libcuda.so.1"));
+        assert_eq!(c.get_bool("cuda.parallel", true), Ok(false));
+        assert_eq!(c.warnings.len(), 2);
+        assert_eq!(c.get("foo"), None);
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = std::env::temp_dir().join(format!("gpu-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("gpu-plugin.conf");
+        std::fs::write(&p, "cuda.device-map = A=B\ndisable = amdgpu\n").unwrap();
+        let env = |k: &str| (k == "CRIU_GPU_CUDA_DEVICE_MAP").then(|| "C=D".to_string());
+        let c = Config::load(&p, &env).unwrap();
+        assert_eq!(c.get("cuda.device-map"), Some("C=D"));
+        assert!(c.is_disabled("amdgpu") && !c.is_disabled("cuda"));
+        assert_eq!(c.source.as_deref(), Some(p.as_path()));
+        std::fs::write(&p, vec![b'#'; 70 * 1024]).unwrap();
+        assert!(
+            Config::load(&p, &|_| None)
+                .unwrap_err()
+                .contains("larger than")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn missing_file_is_empty_and_bad_values_are_errors() {
+        let c = Config::load(Path::new("/nonexistent/gpu.conf"), &|_| None).unwrap();
+        assert_eq!(c, Config::default());
+        let c = Config::parse("cuda.lock-timeout-ms = soon\ncuda.parallel = maybe\n");
+        assert!(c.get_u64("cuda.lock-timeout-ms", 1).is_err());
+        assert!(c.get_bool("cuda.parallel", true).is_err());
+        assert_eq!(env_name("cuda.device-map"), "CRIU_GPU_CUDA_DEVICE_MAP");
+    }
+}

@@ -1,0 +1,200 @@
+//! The CRIU plugin: CRIU's hooks mapped onto the GPU backends.
+//!
+//! State lives in one [`GpuPlugin`] instance behind a mutex; backends are created anew at every
+//! `init`, because one `criu swrk` may load the plugin for several requests and a shared object
+//! kept resident keeps its statics.
+
+use std::ffi::CStr;
+use std::os::fd::RawFd;
+use std::sync::{Mutex, MutexGuard};
+
+use criu_plugin::log::CriuLogger;
+use criu_plugin::{CriuSymbols, HookError, HookId, HookResult, Plugin, Stage, VmaUpdate};
+
+use crate::backend::{GpuBackend, InitContext};
+use crate::config::Config;
+
+/// Name in CRIU's log and in the descriptor.
+pub const PLUGIN_NAME: &CStr = c"gpu_plugin";
+
+/// The plugin instance CRIU calls into.
+pub struct GpuPlugin {
+    state: Mutex<Option<RunState>>,
+}
+
+struct RunState {
+    stage: Stage,
+    /// Backends taking part in this run, in chain order.
+    active: Vec<Box<dyn GpuBackend>>,
+}
+
+static PLUGIN: GpuPlugin = GpuPlugin {
+    state: Mutex::new(None),
+};
+static LOGGER: CriuLogger = CriuLogger::new("gpu_plugin");
+
+/// Every backend this build knows, in chain order.
+pub fn all_backends() -> Vec<Box<dyn GpuBackend>> {
+    vec![
+        Box::new(crate::cuda::CudaBackend::new()),
+        Box::new(crate::amdgpu::AmdgpuBackend::new()),
+    ]
+}
+
+impl GpuPlugin {
+    fn state(&self) -> MutexGuard<'_, Option<RunState>> {
+        // A poisoned lock means a hook panicked (and was contained): the state is still the
+        // best knowledge there is of what to put back.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on each active backend until one owns the call.
+    fn chain<T>(&self, mut f: impl FnMut(&mut dyn GpuBackend) -> HookResult<T>) -> HookResult<T> {
+        let mut guard = self.state();
+        let Some(run) = guard.as_mut() else {
+            return Err(HookError::NotMine);
+        };
+        for b in run.active.iter_mut() {
+            match f(b.as_mut()) {
+                Err(HookError::NotMine) => continue,
+                other => return other,
+            }
+        }
+        Err(HookError::NotMine)
+    }
+
+    /// Starts a run with the given backends (the hook `init`, and tests).
+    pub fn start(
+        &self,
+        stage: Stage,
+        config: &Config,
+        backends: Vec<Box<dyn GpuBackend>>,
+    ) -> HookResult {
+        let host = criu_plugin::host::current();
+        let syms = CriuSymbols::get();
+        log::info!(
+            "{} {} in {:?} (hooks {}, RESTORE_EXT_FILE retry {}), stage {stage:?}",
+            PLUGIN_NAME.to_string_lossy(),
+            env!("CARGO_PKG_VERSION"),
+            host.version,
+            host.hook_count,
+            host.restore_ext_file_retry,
+        );
+        if let Some(src) = &config.source {
+            log::info!("settings from {}", src.display());
+        }
+        for w in &config.warnings {
+            log::warn!("settings: {w}");
+        }
+        let mut active = Vec::new();
+        for mut b in backends {
+            if config.is_disabled(b.name()) {
+                log::info!("{}: disabled by settings", b.name());
+                continue;
+            }
+            // Claim the inventory entry in init: CRIU checks for unclaimed names right after.
+            let listed = stage == Stage::Restore && syms.claim_inventory_plugin(b.inventory_name());
+            let ctx = InitContext {
+                host,
+                config,
+                listed_in_image: listed,
+            };
+            match b.init(&ctx, stage) {
+                Ok(true) => active.push(b),
+                Ok(false) => log::debug!("{}: nothing to do in this run", b.name()),
+                Err(e) => {
+                    // Backends set up so far get the failure too, as CRIU would tell them.
+                    for mut a in active {
+                        a.finish(stage, -1);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        *self.state() = Some(RunState { stage, active });
+        Ok(())
+    }
+}
+
+impl Plugin for GpuPlugin {
+    const NAME: &'static CStr = PLUGIN_NAME;
+    const LOG_PREFIX: &'static str = "gpu_plugin";
+    const HOOKS: &'static [HookId] = &[
+        HookId::DumpExtFile,
+        HookId::RestoreExtFile,
+        HookId::HandleDeviceVma,
+        HookId::UpdateVmaMap,
+        HookId::ResumeDevicesLate,
+        HookId::PauseDevices,
+        HookId::CheckpointDevices,
+        HookId::PostForking,
+        HookId::RestoreInit,
+        HookId::DumpDevicesLate,
+    ];
+
+    fn instance() -> &'static Self {
+        &PLUGIN
+    }
+
+    fn logger() -> &'static CriuLogger {
+        &LOGGER
+    }
+
+    fn init(&self, stage: Stage) -> HookResult {
+        let config = Config::from_process().map_err(|e| {
+            log::error!("{e}");
+            HookError::Errno(libc::EINVAL)
+        })?;
+        self.start(stage, &config, all_backends())
+    }
+
+    fn exit(&self, stage: Stage, ret: i32) {
+        let run = self.state().take();
+        if let Some(run) = run {
+            for mut b in run.active {
+                b.finish(run.stage, ret);
+            }
+        }
+        log::debug!("exit({stage:?}, {ret})");
+    }
+
+    fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
+        self.chain(|b| b.dump_file(fd, id))
+    }
+
+    fn restore_ext_file(&self, id: u32, mut retry: Option<&mut bool>) -> HookResult<RawFd> {
+        self.chain(|b| b.restore_file(id, retry.as_deref_mut()))
+    }
+
+    fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
+        self.chain(|b| b.handle_device_vma(fd, st))
+    }
+
+    fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
+        self.chain(|b| b.update_vma(path, addr, old_pgoff))
+    }
+
+    fn resume_devices_late(&self, pid: i32) -> HookResult {
+        self.chain(|b| b.resume(pid))
+    }
+
+    fn pause_devices(&self, pid: i32) -> HookResult {
+        self.chain(|b| b.pause(pid))
+    }
+
+    fn checkpoint_devices(&self, pid: i32) -> HookResult {
+        self.chain(|b| b.checkpoint(pid))
+    }
+
+    fn post_forking(&self) -> HookResult {
+        self.chain(|b| b.post_forking())
+    }
+
+    fn restore_init(&self) -> HookResult {
+        self.chain(|b| b.restore_prepare())
+    }
+
+    fn dump_devices_late(&self, id: i32) -> HookResult {
+        self.chain(|b| b.dump_late(id))
+    }
+}
