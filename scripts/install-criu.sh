@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Install CRIU into <repo>/.criu/ as a private, relocatable prefix.
+#
+# Debian 12's own CRIU (3.17.1) cannot checkpoint on the kernels we use, so we
+# take Debian 13 (trixie)'s build instead. That build needs glibc >= 2.38, which
+# Debian 12 does not have, so the prefix carries trixie's libc and dynamic
+# loader too, and .criu/bin/criu runs criu through that loader. Nothing from
+# trixie is installed into the system: packages are fetched with a private apt
+# configuration and unpacked with `dpkg -x`.
+#
+# The wrapper finds the prefix from its own location at run time, so the whole
+# .criu folder can be copied to another machine (e.g. Ubuntu 24.04) at any path.
+#
+# Usage: scripts/install-criu.sh [--force] [--no-system-deps]
+#   --force           reinstall even if the right version is already there
+#   --no-system-deps  do not apt-get install the host tools the tests use
+# Environment: CRIU_PREFIX (default <repo>/.criu), DEBIAN_MIRROR.
+set -euo pipefail
+
+CRIU_VERSION=4.1.1
+SUITE=trixie
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+MULTIARCH=x86_64-linux-gnu
+
+SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
+REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd -P)
+PREFIX=${CRIU_PREFIX:-$REPO/.criu}
+
+say() { printf '[install-criu] %s\n' "$*"; }
+die() { printf '[install-criu] ERROR: %s\n' "$*" >&2; exit 1; }
+trap 'rc=$?; printf "[install-criu] ERROR: command failed (exit %s) at line %s: %s\n" "$rc" "$LINENO" "$BASH_COMMAND" >&2' ERR
+
+force=0
+system_deps=1
+for arg in "$@"; do
+    case $arg in
+        --force) force=1 ;;
+        --no-system-deps) system_deps=0 ;;
+        -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;;
+        *) die "unknown argument: $arg (try --help)" ;;
+    esac
+done
+
+[ "$(uname -m)" = x86_64 ] || die "only x86_64 is supported (this is $(uname -m))"
+case $PREFIX in
+    *:*) die "prefix path must not contain ':' (the loader's --library-path is ':'-separated): $PREFIX" ;;
+esac
+
+# Host tools the tests rely on, as "command:debian-package".
+HOST_TOOLS="gcc:gcc setsid:util-linux pgrep:procps readlink:coreutils"
+
+ensure_host_tools() {
+    local missing="" pair
+    for pair in $HOST_TOOLS; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
+    done
+    [ -n "$missing" ] || return 0
+    if [ "$system_deps" = 0 ]; then
+        say "warning: missing host packages (not installed because of --no-system-deps):$missing"
+        return 0
+    fi
+    [ "$(id -u)" = 0 ] || die "missing host packages:$missing; run as root or install them yourself"
+    command -v apt-get >/dev/null || die "missing host packages:$missing, and there is no apt-get to install them"
+    say "installing host packages with the system's apt:$missing"
+    apt-get update -q
+    # shellcheck disable=SC2086  # word splitting is wanted: a list of packages
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+}
+
+installed_version() {
+    # Prints the version the prefix's criu reports, or nothing.
+    [ -x "$PREFIX/bin/criu" ] || return 0
+    "$PREFIX/bin/criu" --version 2>/dev/null | sed -n 's/^Version: *//p' || true
+}
+
+ensure_host_tools
+
+# Serialise concurrent runs (the lock is on this script file, so no stray lock file).
+if command -v flock >/dev/null; then
+    exec 9<"$SCRIPT"
+    flock -x 9
+fi
+
+have=$(installed_version)
+if [ "$force" = 0 ] && [ "$have" = "$CRIU_VERSION" ] \
+    && [ "$(head -n1 "$PREFIX/VERSION" 2>/dev/null)" = "$CRIU_VERSION" ]; then
+    say "CRIU $CRIU_VERSION already installed in $PREFIX (use --force to reinstall)"
+    exit 0
+fi
+[ -n "$have" ] && say "reinstalling: $PREFIX has CRIU '$have', want $CRIU_VERSION (stamp: $(head -n1 "$PREFIX/VERSION" 2>/dev/null || echo none))"
+
+# Refuse to delete a folder we did not create.
+if [ -e "$PREFIX" ] && [ ! -f "$PREFIX/VERSION" ] && [ -n "$(ls -A "$PREFIX" 2>/dev/null)" ]; then
+    die "$PREFIX exists but has no VERSION stamp; remove it yourself if it is disposable"
+fi
+
+command -v apt-get >/dev/null && command -v apt-cache >/dev/null && command -v dpkg >/dev/null \
+    || die "apt-get, apt-cache and dpkg are needed to fetch CRIU (run this on Debian/Ubuntu)"
+[ -r "$KEYRING" ] || die "$KEYRING not found; install the 'debian-archive-keyring' package"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/install-criu.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/debs" "$work/stage"
+
+# A private apt setup for trixie: its own source list, lists, cache and an empty
+# dpkg status, so the system's apt state is neither read for resolution nor written.
+# The system's apt.conf.d still applies (proxies etc.); appstream metadata and
+# update hooks from there are cleared because they would act on the system.
+echo "deb [signed-by=$KEYRING] $MIRROR $SUITE main" >"$work/apt/sources.list"
+cat >"$work/apt/apt.conf" <<EOF
+Dir::Etc::SourceList "$work/apt/sources.list";
+Dir::Etc::SourceParts "/dev/null";
+Dir::State::Lists "$work/apt/lists";
+Dir::State::status "/dev/null";
+Dir::Cache "$work/apt/cache";
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+APT::Architecture "amd64";
+APT::Architectures { "amd64"; };
+APT::Sandbox::User "root";
+Acquire::Languages "none";
+#clear Acquire::IndexTargets::deb::DEP-11;
+#clear Acquire::IndexTargets::deb::DEP-11-icons;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-small;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-large;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-hidpi;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-large-hidpi;
+#clear APT::Update::Pre-Invoke;
+#clear APT::Update::Post-Invoke;
+#clear APT::Update::Post-Invoke-Success;
+EOF
+# Given with -c, it is read after apt.conf.d, so its #clear lines take effect.
+apt_() { local tool=$1; shift; "$tool" -c "$work/apt/apt.conf" "$@"; }
+
+say "fetching the $SUITE package index from $MIRROR (private, not in the system's apt lists)"
+apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; die "apt-get update for $SUITE failed"; }
+
+deb_version=$(apt_ apt-cache show --no-all-versions criu 2>/dev/null | sed -n 's/^Version: *//p' | head -n1)
+[ -n "$deb_version" ] || die "no 'criu' package in $SUITE"
+upstream=${deb_version#*:}
+upstream=${upstream%-*}
+[ "$upstream" = "$CRIU_VERSION" ] || die "$SUITE has criu $deb_version, expected upstream $CRIU_VERSION; update CRIU_VERSION in this script deliberately"
+
+# Run-time dependency closure (Depends and Pre-Depends only: Recommends such as
+# iproute2 and python3-pycriu are not needed for check/dump/restore/swrk).
+# Lines starting with '<' are virtual packages, which are satisfied by real ones in the list.
+pkgs=$(apt_ apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+        --no-breaks --no-replaces --no-enhances criu | grep -E '^[a-z0-9]' | sort -u)
+echo "$pkgs" | grep -qx criu || die "dependency resolution did not return criu itself"
+say "packages ($(echo "$pkgs" | wc -l)): $(echo "$pkgs" | tr '\n' ' ')"
+
+say "downloading .debs"
+# shellcheck disable=SC2086
+(cd "$work/debs" && apt_ apt-get -q download $pkgs >"$work/download.log" 2>&1) \
+    || { cat "$work/download.log" >&2; die "apt-get download failed"; }
+
+stage=$work/stage
+for deb in "$work/debs"/*.deb; do
+    dpkg -x "$deb" "$stage"
+    dpkg-deb --show --showformat='${Package}=${Version}\n' "$deb" >>"$work/packages"
+done
+
+# Trim what criu never reads: docs, manuals, translations, iconv modules.
+rm -rf "$stage/usr/share/doc" "$stage/usr/share/man" "$stage/usr/share/info" \
+    "$stage/usr/share/locale" "$stage/usr/share/lintian" "$stage/usr/share/bug" \
+    "$stage/usr/lib/$MULTIARCH/gconv"
+rmdir "$stage/usr/share" 2>/dev/null || true
+
+loader_rel=usr/lib/$MULTIARCH/ld-linux-x86-64.so.2
+[ -f "$stage/$loader_rel" ] || die "trixie's loader not found at $loader_rel"
+[ -x "$stage/usr/sbin/criu" ] || die "criu binary not found at usr/sbin/criu"
+
+# The loader is started through a symlink named "criu" so that the process's
+# comm (ps, pgrep) reads "criu" rather than "ld-linux-x86-64".
+mkdir -p "$stage/bin" "$stage/libexec"
+ln -s "../$loader_rel" "$stage/libexec/criu"
+
+cat >"$stage/bin/criu" <<'EOF'
+#!/bin/sh
+# CRIU from Debian trixie in a private prefix (made by scripts/install-criu.sh).
+# It needs a newer glibc than the host may have, so it runs through the prefix's
+# own loader with the prefix's libraries first. The prefix is found from this
+# file's location, so the folder can be moved; no LD_* variable is exported to
+# the programs criu starts. An inherited LD_LIBRARY_PATH is searched after the
+# prefix (plugins may dlopen host libraries such as libcuda through it).
+self=$(readlink -f -- "$0") || exit 127
+prefix=${self%/*/*}
+case $prefix in
+    *:*) echo "criu wrapper: prefix path must not contain ':': $prefix" >&2; exit 127 ;;
+esac
+exec "$prefix/libexec/criu" \
+    --library-path "$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    --argv0 "$0" "$prefix/usr/sbin/criu" "$@"
+EOF
+chmod 755 "$stage/bin/criu"
+
+# Every library criu needs must resolve inside the prefix, not from the host.
+say "checking library resolution under the private loader"
+list=$(env -u LD_LIBRARY_PATH "$stage/$loader_rel" --library-path "$stage/usr/lib/$MULTIARCH" \
+        --list "$stage/usr/sbin/criu") || die "the private loader could not load criu"
+printf '%s\n' "$list" | sed 's/^/    /'
+bad=$(printf '%s\n' "$list" | awk -v p="$stage/" '
+    /not found/ { print; next }
+    /=>/ { if (index($3, p) != 1) print }')
+[ -z "$bad" ] || die "libraries not resolved from the prefix:"$'\n'"$bad"
+
+got=$(env -u LD_LIBRARY_PATH "$stage/bin/criu" --version | sed -n 's/^Version: *//p')
+[ "$got" = "$CRIU_VERSION" ] || die "staged criu reports version '$got', expected $CRIU_VERSION"
+
+{ echo "$CRIU_VERSION"; echo "debian $SUITE criu $deb_version"; } >"$stage/VERSION"
+sort "$work/packages" >"$stage/PACKAGES"
+
+say "installing into $PREFIX"
+rm -rf "$PREFIX"
+mkdir -p "$(dirname "$PREFIX")"
+mv "$stage" "$PREFIX"
+chmod 755 "$PREFIX"
+
+# Checked again from the final place: the move doubles as a relocation test.
+got=$(installed_version)
+[ "$got" = "$CRIU_VERSION" ] || die "installed criu reports version '$got', expected $CRIU_VERSION"
+
+say "installed CRIU $got ($(du -sh "$PREFIX" | cut -f1)) at $PREFIX/bin/criu"
+if [ "$(id -u)" = 0 ]; then
+    # Informational: a build container may lack the privileges criu check needs.
+    if out=$("$PREFIX/bin/criu" check 2>&1); then
+        say "criu check: $out"
+    else
+        say "warning: 'criu check' failed here (kernel or privileges?):"
+        printf '%s\n' "$out" | sed 's/^/    /' >&2
+    fi
+fi
+say "use it via CRIU_BIN=$PREFIX/bin/criu, or: source scripts/criu-env.sh"

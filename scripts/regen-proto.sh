@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerate src/amdgpu/image/generated.rs from proto/amdgpu.proto.
+#
+# Needs only cargo (the generator uses the pure-Rust protox compiler, so no
+# protoc). The generator is a separate crate outside the workspace, built into
+# target/gen-proto so the tree stays clean. The result is rustfmt-formatted
+# and must be committed.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARGO_TARGET_DIR="$root/target/gen-proto" \
+    cargo run --quiet --locked --manifest-path "$root/tools/gen-proto/Cargo.toml" -- "$root"
+rustfmt --edition 2024 "$root/src/amdgpu/image/generated.rs"
