@@ -25,7 +25,7 @@
 use std::ffi::CStr;
 use std::os::fd::RawFd;
 
-use criu_plugin::{HookError, HookResult, Host, Stage, VmaUpdate};
+use criu_plugin::{HookError, HookResult, Host, InventoryListing, Stage, VmaUpdate};
 
 use crate::config::Config;
 
@@ -35,9 +35,10 @@ pub struct InitContext<'a> {
     pub host: Host,
     /// The plugin's settings.
     pub config: &'a Config,
-    /// Whether the image being restored lists this backend's inventory name (restore only;
-    /// images written before CRIU 4.1 carry no list and count as listing every plugin).
-    pub listed_in_image: bool,
+    /// What the image's inventory says of this backend's name (restore only; `NoList` at dump).
+    /// `Listed` means the name is claimed: a backend that then cannot work must fail `init`,
+    /// or CRIU would restore the processes without their GPU state.
+    pub listing: InventoryListing,
 }
 
 /// A GPU vendor's checkpoint and restore. Every method but `name`, `inventory_name`, `init` and

@@ -9,7 +9,9 @@ use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
 
 use criu_plugin::log::CriuLogger;
-use criu_plugin::{CriuSymbols, HookError, HookId, HookResult, Plugin, Stage, VmaUpdate};
+use criu_plugin::{
+    CriuSymbols, HookError, HookId, HookResult, InventoryListing, Plugin, Stage, VmaUpdate,
+};
 
 use crate::backend::{GpuBackend, InitContext};
 use crate::config::Config;
@@ -93,11 +95,15 @@ impl GpuPlugin {
                 continue;
             }
             // Claim the inventory entry in init: CRIU checks for unclaimed names right after.
-            let listed = stage == Stage::Restore && syms.claim_inventory_plugin(b.inventory_name());
+            let listing = if stage == Stage::Restore {
+                syms.inventory_listing(b.inventory_name())
+            } else {
+                InventoryListing::NoList
+            };
             let ctx = InitContext {
                 host,
                 config,
-                listed_in_image: listed,
+                listing,
             };
             match b.init(&ctx, stage) {
                 Ok(true) => active.push(b),

@@ -27,4 +27,4 @@ pub mod symbols;
 pub use abi::{HookId, PluginDesc, Stage};
 pub use host::{Host, HostVersion};
 pub use plugin::{HookError, HookResult, Plugin, VmaUpdate};
-pub use symbols::{CriuSymbols, FinalState};
+pub use symbols::{CriuSymbols, FinalState, InventoryListing};

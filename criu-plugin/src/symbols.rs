@@ -21,6 +21,21 @@ pub enum FinalState {
     Stopped,
 }
 
+/// What the image's inventory says about a plugin name at restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InventoryListing {
+    /// The image (or the host, before CRIU 4.1) keeps no plugin list: any plugin may be needed.
+    NoList,
+    /// The image lists the name; it is now claimed, so CRIU will not report it missing.
+    Listed,
+    /// The image keeps a list without this name: the plugin is not needed.
+    NotListed,
+}
+
+/// A name no plugin records: claiming it tells whether the image has a list at all (without a
+/// list every claim succeeds; with one, this one fails).
+const PROBE_NAME: &CStr = c"\x01criu-plugin-crate list probe";
+
 /// The CRIU symbols found in this process.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CriuSymbols {
@@ -127,6 +142,21 @@ impl CriuSymbols {
         unsafe { f(name.as_ptr(), len) }
     }
 
+    /// Claims `name` and says whether the image lists it, lacks a list, or lists others only.
+    /// Call it once per name, from `init(RESTORE)`: CRIU checks for unclaimed names right after.
+    pub fn inventory_listing(&self, name: &CStr) -> InventoryListing {
+        if self.check_and_remove_inventory_plugin.is_none()
+            || self.claim_inventory_plugin(PROBE_NAME)
+        {
+            return InventoryListing::NoList;
+        }
+        if self.claim_inventory_plugin(name) {
+            InventoryListing::Listed
+        } else {
+            InventoryListing::NotListed
+        }
+    }
+
     /// Whether CRIU's SIGALRM for `--timeout` has fired (`alarm_timeouted`).
     pub fn alarm_timed_out(&self) -> bool {
         // SAFETY: `alarm_timeouted` takes no arguments and reads a global flag.
@@ -205,6 +235,10 @@ mod tests {
         assert!(!s.has_inventory_plugins());
         assert_eq!(s.add_inventory_plugin(c"cuda_plugin"), Ok(false));
         assert!(s.claim_inventory_plugin(c"cuda_plugin"));
+        assert_eq!(
+            s.inventory_listing(c"cuda_plugin"),
+            InventoryListing::NoList
+        );
         assert!(!s.alarm_timed_out());
         assert!(!s.request_interrupt_only_mode());
         assert_eq!(s.final_state(), None);

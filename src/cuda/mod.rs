@@ -29,7 +29,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use criu_plugin::{CriuSymbols, FinalState, HookError, HookResult, Stage};
+use criu_plugin::{CriuSymbols, FinalState, HookError, HookResult, InventoryListing, Stage};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
 
 use crate::backend::{GpuBackend, InitContext};
@@ -230,7 +230,7 @@ impl CudaBackend {
         Ok(true)
     }
 
-    fn init_restore(&mut self, listed: bool) -> Result<bool, HookError> {
+    fn init_restore(&mut self, listing: InventoryListing) -> Result<bool, HookError> {
         let md = match open_image(metadata::FILE_NAME, false) {
             Ok(Some(mut f)) => {
                 let mut text = String::new();
@@ -255,15 +255,30 @@ impl CudaBackend {
         };
         let proc_dir = self.settings().nvidia_proc.clone();
         let Some(md) = md else {
-            // An image from CRIU's C plugin (or one without CUDA processes): no preflight.
-            if !listed || !proc_dir.is_dir() {
-                return Ok(false);
-            }
-            if let Err(e) = self.load_driver() {
-                log::warn!("cuda: CUDA checkpointing is off: {e}");
-                return Ok(false);
-            }
-            return Ok(true);
+            // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
+            return match listing {
+                InventoryListing::NotListed => Ok(false),
+                // Old images list nothing: CUDA may or may not be in there.
+                InventoryListing::NoList => Ok(proc_dir.is_dir() && self.load_driver().is_ok()),
+                InventoryListing::Listed => {
+                    if !proc_dir.is_dir() {
+                        return Err(fail(
+                            libc::ENODEV,
+                            format!(
+                                "the image needs cuda_plugin (it holds CUDA processes) but this machine has no NVIDIA driver ({} is missing)",
+                                proc_dir.display()
+                            ),
+                        ));
+                    }
+                    self.load_driver().map_err(|e| {
+                        fail(
+                            libc::ENODEV,
+                            format!("the image holds CUDA processes but {e}"),
+                        )
+                    })?;
+                    Ok(true)
+                }
+            };
         };
         if md.processes.is_empty() {
             return Ok(false);
@@ -650,7 +665,7 @@ impl GpuBackend for CudaBackend {
             // Nothing would unlock a process locked in pre-dump: CRIU calls no exit there.
             Stage::PreDump => Ok(false),
             Stage::Dump => self.init_dump(),
-            Stage::Restore => self.init_restore(ctx.listed_in_image),
+            Stage::Restore => self.init_restore(ctx.listing),
         }
     }
 
