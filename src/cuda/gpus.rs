@@ -22,7 +22,12 @@ pub struct Gpu {
     pub bus: String,
     /// Total memory in bytes, when known (from the CUDA driver or NVML; 0 = unknown).
     pub memory: u64,
+    /// Minor number of its device node `/dev/nvidia<minor>`, when the driver says.
+    pub minor: Option<u32>,
 }
+
+/// Major number of NVIDIA's GPU device nodes.
+const NVIDIA_MAJOR: u32 = 195;
 
 /// Largest `information` file read (they are a few hundred bytes).
 const MAX_INFO_BYTES: u64 = 16 * 1024;
@@ -32,6 +37,7 @@ const MAX_GPUS: usize = 256;
 fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
     let mut model = None;
     let mut uuid = None;
+    let mut minor = None;
     for line in text.lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
@@ -45,6 +51,7 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
                         .map_err(|e| format!("GPU {bus}: bad UUID {v:?}: {e}"))?,
                 )
             }
+            "Device Minor" => minor = v.trim().parse().ok(),
             _ => {}
         }
     }
@@ -53,11 +60,27 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
         model: model.ok_or_else(|| format!("GPU {bus}: no `Model` line"))?,
         bus: bus.to_string(),
         memory: 0,
+        minor,
     })
 }
 
-/// Reads every GPU under `dir` (normally `/proc/driver/nvidia/gpus`), in PCI order.
-pub fn read_gpus(dir: &Path) -> Result<Vec<Gpu>, String> {
+/// Whether this process can reach the GPU: its device node exists and is NVIDIA's. A
+/// container's device list hides the nodes of GPUs it was not given, while the kernel driver's
+/// listing still names every GPU of the host.
+fn reachable(gpu: &Gpu, dev_dir: &Path) -> bool {
+    let Some(minor) = gpu.minor else {
+        return true;
+    };
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::metadata(dev_dir.join(format!("nvidia{minor}"))) {
+        Ok(m) => m.file_type().is_char_device() && libc::major(m.rdev()) == NVIDIA_MAJOR,
+        Err(_) => false,
+    }
+}
+
+/// Reads every GPU under `dir` (normally `/proc/driver/nvidia/gpus`), in PCI order, keeping
+/// those whose device node under `dev_dir` (normally `/dev`) this process can reach.
+pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut buses: Vec<String> = Vec::new();
     for ent in rd {
@@ -75,7 +98,16 @@ pub fn read_gpus(dir: &Path) -> Result<Vec<Gpu>, String> {
         std::fs::File::open(&path)
             .and_then(|f| f.take(MAX_INFO_BYTES).read_to_string(&mut text))
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        gpus.push(parse_information(&bus, &text)?);
+        let gpu = parse_information(&bus, &text)?;
+        if reachable(&gpu, dev_dir) {
+            gpus.push(gpu);
+        } else {
+            log::info!(
+                "cuda: GPU {} ({bus}) is not reachable here (no /dev/nvidia{} device); left out",
+                gpu.uuid,
+                gpu.minor.unwrap_or(0)
+            );
+        }
     }
     Ok(gpus)
 }
@@ -217,6 +249,7 @@ mod tests {
             model: model.into(),
             bus: format!("0000:00:0{n}.0"),
             memory: 0,
+            minor: None,
         }
     }
 
@@ -234,13 +267,23 @@ mod tests {
             )
             .unwrap();
         }
-        let gpus = read_gpus(&dir).unwrap();
+        let gpus = read_gpus(&dir, Path::new("/dev")).unwrap();
         assert_eq!(gpus.len(), 2);
         assert_eq!(gpus[0].bus, "0000:00:06.0");
         assert_eq!(gpus[0].uuid, uuid(1));
         assert_eq!(gpus[1].model, "NVIDIA H100 80GB HBM3");
+        // A GPU whose device node is missing (a container's device list) is left out.
+        let info = format!("Model: M\nGPU UUID: {}\nDevice Minor: 7\n", uuid(1));
+        std::fs::write(dir.join("0000:00:06.0/information"), info).unwrap();
+        let gpus = read_gpus(&dir, &dir).unwrap();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].uuid, uuid(2));
         std::fs::write(dir.join("0000:00:06.0/information"), "Model: X\n").unwrap();
-        assert!(read_gpus(&dir).unwrap_err().contains("no `GPU UUID`"));
+        assert!(
+            read_gpus(&dir, Path::new("/dev"))
+                .unwrap_err()
+                .contains("no `GPU UUID`")
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

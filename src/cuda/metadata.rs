@@ -161,6 +161,7 @@ impl CudaMetadata {
                         model,
                         bus,
                         memory,
+                        minor: None,
                     });
                 }
                 Some("process") => {
@@ -208,6 +209,7 @@ mod tests {
                 model: "NVIDIA H100 80GB HBM3".into(),
                 bus: "0000:00:06.0".into(),
                 memory: 85_899_345_920,
+                minor: None,
             }],
             processes: vec![ProcessRecord {
                 pid: 1234,

@@ -139,10 +139,15 @@ fn read_driver_release() -> Option<String> {
     std::fs::File::open("/proc/driver/nvidia/version")
         .and_then(|f| f.take(4096).read_to_string(&mut text))
         .ok()?;
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
+    // "NVRM version: NVIDIA UNIX [Open ]Kernel Module for x86_64  580.159.04  Release Build ..."
     let line = text.lines().next()?;
-    let after = line.split("Kernel Module").nth(1)?;
-    after.split_whitespace().next().map(str::to_string)
+    line.split_whitespace()
+        .find(|w| {
+            w.split('.').count() >= 2
+                && w.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
 }
 
 /// Opens `name` in CRIU's image directory (relative to its fd; never a path from an image).
@@ -216,7 +221,7 @@ impl CudaBackend {
             log::warn!("cuda: NVIDIA driver present but CUDA checkpointing is off: {e}");
             return Ok(false);
         }
-        self.gpus = gpus::read_gpus(&proc_dir).map_err(|e| fail(libc::EIO, e))?;
+        self.gpus = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev")).map_err(|e| fail(libc::EIO, e))?;
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
         if !CriuSymbols::get().request_interrupt_only_mode() {
             log::debug!("cuda: this CRIU has no interrupt-only seize mode");
@@ -310,7 +315,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let local = gpus::read_gpus(&proc_dir).map_err(|e| fail(libc::EIO, e))?;
+        let local = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev")).map_err(|e| fail(libc::EIO, e))?;
         let plan =
             gpus::plan_gpu_map(&md.gpus, &local, &self.settings().device_map).map_err(|e| {
                 fail(
@@ -378,6 +383,7 @@ impl CudaBackend {
             run_each(&pids, parallel, |pid| driver.checkpoint(pid))
         });
         let wall = started.elapsed();
+        let mut driver_times = Vec::new();
         match outcome {
             Err(e) => {
                 log::error!("cuda: {e}");
@@ -388,6 +394,7 @@ impl CudaBackend {
             }
             Ok(results) => {
                 for (pid, r, took) in results {
+                    driver_times.push(took);
                     let p = self.dumped.get_mut(&pid).unwrap();
                     match r {
                         Ok(()) => {
@@ -408,16 +415,7 @@ impl CudaBackend {
                 }
             }
         }
-        log::info!(
-            "cuda: checkpointed {} process(es) in {:.1} ms ({})",
-            pids.len(),
-            ms(wall),
-            if parallel {
-                "all at once"
-            } else {
-                "one after another"
-            }
-        );
+        log_phase("checkpoint", &pids, wall, &driver_times, parallel);
         if self
             .dumped
             .values()
@@ -541,6 +539,7 @@ impl CudaBackend {
         let parallel = self.settings().parallel;
         let found: BTreeMap<i32, FoundState> = todo.iter().map(|p| (p.pid, p.found)).collect();
         let started = Instant::now();
+        let mut driver_times = Vec::new();
         let outcome = with_threads_running(&tids, || {
             run_each(&pids, parallel, |pid| {
                 driver.restore(pid, pairs)?;
@@ -559,6 +558,7 @@ impl CudaBackend {
             }
             Ok(rs) => {
                 for (pid, r, took) in rs {
+                    driver_times.push(took);
                     match r {
                         Ok(()) => {
                             log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
@@ -572,16 +572,7 @@ impl CudaBackend {
                 }
             }
         }
-        log::info!(
-            "cuda: restored {} process(es) in {:.1} ms ({})",
-            pids.len(),
-            ms(started.elapsed()),
-            if parallel {
-                "all at once"
-            } else {
-                "one after another"
-            }
-        );
+        log_phase("restore", &pids, started.elapsed(), &driver_times, parallel);
         self.resume_results = Some(results);
     }
 
@@ -604,6 +595,30 @@ impl CudaBackend {
         );
         Ok(())
     }
+}
+
+/// Logs a phase's figures: wall time, the longest driver call, and what the plugin itself added
+/// (thread start, ptrace, bookkeeping), in total and per process.
+fn log_phase(what: &str, pids: &[i32], wall: Duration, driver: &[Duration], parallel: bool) {
+    let longest = if parallel {
+        driver.iter().copied().max().unwrap_or_default()
+    } else {
+        driver.iter().sum()
+    };
+    let own = wall.saturating_sub(longest);
+    log::info!(
+        "cuda: {what} phase: {} process(es) {}, {:.1} ms wall, {:.1} ms in the driver, plugin own time {:.3} ms ({:.3} ms per process)",
+        pids.len(),
+        if parallel {
+            "at once"
+        } else {
+            "one after another"
+        },
+        ms(wall),
+        ms(longest),
+        ms(own),
+        ms(own) / pids.len().max(1) as f64
+    );
 }
 
 /// Runs `op` for every pid, on worker threads when `parallel`, and reports each result with the
@@ -678,17 +693,23 @@ impl GpuBackend for CudaBackend {
             return Ok(());
         }
         let started = Instant::now();
+        let mut in_driver = Duration::ZERO;
         let driver = self.driver();
-        let tid = match driver.restore_thread_id(pid) {
+        let t = Instant::now();
+        let tid_result = driver.restore_thread_id(pid);
+        in_driver += t.elapsed();
+        let tid = match tid_result {
             Ok(tid) => tid,
             Err(e) => {
                 log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
                 return Err(HookError::NotMine);
             }
         };
+        let t = Instant::now();
         let state = driver
             .process_state(pid)
             .map_err(|e| fail(-e.errno(), format!("cuda: {e}")))?;
+        in_driver += t.elapsed();
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
                 let timeout = self.lock_timeout_ms();
@@ -703,6 +724,7 @@ impl GpuBackend for CudaBackend {
                     };
                     fail(-e.errno(), format!("cuda: {e}{why}"))
                 })?;
+                in_driver += t.elapsed();
                 log::debug!("cuda: pid {pid}: lock {:.2} ms", ms(t.elapsed()));
                 (FoundState::Running, true)
             }
@@ -745,9 +767,11 @@ impl GpuBackend for CudaBackend {
                 })?;
             self.inventory_added = true;
         }
+        let total = started.elapsed();
         log::info!(
-            "cuda: pid {pid} (restore thread {tid}) paused; plugin time {:.2} ms",
-            ms(started.elapsed())
+            "cuda: pid {pid} (restore thread {tid}) paused: {:.2} ms in the driver, plugin own time {:.3} ms",
+            ms(in_driver),
+            ms(total.saturating_sub(in_driver))
         );
         Ok(())
     }
