@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs everything the build, the main job and the tests need on a fresh Debian 12 machine:
+# the C toolchain and headers (gcc, linux-libc-dev, libdrm-dev for the kfd-sys layout checks)
+# and CRIU 4.1.1 in <repo>/.criu (scripts/install-criu.sh). Quick when all is present.
+set -euo pipefail
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
+
+need=""
+command -v cc >/dev/null 2>&1 || need="$need gcc"
+[ -f /usr/include/linux/kfd_ioctl.h ] || need="$need linux-libc-dev"
+[ -f /usr/include/libdrm/amdgpu_drm.h ] || need="$need libdrm-dev"
+if [ -n "$need" ]; then
+    echo "[setup] installing:$need"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends $need
+fi
+command -v cargo >/dev/null 2>&1 || { echo "[setup] ERROR: cargo (Rust) is needed" >&2; exit 1; }
+"$REPO/scripts/install-criu.sh"

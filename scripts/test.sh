@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, then every unit, integration and end-to-end test of
+# the workspace (end-to-end tests run the real criu from scripts/install-criu.sh against real
+# processes, and need root). Fails on the first failure.
+set -euo pipefail
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
+cd "$REPO"
+scripts/setup.sh
+export CRIU_BIN="$REPO/.criu/bin/criu"
+echo "[test] cargo fmt --check"
+cargo fmt --all --check
+echo "[test] cargo clippy"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+echo "[test] cargo test"
+cargo test --workspace --all-features --locked
