@@ -18,6 +18,7 @@
 //! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
 //! | `cuda.parallel` | checkpoint and restore all processes of the tree at once | true |
 //! | `cuda.nvidia-proc` | directory whose presence says an NVIDIA driver is loaded | `/proc/driver/nvidia/gpus` |
+//! | `nvml` | NVML library for GPU memory sizes (the free-memory check) | `libnvidia-ml.so.1` |
 //! | `amdgpu.*` | the AMD backend's settings (see [`crate::amdgpu`]) | |
 
 use std::collections::BTreeMap;
@@ -40,6 +41,7 @@ const KNOWN_KEYS: &[&str] = &[
     "cuda.lock-timeout-ms",
     "cuda.parallel",
     "cuda.nvidia-proc",
+    "nvml",
 ];
 
 /// Parsed settings: raw strings by key, with environment overrides applied.

@@ -20,6 +20,7 @@
 
 pub mod gpus;
 pub mod metadata;
+pub mod nvml;
 pub mod restore_thread;
 
 use std::collections::BTreeMap;
@@ -58,6 +59,8 @@ pub struct CudaSettings {
     pub lock_timeout_ms: u64,
     /// Explicit restore GPU map.
     pub device_map: Vec<GpuPair>,
+    /// NVML library for memory sizes.
+    pub nvml: String,
 }
 
 impl CudaSettings {
@@ -71,6 +74,7 @@ impl CudaSettings {
             parallel: cfg.get_bool("cuda.parallel", true)?,
             lock_timeout_ms: cfg.get_u64("cuda.lock-timeout-ms", DEFAULT_LOCK_TIMEOUT_MS)?,
             device_map: gpus::parse_device_map(cfg.get("cuda.device-map").unwrap_or(""))?,
+            nvml: cfg.get("nvml").unwrap_or("libnvidia-ml.so.1").to_string(),
         })
     }
 }
@@ -176,6 +180,28 @@ fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>>
     })))
 }
 
+/// Fills in each GPU's total memory from NVML and returns the free memory by UUID, or `None`
+/// (with a log line) when NVML cannot answer.
+fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<cuda_ckpt_sys::GpuUuid, u64>> {
+    let t = Instant::now();
+    let uuids: Vec<_> = gpus.iter().map(|g| g.uuid).collect();
+    match nvml::query_memory(nvml, &uuids) {
+        Ok(mem) => {
+            for g in gpus.iter_mut() {
+                if let Some(m) = mem.get(&g.uuid) {
+                    g.memory = m.total;
+                }
+            }
+            log::debug!("cuda: NVML memory query {:.1} ms", ms(t.elapsed()));
+            Some(mem.into_iter().map(|(u, m)| (u, m.free)).collect())
+        }
+        Err(e) => {
+            log::info!("cuda: GPU memory sizes unknown ({e}); the free-memory check is skipped");
+            None
+        }
+    }
+}
+
 impl CudaBackend {
     /// A backend with nothing set up yet.
     pub fn new() -> Self {
@@ -221,7 +247,10 @@ impl CudaBackend {
             log::warn!("cuda: NVIDIA driver present but CUDA checkpointing is off: {e}");
             return Ok(false);
         }
-        self.gpus = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev")).map_err(|e| fail(libc::EIO, e))?;
+        self.gpus = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev"))
+            .map_err(|e| fail(libc::EIO, e))?;
+        let nvml = self.settings().nvml.clone();
+        fill_memory(&nvml, &mut self.gpus);
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
         if !CriuSymbols::get().request_interrupt_only_mode() {
             log::debug!("cuda: this CRIU has no interrupt-only seize mode");
@@ -315,7 +344,8 @@ impl CudaBackend {
                 ),
             ));
         }
-        let local = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev")).map_err(|e| fail(libc::EIO, e))?;
+        let local = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev"))
+            .map_err(|e| fail(libc::EIO, e))?;
         let plan =
             gpus::plan_gpu_map(&md.gpus, &local, &self.settings().device_map).map_err(|e| {
                 fail(
