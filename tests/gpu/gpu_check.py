@@ -296,6 +296,23 @@ def refuse_case(ctx, wl):
     return res
 
 
+def table(results):
+    """The benchmark table for docs/performance.md."""
+    rows = ["| case | processes | images GB | dump s | restore s | GPU checkpoint ms | GPU restore ms "
+            "| plugin own ms per process: pause / checkpoint / restore |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "dump_s" not in r:
+            continue
+        pause = max(r.get("dump_pause_own_ms") or [0])
+        rows.append(
+            f"| {r['case']} | {r['processes']} | {r['images_gb']} | {r['dump_s']} | {r.get('restore_s', '-')} "
+            f"| {r.get('dump_checkpoint_wall_ms', '-')} | {r.get('restore_restore_wall_ms', '-')} "
+            f"| {pause:.3f} / {r.get('dump_checkpoint_own_per_process_ms', 0):.3f} / "
+            f"{r.get('restore_restore_own_per_process_ms', 0):.3f} |")
+    return "\n".join(rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--criu", required=True)
@@ -344,6 +361,7 @@ def main():
         failed += not r.get("ok")
     with open(os.path.join(ctx.logs, "results.json"), "w") as f:
         json.dump(ctx.results, f, indent=1)
+    print(table(ctx.results))
     print(f"{len(ctx.results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

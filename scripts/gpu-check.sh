@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Checks and benchmark on a machine with NVIDIA GPUs (real CRIU, real CUDA processes).
+#   scripts/gpu-check.sh            every check: 1 GiB, parent+child, 4 x 4 GiB, PyTorch, --leave-running,
+#                                   8 GiB, and with two or more GPUs the multi-GPU cases
+#   scripts/gpu-check.sh --bench    the benchmark: 1 x 8 GiB, 4 x 4 GiB all at once and one after another
+# The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
+# .criu/ (scripts/install-criu.sh; copy the folder along where the GPU machine has no network).
+# Images go to $WORK (default /dev/shm/gpu-check: host memory, the preemption use case).
+# Prints one JSON line per case, a Markdown table, and "N passed, M failed"; exits non-zero on failure.
+set -euo pipefail
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
+cd "$REPO"
+PLUGIN=${PLUGIN:-target/release/libcriu_gpu_plugin.so}
+WORK=${WORK:-/dev/shm/gpu-check}
+LOGS=${LOGS:-/tmp/gpu-check-logs}
+[ -x .criu/bin/criu ] || scripts/install-criu.sh
+[ -f "$PLUGIN" ] || { echo "no plugin at $PLUGIN: run cargo build --release" >&2; exit 1; }
+lib=$(mktemp -d)
+cp "$PLUGIN" "$lib/gpu_plugin.so"
+# Multicast over NVLink stays off in everything started here.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The driver library may live outside the loader's default paths (for example /usr/local/nvidia).
+for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/libcuda.so.1" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
+done
+gpus=$(nvidia-smi -L | grep -c '^GPU ')
+if [ "${1:-}" = --bench ]; then
+    cases=basic8,multi4,multi4seq
+else
+    cases=basic1,tree,multi4,torch,leave,basic8
+    [ "$gpus" -ge 2 ] && cases=$cases,mgpu_two,mgpu_conc,mgpu_seq,remap,refuse
+fi
+PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py --criu .criu/bin/criu --libdir "$lib" \
+    --work "$WORK" --logs "$LOGS" --cases "$cases"
