@@ -75,7 +75,7 @@ impl GpuPlugin {
         let host = criu_plugin::host::current();
         let syms = CriuSymbols::get();
         log::info!(
-            "{} {} in {:?} (hooks {}, RESTORE_EXT_FILE retry {}), stage {stage:?}",
+            "{} {} in {} (hooks {}, RESTORE_EXT_FILE retry {}), stage {stage:?}",
             PLUGIN_NAME.to_string_lossy(),
             env!("CARGO_PKG_VERSION"),
             host.version,

@@ -103,14 +103,14 @@ const fn family(
     }
 }
 
-const V3_16: Family = family("3.16", 7, false, false, false, "Pre317");
-const V3_17: Family = family("3.17", 10, false, false, false, "V3_17");
-const V3_18: Family = family("3.18", 10, false, false, false, "V3_17");
-const V3_19: Family = family("3.19", 10, false, false, false, "V3_17");
-const V4_0: Family = family("4.0", 12, false, true, false, "V4_0");
-const V4_1: Family = family("4.1", 12, false, false, true, "V4_0");
-const V4_2: Family = family("4.2", 13, false, false, true, "V4_2");
-const DEV: Family = family("criu-dev", 15, true, false, true, "Dev");
+const V3_16: Family = family("3.16", 7, false, false, false, "CRIU before 3.17");
+const V3_17: Family = family("3.17", 10, false, false, false, "CRIU 3.17-3.19");
+const V3_18: Family = family("3.18", 10, false, false, false, "CRIU 3.17-3.19");
+const V3_19: Family = family("3.19", 10, false, false, false, "CRIU 3.17-3.19");
+const V4_0: Family = family("4.0", 12, false, true, false, "CRIU 4.0-4.1");
+const V4_1: Family = family("4.1", 12, false, false, true, "CRIU 4.0-4.1");
+const V4_2: Family = family("4.2", 13, false, false, true, "CRIU 4.2");
+const DEV: Family = family("criu-dev", 15, true, false, true, "criu-dev");
 
 const FAMILIES: &[Family] = &[V3_16, V3_17, V3_18, V3_19, V4_0, V4_1, V4_2, DEV];
 const INVENTORY_FAMILIES: &[Family] = &[V4_1, V4_2, DEV];

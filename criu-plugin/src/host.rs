@@ -28,6 +28,19 @@ pub enum HostVersion {
     Dev,
 }
 
+impl std::fmt::Display for HostVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostVersion::Unknown => "a program that is not CRIU",
+            HostVersion::Pre317 => "CRIU before 3.17",
+            HostVersion::V3_17 => "CRIU 3.17-3.19",
+            HostVersion::V4_0 => "CRIU 4.0-4.1",
+            HostVersion::V4_2 => "CRIU 4.2",
+            HostVersion::Dev => "criu-dev",
+        })
+    }
+}
+
 /// What the plugin needs to know about its host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Host {
