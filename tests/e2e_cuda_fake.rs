@@ -1,0 +1,924 @@
+//! The NVIDIA path end to end: real CRIU, the plugin built from this tree, and the stand-in CUDA
+//! driver of `tests/fixtures/fake-cuda` (its header comments describe it). The workload processes
+//! keep "device memory" in files of `FAKE_CUDA_DEVICE_DIR`, which a checkpoint deletes and a
+//! restore recreates; SIGUSR1 makes each check its memory ("verify ok"), SIGUSR2 makes it hold a
+//! busy section.
+//!
+//! The plugin finds the driver through `CRIU_GPU_LIBCUDA` and the GPU list through
+//! `CRIU_GPU_CUDA_NVIDIA_PROC`, a directory written here in the layout of
+//! `/proc/driver/nvidia/gpus`. Everything reaches the plugin and the fake's controller side
+//! through CRIU's environment, set on each CRIU command only.
+//!
+//! CRIU comes from `$CRIU_BIN`, `<repo>/.criu/bin/criu` (`scripts/install-criu.sh`) or `PATH`;
+//! without one these tests fail, unless `GPU_PLUGIN_SKIP_E2E=1`. They need root and `cc`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{CriuRun, E2e, Tree, build_dir, cc, fixture, plugin_libdir, wait_until};
+
+/// A test with the fake driver built and a device directory of its own.
+struct Fake {
+    e: E2e,
+    /// `FAKE_CUDA_DEVICE_DIR` of the workloads.
+    dev: PathBuf,
+    libcuda: PathBuf,
+    workload: PathBuf,
+    gpu_list: PathBuf,
+}
+
+/// One of the fake driver's GPUs.
+#[derive(Clone, Debug)]
+struct FakeGpu {
+    uuid: String,
+    model: String,
+}
+
+impl Fake {
+    fn start(test: &str) -> Option<Fake> {
+        let mut e = E2e::start(test)?;
+        let libcuda = cc(
+            "libcuda.so.1",
+            &[
+                "-shared".into(),
+                "-fPIC".into(),
+                fixture("fake-cuda/fake_libcuda.c"),
+                "-lpthread".into(),
+            ],
+        );
+        // Linked against the fake only, found next to the binary before any real libcuda.
+        let linked = |src: &str| {
+            vec![
+                fixture(src),
+                format!("-L{}", build_dir().display()),
+                "-l:libcuda.so.1".into(),
+                "-Wl,-rpath,$ORIGIN".into(),
+                "-Wl,--disable-new-dtags".into(),
+                "-lpthread".into(),
+            ]
+        };
+        let workload = cc("workload", &linked("fake-cuda/workload.c"));
+        let gpu_list = cc("gpu_list", &linked("e2e/gpu_list.c"));
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            e.dir().to_path_buf()
+        };
+        let dev = e.extra_dir(&base, "dev");
+        Some(Fake {
+            e,
+            dev,
+            libcuda,
+            workload,
+            gpu_list,
+        })
+    }
+
+    /// The fake's GPUs under `FAKE_CUDA_GPUS=count` and `FAKE_CUDA_GPU_UUID_SEED=seed`.
+    fn gpus(&self, count: u32, seed: u64) -> Vec<FakeGpu> {
+        let out = self
+            .e
+            .command(&self.gpu_list)
+            .env("FAKE_CUDA_GPUS", count.to_string())
+            .env("FAKE_CUDA_GPU_UUID_SEED", seed.to_string())
+            .env("FAKE_CUDA_DEVICE_DIR", &self.dev)
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .expect("run gpu_list");
+        assert!(out.status.success(), "gpu_list: {out:?}");
+        let gpus: Vec<FakeGpu> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let (uuid, model) = l.split_once(' ').expect("`<uuid> <name>`");
+                FakeGpu {
+                    uuid: uuid.to_string(),
+                    model: model.to_string(),
+                }
+            })
+            .collect();
+        assert_eq!(gpus.len(), count as usize, "{gpus:?}");
+        gpus
+    }
+
+    /// Writes a `/proc/driver/nvidia/gpus`-like directory `name` listing `gpus` as
+    /// (bus, model, uuid).
+    fn nvidia_proc(&self, name: &str, gpus: &[(&str, &str, &str)]) -> PathBuf {
+        let dir = self.e.dir().join(name);
+        for (bus, model, uuid) in gpus {
+            let d = dir.join(bus);
+            std::fs::create_dir_all(&d).expect("nv fixture");
+            std::fs::write(
+                d.join("information"),
+                format!(
+                    "Model: \t\t {model}\nIRQ:   \t\t 42\nGPU UUID: \t {uuid}\nVideo BIOS: \t \
+                     00.00.00.00.00\nBus Type: \t PCIe\nBus Location: \t {bus}\n"
+                ),
+            )
+            .expect("nv fixture");
+        }
+        dir
+    }
+
+    /// CRIU's environment: the plugin on the fake driver with GPU list `nv`, the fake's calls
+    /// logged to `calls` (a file under the work directory).
+    fn env(&self, nv: &Path, calls: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("CRIU_GPU_LIBCUDA", self.libcuda.display().to_string()),
+            ("CRIU_GPU_CUDA_NVIDIA_PROC", nv.display().to_string()),
+            (
+                "FAKE_CUDA_LOG",
+                self.e.dir().join(calls).display().to_string(),
+            ),
+            // A hung target fails a call instead of the test.
+            ("FAKE_CUDA_CALL_TIMEOUT_MS", "15000".into()),
+        ]
+    }
+
+    /// The calls the fake logged to `calls`.
+    fn calls(&self, calls: &str) -> Calls {
+        let text = std::fs::read_to_string(self.e.dir().join(calls)).unwrap_or_default();
+        Calls(
+            text.lines()
+                .filter_map(|l| {
+                    let mut it = l.split_whitespace();
+                    let op = it.next()?.to_string();
+                    let pid = it.next()?.strip_prefix("pid=")?.parse().ok()?;
+                    let rc = it.next()?.strip_prefix("result=")?.parse().ok()?;
+                    Some((op, pid, rc))
+                })
+                .collect(),
+        )
+    }
+
+    /// Device files of `pid` (`<pid>.<index>`), sorted.
+    fn device_files(&self, pid: i32) -> Vec<String> {
+        let prefix = format!("{pid}.");
+        let mut v: Vec<String> = std::fs::read_dir(&self.dev)
+            .map(|it| {
+                it.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Removes what a SIGKILLed workload leaves in the device directory.
+    fn clear_device_dir(&self) {
+        if let Ok(it) = std::fs::read_dir(&self.dev) {
+            for e in it.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    fn criu(&self, args: &[&str], images: &Path, log: &str, env: &[(&str, String)]) -> CriuRun {
+        self.e.criu(args, images, log, env)
+    }
+}
+
+/// The fake's call log: (operation, pid, CUresult).
+struct Calls(Vec<(String, i32, i32)>);
+
+impl Calls {
+    /// The state-changing calls for `pid`, in order, as "op=rc".
+    fn transitions(&self, pid: i32) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(op, p, _)| {
+                *p == pid && matches!(op.as_str(), "lock" | "checkpoint" | "restore" | "unlock")
+            })
+            .map(|(op, _, rc)| format!("{op}={rc}"))
+            .collect()
+    }
+
+    fn ops(&self) -> Vec<&str> {
+        self.0.iter().map(|(op, _, _)| op.as_str()).collect()
+    }
+}
+
+impl std::fmt::Debug for Calls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (op, pid, rc) in &self.0 {
+            writeln!(f, "{op} pid={pid} result={rc}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A running workload tree (`workload.c`): the root, then its children in fork order.
+struct Workload {
+    out: PathBuf,
+    pids: Vec<i32>,
+}
+
+impl Workload {
+    fn start(f: &Fake, name: &str, args: &[&str]) -> Workload {
+        let out = f.e.dir().join(name);
+        let mut cmd = f.e.command(&f.workload);
+        cmd.arg("--out")
+            .arg(&out)
+            .args(args)
+            .env("FAKE_CUDA_DEVICE_DIR", &f.dev);
+        let root = f.e.spawn_session(cmd);
+        let mut w = Workload {
+            out,
+            pids: vec![root],
+        };
+        w.wait_line(root, "ready ");
+        let children: Vec<i32> = w
+            .lines(root)
+            .iter()
+            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
+            .collect();
+        for &c in &children {
+            f.e.adopt(root, c);
+            w.pids.push(c);
+        }
+        for &c in &children {
+            w.wait_line(c, "ready ");
+        }
+        for &p in &w.pids {
+            w.wait_counting(p);
+        }
+        w
+    }
+
+    fn root(&self) -> i32 {
+        self.pids[0]
+    }
+
+    fn lines(&self, pid: i32) -> Vec<String> {
+        std::fs::read_to_string(format!("{}.{pid}", self.out.display()))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn wait_line(&self, pid: i32, prefix: &str) {
+        wait_until(format!("pid {pid}: a line `{prefix}...`"), || {
+            self.lines(pid).iter().any(|l| l.starts_with(prefix))
+        });
+    }
+
+    /// Counter values of `pid`, in order.
+    fn counters(&self, pid: i32) -> Vec<u64> {
+        self.lines(pid)
+            .iter()
+            .filter_map(|l| l.strip_prefix("counter ")?.parse().ok())
+            .collect()
+    }
+
+    fn last_counter(&self, pid: i32) -> u64 {
+        self.counters(pid).last().copied().unwrap_or(0)
+    }
+
+    /// The device counter of `pid` goes up (its GPU work runs).
+    fn wait_counting(&self, pid: i32) {
+        let c0 = self.last_counter(pid);
+        wait_until(
+            format!(
+                "pid {pid}: counter moving beyond {c0} ({:?})",
+                self.tail(pid)
+            ),
+            || self.last_counter(pid) >= c0 + 3,
+        );
+    }
+
+    fn tail(&self, pid: i32) -> Vec<String> {
+        let l = self.lines(pid);
+        l[l.len().saturating_sub(6)..].to_vec()
+    }
+
+    /// SIGUSR1, then the new verdict must be "verify ok".
+    fn verify(&self, pid: i32) {
+        let verdicts = |w: &Workload| -> Vec<String> {
+            w.lines(pid)
+                .into_iter()
+                .filter(|l| l.starts_with("verify"))
+                .collect()
+        };
+        let before = verdicts(self).len();
+        assert!(common::signal(pid, libc::SIGUSR1), "SIGUSR1 to {pid}");
+        wait_until(format!("pid {pid}: a verify verdict"), || {
+            verdicts(self).len() > before
+        });
+        assert_eq!(verdicts(self)[before], "verify ok", "pid {pid}");
+    }
+
+    /// Every process runs with its GPU: not stopped, counters move, memory intact, no CUDA
+    /// error reported.
+    fn assert_all_running(&self, what: &str) {
+        for &pid in &self.pids {
+            let st = common::state_of(pid);
+            assert!(
+                matches!(st, Some('R' | 'S')),
+                "{what}: pid {pid} is not running: {st:?}"
+            );
+        }
+        for &pid in &self.pids {
+            self.wait_counting(pid);
+            self.verify(pid);
+            let errors: Vec<String> = self
+                .lines(pid)
+                .into_iter()
+                .filter(|l| l.starts_with("cuda error"))
+                .collect();
+            assert!(errors.is_empty(), "{what}: pid {pid}: {errors:?}");
+        }
+    }
+
+    /// Line counts of every process's output now.
+    fn marks(&self) -> BTreeMap<i32, usize> {
+        self.pids
+            .iter()
+            .map(|&p| (p, self.lines(p).len()))
+            .collect()
+    }
+
+    /// After a restore: each counter's first value after `marks` is the one after its last
+    /// value before, and the whole sequence goes up by one per line.
+    fn assert_continues(&self, marks: &BTreeMap<i32, usize>) {
+        for &pid in &self.pids {
+            let lines = self.lines(pid);
+            let before: Vec<u64> = lines[..marks[&pid]]
+                .iter()
+                .filter_map(|l| l.strip_prefix("counter ")?.parse().ok())
+                .collect();
+            let after: Vec<u64> = lines[marks[&pid]..]
+                .iter()
+                .filter_map(|l| l.strip_prefix("counter ")?.parse().ok())
+                .collect();
+            let last = *before.last().expect("counted before the dump");
+            assert_eq!(
+                after.first().copied(),
+                Some(last + 1),
+                "pid {pid}: last counter before the dump {last}, after the restore {:?}",
+                &after[..after.len().min(5)]
+            );
+            let all = self.counters(pid);
+            for w in all.windows(2) {
+                assert_eq!(
+                    w[1],
+                    w[0] + 1,
+                    "pid {pid}: counter jumps {} -> {}",
+                    w[0],
+                    w[1]
+                );
+            }
+        }
+    }
+}
+
+fn lib() -> String {
+    plugin_libdir().display().to_string()
+}
+
+/// An `nv` directory listing fake GPU `g` at one bus address.
+fn one_gpu(f: &Fake, name: &str, bus: &str, model: &str, g: &FakeGpu) -> PathBuf {
+    f.nvidia_proc(name, &[(bus, model, &g.uuid)])
+}
+
+fn assert_nothing_restored(run: &CriuRun, pids: &[i32]) {
+    assert!(
+        !run.has("Forking task"),
+        "CRIU forked tasks before failing: {run:?}"
+    );
+    for &p in pids {
+        assert!(
+            !common::exists(p),
+            "pid {p} exists after the failed restore"
+        );
+    }
+}
+
+// ---- the tests ----------------------------------------------------------------------------
+
+#[test]
+fn a_cuda_tree_is_dumped_and_restored() {
+    let Some(f) = Fake::start("cuda-tree") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &[
+            "--mib",
+            "16",
+            "--chunk-mib",
+            "8",
+            "--children",
+            "2",
+            "--threads",
+            "1",
+        ],
+    );
+    assert_eq!(w.pids.len(), 3);
+    let files: BTreeMap<i32, Vec<String>> =
+        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    for (p, v) in &files {
+        assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
+    }
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    dump.assert_no_plugin_errors();
+    for &p in &w.pids {
+        assert!(
+            dump.log.lines().any(|l| l.contains(&format!("gpu_plugin: cuda: pid {p} ")) && l.contains("paused")),
+            "pid {p} not paused: {dump:?}"
+        );
+        assert!(
+            f.device_files(p).is_empty(),
+            "pid {p}: device files left after the checkpoint"
+        );
+    }
+    assert!(
+        dump.has("gpu_plugin: cuda: checkpoint phase: 3 process(es)"),
+        "{dump:?}"
+    );
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    assert!(
+        images.join("gpu-plugin-cuda.img").is_file(),
+        "no gpu-plugin-cuda.img"
+    );
+    let inventory = std::fs::read(images.join("inventory.img")).expect("inventory.img");
+    assert!(
+        common::bytes_contain(&inventory, b"cuda_plugin"),
+        "inventory.img does not record cuda_plugin"
+    );
+    let marks = w.marks();
+
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore.calls"),
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    assert!(
+        restore.has("gpu_plugin: cuda: restore phase: 3 process(es)"),
+        "{restore:?}"
+    );
+    let calls = f.calls("restore.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+        assert_eq!(
+            f.device_files(p),
+            files[&p],
+            "pid {p}: device files not recreated"
+        );
+    }
+    w.assert_all_running("after the restore");
+    w.assert_continues(&marks);
+}
+
+#[test]
+fn leave_running_gives_every_process_its_gpu_back() {
+    let Some(f) = Fake::start("cuda-leave-running") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &[
+            "--mib",
+            "16",
+            "--chunk-mib",
+            "8",
+            "--children",
+            "2",
+            "--threads",
+            "1",
+        ],
+    );
+    let files: BTreeMap<i32, Vec<String>> =
+        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "--leave-running", "-L", &lib(), "-v4"],
+        &f.e.images("img"),
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    dump.assert_no_plugin_errors();
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+        assert_eq!(
+            f.device_files(p),
+            files[&p],
+            "pid {p}: device memory not back"
+        );
+    }
+    w.assert_all_running("after a --leave-running dump");
+}
+
+#[test]
+fn a_lock_timeout_fails_the_dump_and_leaves_the_process_running() {
+    let Some(f) = Fake::start("cuda-lock-timeout") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &["--mib", "8", "--threads", "1", "--hold-ms", "8000"],
+    );
+    let pid = w.root();
+    assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2");
+    w.wait_line(pid, "hold begin");
+
+    let root = pid.to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "--timeout", "2", "-L", &lib(), "-v4"],
+        &f.e.images("img"),
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_failed();
+    let first = dump.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin") && first.contains("did not finish within"),
+        "the first error must be the lock timeout: {dump:?}"
+    );
+    // The lock timeout came from CRIU's --timeout (2 s), not from the plugin's default (10 s),
+    // and the dump did not wait for the busy section to end.
+    assert!(
+        dump.took.as_secs_f64() < 6.0,
+        "the dump took {:?}: {dump:?}",
+        dump.took
+    );
+    assert!(
+        !w.lines(pid).iter().any(|l| l == "hold end"),
+        "the busy section ended before the dump gave up"
+    );
+    let calls = f.calls("dump.calls");
+    let t = calls.transitions(pid);
+    assert!(
+        t.len() == 1 && t[0].starts_with("lock=") && t[0] != "lock=0",
+        "expected one failed lock: {calls:?}"
+    );
+
+    w.wait_line(pid, "hold end");
+    w.assert_all_running("after a lock timeout");
+}
+
+#[test]
+fn a_checkpoint_failure_half_way_puts_every_process_back() {
+    let Some(f) = Fake::start("cuda-half-way") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &[
+            "--mib",
+            "16",
+            "--chunk-mib",
+            "8",
+            "--children",
+            "2",
+            "--threads",
+            "1",
+        ],
+    );
+    let files: BTreeMap<i32, Vec<String>> =
+        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let second_child = w.pids[2];
+    let mut env = f.env(&nv, "dump.calls");
+    env.push(("FAKE_CUDA_FAIL", format!("checkpoint@{second_child}")));
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib(), "-v4"],
+        &f.e.images("img"),
+        "dump.log",
+        &env,
+    );
+    dump.assert_failed();
+    let first = dump.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin") && first.contains(&format!("pid {second_child}")),
+        "the first error must name the process whose checkpoint failed: {dump:?}"
+    );
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        let expected: &[&str] = if p == second_child {
+            &["lock=0", "checkpoint=999", "unlock=0"]
+        } else {
+            &["lock=0", "checkpoint=0", "restore=0", "unlock=0"]
+        };
+        assert_eq!(calls.transitions(p), expected, "pid {p}: {calls:?}");
+        assert_eq!(
+            f.device_files(p),
+            files[&p],
+            "pid {p}: device memory not back"
+        );
+    }
+    w.assert_all_running("after a failed checkpoint");
+}
+
+#[test]
+fn an_image_from_other_gpus_is_refused_early_or_mapped() {
+    let Some(f) = Fake::start("cuda-gpu-map") else {
+        return;
+    };
+    // GPU 0 (A) is what the workload runs on; GPU 1 (B) exists only for the restoring driver.
+    let gpus = f.gpus(2, 0);
+    let (a, b) = (&gpus[0], &gpus[1]);
+    assert_eq!(f.gpus(1, 0)[0].uuid, a.uuid);
+    let nv_a = one_gpu(&f, "nv-a", "0000:00:06.0", "Fake GPU", a);
+    let nv_pro = one_gpu(&f, "nv-pro", "0000:00:07.0", "Fake GPU Pro", b);
+    let nv_b = one_gpu(&f, "nv-b", "0000:00:07.0", "Fake GPU", b);
+    let nv_ab = f.nvidia_proc(
+        "nv-ab",
+        &[
+            ("0000:00:06.0", "Fake GPU", &a.uuid),
+            ("0000:00:07.0", "Fake GPU", &b.uuid),
+        ],
+    );
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let pid = w.root();
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = pid.to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv_a, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    f.clear_device_dir();
+    let restore_env = |nv: &Path, calls: &str, map: Option<String>| {
+        let mut env = f.env(nv, calls);
+        env.push(("FAKE_CUDA_GPUS", "2".into()));
+        if let Some(m) = map {
+            env.push(("CRIU_GPU_CUDA_DEVICE_MAP", m));
+        }
+        env
+    };
+    let pairs = f.dev.join(format!("restore-pairs.{pid}"));
+    let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
+
+    // Only a GPU of another model here: refused before anything is forked.
+    let refused = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore-pro.log",
+        &restore_env(&nv_pro, "pro.calls", None),
+    );
+    refused.assert_failed();
+    let first = refused.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin") && first.contains(&a.uuid) && first.contains("no counterpart"),
+        "the first error must name the GPU without a counterpart: {refused:?}"
+    );
+    assert_nothing_restored(&refused, &w.pids);
+    let calls = f.calls("pro.calls");
+    assert!(
+        calls.0.is_empty(),
+        "driver calls in a refused restore: {calls:?}"
+    );
+
+    // A GPU of the same model with another UUID: mapped automatically.
+    let marks = w.marks();
+    let mapped = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore-auto.log",
+        &restore_env(&nv_b, "auto.calls", None),
+    );
+    mapped.assert_ok();
+    mapped.assert_no_plugin_errors();
+    assert_eq!(
+        std::fs::read_to_string(&pairs).unwrap_or_default(),
+        expected_pairs,
+        "GPU pairs of the automatic mapping: {mapped:?}"
+    );
+    w.assert_all_running("after a restore onto another GPU");
+    w.assert_continues(&marks);
+    f.e.kill_and_reap(&w.pids);
+    f.clear_device_dir();
+
+    // Both GPUs here, and an explicit map from A to B.
+    let explicit = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore-map.log",
+        &restore_env(&nv_ab, "map.calls", Some(format!("{}={}", a.uuid, b.uuid))),
+    );
+    explicit.assert_ok();
+    explicit.assert_no_plugin_errors();
+    assert_eq!(
+        std::fs::read_to_string(&pairs).unwrap_or_default(),
+        expected_pairs,
+        "GPU pairs of the explicit map: {explicit:?}"
+    );
+    w.assert_all_running("after a restore with an explicit GPU map");
+}
+
+#[test]
+fn an_image_without_plugin_metadata_restores() {
+    let Some(f) = Fake::start("cuda-no-metadata") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &["--mib", "16", "--chunk-mib", "8", "--children", "1"],
+    );
+    let files: BTreeMap<i32, Vec<String>> =
+        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    // What CRIU's C plugin leaves: the inventory entry, no file of ours.
+    std::fs::remove_file(images.join("gpu-plugin-cuda.img")).expect("gpu-plugin-cuda.img");
+    let marks = w.marks();
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore.calls"),
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    let calls = f.calls("restore.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+        assert_eq!(
+            f.device_files(p),
+            files[&p],
+            "pid {p}: device files not recreated"
+        );
+    }
+    w.assert_all_running("after a restore without metadata");
+    w.assert_continues(&marks);
+}
+
+#[test]
+fn a_cuda_image_needs_the_cuda_side() {
+    let Some(f) = Fake::start("cuda-disabled") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    let mut env = f.env(&nv, "restore.calls");
+    env.push(("CRIU_GPU_DISABLE", "cuda".into()));
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &env,
+    );
+    restore.assert_failed();
+    assert!(
+        restore.has("Missing required plugin: cuda_plugin"),
+        "{restore:?}"
+    );
+    assert!(
+        restore.has("gpu_plugin: cuda: disabled by settings"),
+        "{restore:?}"
+    );
+    assert_nothing_restored(&restore, &w.pids);
+    let calls = f.calls("restore.calls");
+    assert!(
+        calls.0.is_empty(),
+        "driver calls with CUDA disabled: {calls:?}"
+    );
+}
+
+#[test]
+fn a_process_without_cuda_is_left_to_criu() {
+    let Some(f) = Fake::start("cuda-not-mine") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let tree = Tree::start(&f.e, "tree.out", &[]);
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = tree.root.to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&tree.pids());
+    dump.assert_no_plugin_errors();
+    // The NVIDIA side was on, and asked.
+    assert!(dump.has("gpu_plugin: cuda: driver "), "{dump:?}");
+    let calls = f.calls("dump.calls");
+    assert!(
+        calls.ops().iter().all(|op| *op == "get_restore_tid"),
+        "only restore-thread queries expected: {calls:?}"
+    );
+    for pid in tree.pids() {
+        assert!(
+            calls
+                .0
+                .iter()
+                .any(|(op, p, rc)| op == "get_restore_tid" && *p == pid && *rc != 0),
+            "pid {pid} was not asked about: {calls:?}"
+        );
+    }
+    assert!(
+        !dump
+            .lines_with("gpu_plugin: cuda: pid")
+            .iter()
+            .any(|l| l.contains("paused")),
+        "the plugin took on a process without CUDA: {dump:?}"
+    );
+    assert!(
+        !images.join("gpu-plugin-cuda.img").exists(),
+        "metadata for no CUDA process"
+    );
+    let inventory = std::fs::read(images.join("inventory.img")).expect("inventory.img");
+    assert!(
+        !common::bytes_contain(&inventory, b"cuda_plugin"),
+        "inventory.img records cuda_plugin for a tree without CUDA"
+    );
+    let dumped = tree.text();
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore.calls"),
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    tree.assert_continues(&dumped);
+    let calls = f.calls("restore.calls");
+    assert!(
+        calls.0.is_empty(),
+        "driver calls restoring a tree without CUDA: {calls:?}"
+    );
+}
