@@ -138,9 +138,11 @@ fn rss_bytes(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-fn read_driver_release() -> Option<String> {
+/// The kernel driver's release from `version` beside the GPU listing (normally
+/// `/proc/driver/nvidia/version`).
+fn read_driver_release(gpus_dir: &std::path::Path) -> Option<String> {
     let mut text = String::new();
-    std::fs::File::open("/proc/driver/nvidia/version")
+    std::fs::File::open(gpus_dir.parent()?.join("version"))
         .and_then(|f| f.take(4096).read_to_string(&mut text))
         .ok()?;
     // "NVRM version: NVIDIA UNIX [Open ]Kernel Module for x86_64  580.159.04  Release Build ..."
@@ -257,7 +259,9 @@ impl CudaBackend {
         }
         log::info!(
             "cuda: driver {} (CUDA {}), {} GPU(s)",
-            read_driver_release().as_deref().unwrap_or("?"),
+            read_driver_release(&self.settings().nvidia_proc)
+                .as_deref()
+                .unwrap_or("of unknown release"),
             cuda_ckpt_sys::format_version(self.driver_version),
             self.gpus.len()
         );
@@ -466,7 +470,7 @@ impl CudaBackend {
     fn write_metadata(&self) -> std::io::Result<()> {
         let md = CudaMetadata {
             driver_version: self.driver_version,
-            driver_release: read_driver_release(),
+            driver_release: read_driver_release(&self.settings().nvidia_proc),
             gpus: self.gpus.clone(),
             processes: self
                 .dumped
