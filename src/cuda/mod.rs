@@ -242,7 +242,10 @@ impl CudaBackend {
     fn init_dump(&mut self) -> Result<bool, HookError> {
         let proc_dir = self.settings().nvidia_proc.clone();
         if !proc_dir.is_dir() {
-            log::debug!("cuda: no {}: no NVIDIA driver", proc_dir.display());
+            log::info!(
+                "cuda: no NVIDIA driver here ({} is missing): the NVIDIA side is off",
+                proc_dir.display()
+            );
             return Ok(false);
         }
         if let Err(e) = self.load_driver() {
