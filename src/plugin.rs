@@ -122,6 +122,37 @@ impl GpuPlugin {
     }
 }
 
+/// CRIU's C GPU plugins in the same directory would act on the same processes (the first one
+/// loaded owns each hook): say so once per run.
+fn warn_about_c_plugins() {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr fills `info` for an address inside this object (this function).
+    let found = unsafe { libc::dladdr(warn_about_c_plugins as *const libc::c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: dladdr returned a NUL-terminated path owned by the loader, valid while we are loaded.
+    let me = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    let Some(dir) = std::path::Path::new(&me).parent() else {
+        return;
+    };
+    for other in ["cuda_plugin.so", "amdgpu_plugin.so"] {
+        if dir.join(other).exists() {
+            log::warn!(
+                "CRIU's C plugin {other} is in {} too: both would act on the same GPU processes; keep only one",
+                dir.display()
+            );
+        }
+    }
+}
+
 impl Plugin for GpuPlugin {
     const NAME: &'static CStr = PLUGIN_NAME;
     const LOG_PREFIX: &'static str = "gpu_plugin";
@@ -147,10 +178,17 @@ impl Plugin for GpuPlugin {
     }
 
     fn init(&self, stage: Stage) -> HookResult {
-        let config = Config::from_process().map_err(|e| {
-            log::error!("{e}");
-            HookError::Errno(libc::EINVAL)
-        })?;
+        // A settings file that cannot be read must not fail every CRIU run on the host: GPU
+        // support sits this run out, and a restore that needs it then fails in CRIU's own
+        // inventory check ("Missing required plugin"), after this line.
+        let config = match Config::from_process() {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("settings: {e}; GPU support is off for this run");
+                return self.start(stage, &Config::default(), Vec::new());
+            }
+        };
+        warn_about_c_plugins();
         self.start(stage, &config, all_backends())
     }
 

@@ -9,7 +9,7 @@
 //! gpu-plugin-cuda 1
 //! driver <cuDriverGetVersion> <kernel driver release or ->
 //! gpu <GPU-uuid> <memory bytes> <bus> <model, rest of line>
-//! process <pid> <restore tid> <state found: running|locked|checkpointed> <host bytes moved>
+//! process <pid in its own pid namespace> <restore tid at dump> <state found: running|locked|checkpointed> <host bytes moved>
 //! ```
 //!
 //! Version 1 readers refuse other versions. Unknown record kinds are refused too: a record this
@@ -61,9 +61,10 @@ impl FoundState {
 /// One checkpointed CUDA process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessRecord {
-    /// Process id (CRIU restores the same one).
+    /// Process id in the process's own pid namespace: CRIU restores that one, while the host
+    /// pid of a container's process changes when it is restored into a new namespace.
     pub pid: i32,
-    /// libcuda's restore thread (CRIU restores thread ids too).
+    /// libcuda's restore thread at dump (informational: restore asks the driver again).
     pub restore_tid: i32,
     /// State at dump.
     pub found: FoundState,

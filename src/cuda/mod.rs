@@ -6,37 +6,44 @@
 //!
 //! - `PAUSE_DEVICES`: locks each CUDA process of the tree while it still runs, with CRIU's
 //!   remaining `--timeout` as the lock timeout; processes found locked or checkpointed by someone
-//!   else are left as found.
+//!   else are left as found. A stopped process or a frozen cgroup is refused with a reason
+//!   instead of a driver call that would never return.
 //! - `CHECKPOINT_DEVICES`: on the first call, checkpoints every locked process of the tree at
 //!   once (driver calls on worker threads; ptrace stays on CRIU's thread), then writes
 //!   [`metadata::FILE_NAME`].
 //! - `exit` after a failed dump, or with `--leave-running`/`--leave-stopped`: every process it
 //!   touched is restored and unlocked, back to the state it was found in.
 //! - restore `init`: reads the metadata and refuses early what cannot work (older driver, GPUs
-//!   missing or of another model); plans the GPU map.
-//! - `RESUME_DEVICES_LATE`: on the first call, restores and unlocks every process at once.
+//!   missing or of another model, too little free GPU memory); plans the GPU map.
+//! - `RESUME_DEVICES_LATE`: on the first call (CRIU calls it for the root first), restores and
+//!   unlocks every process of the restored tree at once. Processes are matched by their pid in
+//!   their own pid namespace, which a container keeps across a restore while the host pid
+//!   changes.
 //!
 //! The inventory name is `cuda_plugin`, the C plugin's, so images move between the two.
 
 pub mod gpus;
 pub mod metadata;
 pub mod nvml;
+pub mod procfs;
 pub mod restore_thread;
+pub mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use criu_plugin::{CriuSymbols, FinalState, HookError, HookResult, InventoryListing, Stage};
-use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
+use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair, ProcessState};
 
 use crate::backend::{GpuBackend, InitContext};
 use gpus::Gpu;
 use metadata::{CudaMetadata, FoundState, ProcessRecord};
-use restore_thread::with_threads_running;
+use restore_thread::RunningThreads;
 
 /// Inventory name of CRIU's C plugin, kept so images move both ways.
 pub const INVENTORY_NAME: &CStr = c"cuda_plugin";
@@ -45,6 +52,8 @@ pub const INVENTORY_NAME: &CStr = c"cuda_plugin";
 const DEFAULT_LOCK_TIMEOUT_MS: u64 = 10_000;
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
 const ALARM_MARGIN: Duration = Duration::from_millis(500);
+/// How much longer than its own timeout a lock may take before the plugin gives up on it.
+const LOCK_GRACE: Duration = Duration::from_secs(2);
 
 /// The backend's settings, from [`crate::config::Config`].
 #[derive(Clone, Debug)]
@@ -57,25 +66,37 @@ pub struct CudaSettings {
     pub parallel: bool,
     /// Lock timeout when CRIU sets none.
     pub lock_timeout_ms: u64,
-    /// Explicit restore GPU map.
-    pub device_map: Vec<GpuPair>,
+    /// Explicit restore GPU map, as written (parsed when a restore needs it).
+    pub device_map: String,
     /// NVML library for memory sizes.
     pub nvml: String,
 }
 
 impl CudaSettings {
-    fn from_config(cfg: &crate::config::Config) -> Result<CudaSettings, String> {
-        Ok(CudaSettings {
+    /// Reads the settings; a bad value is warned about and replaced by its default, since a
+    /// typo in a GPU setting must not fail every CRIU run on the host.
+    fn from_config(cfg: &crate::config::Config) -> CudaSettings {
+        let parallel = cfg.get_bool("cuda.parallel", true).unwrap_or_else(|e| {
+            log::warn!("cuda: settings: {e}; using true");
+            true
+        });
+        let lock_timeout_ms = cfg
+            .get_u64("cuda.lock-timeout-ms", DEFAULT_LOCK_TIMEOUT_MS)
+            .unwrap_or_else(|e| {
+                log::warn!("cuda: settings: {e}; using {DEFAULT_LOCK_TIMEOUT_MS}");
+                DEFAULT_LOCK_TIMEOUT_MS
+            });
+        CudaSettings {
             libcuda: cfg.get("libcuda").map(PathBuf::from),
             nvidia_proc: PathBuf::from(
                 cfg.get("cuda.nvidia-proc")
                     .unwrap_or("/proc/driver/nvidia/gpus"),
             ),
-            parallel: cfg.get_bool("cuda.parallel", true)?,
-            lock_timeout_ms: cfg.get_u64("cuda.lock-timeout-ms", DEFAULT_LOCK_TIMEOUT_MS)?,
-            device_map: gpus::parse_device_map(cfg.get("cuda.device-map").unwrap_or(""))?,
+            parallel,
+            lock_timeout_ms,
+            device_map: cfg.get("cuda.device-map").unwrap_or("").to_string(),
             nvml: cfg.get("nvml").unwrap_or("libnvidia-ml.so.1").to_string(),
-        })
+        }
     }
 }
 
@@ -83,6 +104,7 @@ impl CudaSettings {
 #[derive(Debug)]
 struct DumpedProcess {
     pid: i32,
+    ns_pid: i32,
     restore_tid: i32,
     found: FoundState,
     locked_by_us: bool,
@@ -97,7 +119,7 @@ struct DumpedProcess {
 pub struct CudaBackend {
     stage: Option<Stage>,
     settings: Option<CudaSettings>,
-    driver: Option<Driver>,
+    driver: Option<Arc<Driver>>,
     driver_version: i32,
     gpus: Vec<Gpu>,
     // Dump.
@@ -106,11 +128,8 @@ pub struct CudaBackend {
     // Restore.
     metadata: Option<CudaMetadata>,
     gpu_map: Vec<GpuPair>,
+    /// Results by host pid, once the restore batch has run.
     resume_results: Option<BTreeMap<i32, HookResult>>,
-}
-
-fn driver_errno(e: &DriverError) -> HookError {
-    HookError::Errno(-e.errno())
 }
 
 fn fail(errno: i32, msg: impl std::fmt::Display) -> HookError {
@@ -122,25 +141,9 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Resident memory of a process in bytes (0 when it cannot be read).
-fn rss_bytes(pid: i32) -> u64 {
-    let mut text = String::new();
-    let ok = std::fs::File::open(format!("/proc/{pid}/status"))
-        .and_then(|f| f.take(64 * 1024).read_to_string(&mut text))
-        .is_ok();
-    if !ok {
-        return 0;
-    }
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
-}
-
 /// The kernel driver's release from `version` beside the GPU listing (normally
 /// `/proc/driver/nvidia/version`).
-fn read_driver_release(gpus_dir: &std::path::Path) -> Option<String> {
+fn read_driver_release(gpus_dir: &Path) -> Option<String> {
     let mut text = String::new();
     std::fs::File::open(gpus_dir.parent()?.join("version"))
         .and_then(|f| f.take(4096).read_to_string(&mut text))
@@ -204,13 +207,88 @@ fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<cuda_ckpt_sys::G
     }
 }
 
+/// Restore, calling `cuInit` in this process first if the driver asks for it: restore needs
+/// persistence mode or an initialised driver in the caller, and says NOT_PERMITTED otherwise.
+fn restore_process(driver: &Driver, pid: i32, pairs: &[GpuPair]) -> Result<(), DriverError> {
+    match driver.restore(pid, pairs) {
+        Err(e) if e.cuda_code() == Some(CUresult::NOT_PERMITTED) => {
+            static INIT: Once = Once::new();
+            INIT.call_once(|| {
+                log::info!(
+                    "cuda: restore needs an initialised driver here (persistence mode is off): calling cuInit"
+                );
+                if let Err(e) = driver.init() {
+                    log::warn!("cuda: {e}");
+                }
+            });
+            driver.restore(pid, pairs)
+        }
+        other => other,
+    }
+}
+
+/// Puts one process back as the dump found it: restore if checkpointed, unlock if we locked it.
+fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
+    if driver.process_state(pid)? == ProcessState::Checkpointed {
+        restore_process(driver, pid, &[])?;
+    }
+    if unlock && driver.process_state(pid)? == ProcessState::Locked {
+        driver.unlock(pid)?;
+    }
+    let end = driver.process_state(pid)?;
+    let expected = if unlock {
+        ProcessState::Running
+    } else {
+        ProcessState::Locked
+    };
+    if end != expected {
+        return Err(DriverError::InvalidArgument(format!(
+            "pid {pid} is {end} after being put back, not {expected}"
+        )));
+    }
+    Ok(())
+}
+
+/// Suspends CRIU's alarm for the length of a long phase (CRIU 4.0 checkpoints devices while
+/// its seize timeout runs), and re-arms what was left afterwards.
+struct AlarmPause(Option<libc::itimerval>);
+
+impl AlarmPause {
+    fn new() -> AlarmPause {
+        let zero = libc::itimerval {
+            it_interval: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+            it_value: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+        };
+        let mut old = zero;
+        // SAFETY: setitimer reads `zero` and writes the previous timer into `old`.
+        let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &zero, &mut old) };
+        let armed = rc == 0 && (old.it_value.tv_sec != 0 || old.it_value.tv_usec != 0);
+        AlarmPause(armed.then_some(old))
+    }
+}
+
+impl Drop for AlarmPause {
+    fn drop(&mut self) {
+        if let Some(old) = self.0 {
+            // SAFETY: re-arms the timer saved in `new`; the old-value pointer may be null.
+            unsafe { libc::setitimer(libc::ITIMER_REAL, &old, std::ptr::null_mut()) };
+        }
+    }
+}
+
 impl CudaBackend {
     /// A backend with nothing set up yet.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn driver(&self) -> &Driver {
+    fn driver(&self) -> &Arc<Driver> {
         self.driver
             .as_ref()
             .expect("an active CUDA backend always has a driver")
@@ -235,7 +313,7 @@ impl CudaBackend {
                 cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
             )
         })?;
-        self.driver = Some(driver);
+        self.driver = Some(Arc::new(driver));
         Ok(())
     }
 
@@ -252,8 +330,13 @@ impl CudaBackend {
             log::warn!("cuda: NVIDIA driver present but CUDA checkpointing is off: {e}");
             return Ok(false);
         }
-        self.gpus = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev"))
-            .map_err(|e| fail(libc::EIO, e))?;
+        self.gpus = match gpus::read_gpus(&proc_dir, Path::new("/dev")) {
+            Ok(g) => g,
+            Err(e) => {
+                log::warn!("cuda: cannot list the GPUs, CUDA checkpointing is off: {e}");
+                return Ok(false);
+            }
+        };
         let nvml = self.settings().nvml.clone();
         fill_memory(&nvml, &mut self.gpus);
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
@@ -262,7 +345,7 @@ impl CudaBackend {
         }
         log::info!(
             "cuda: driver {} (CUDA {}), {} GPU(s)",
-            read_driver_release(&self.settings().nvidia_proc)
+            read_driver_release(&proc_dir)
                 .as_deref()
                 .unwrap_or("of unknown release"),
             cuda_ckpt_sys::format_version(self.driver_version),
@@ -271,8 +354,8 @@ impl CudaBackend {
         Ok(true)
     }
 
-    fn init_restore(&mut self, listing: InventoryListing) -> Result<bool, HookError> {
-        let md = match open_image(metadata::FILE_NAME, false) {
+    fn read_metadata() -> Result<Option<CudaMetadata>, HookError> {
+        match open_image(metadata::FILE_NAME, false) {
             Ok(Some(mut f)) => {
                 let mut text = String::new();
                 Read::by_ref(&mut f)
@@ -284,18 +367,21 @@ impl CudaBackend {
                             format!("cannot read {}: {e}", metadata::FILE_NAME),
                         )
                     })?;
-                Some(CudaMetadata::decode(&text).map_err(|e| fail(libc::EINVAL, e))?)
+                Ok(Some(
+                    CudaMetadata::decode(&text).map_err(|e| fail(libc::EINVAL, e))?,
+                ))
             }
-            Ok(None) => None,
-            Err(e) => {
-                return Err(fail(
-                    libc::EIO,
-                    format!("cannot open {}: {e}", metadata::FILE_NAME),
-                ));
-            }
-        };
+            Ok(None) => Ok(None),
+            Err(e) => Err(fail(
+                libc::EIO,
+                format!("cannot open {}: {e}", metadata::FILE_NAME),
+            )),
+        }
+    }
+
+    fn init_restore(&mut self, listing: InventoryListing) -> Result<bool, HookError> {
         let proc_dir = self.settings().nvidia_proc.clone();
-        let Some(md) = md else {
+        let Some(md) = Self::read_metadata()? else {
             // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
             return match listing {
                 InventoryListing::NotListed => Ok(false),
@@ -351,15 +437,30 @@ impl CudaBackend {
                 ),
             ));
         }
-        let local = gpus::read_gpus(&proc_dir, std::path::Path::new("/dev"))
-            .map_err(|e| fail(libc::EIO, e))?;
-        let plan =
-            gpus::plan_gpu_map(&md.gpus, &local, &self.settings().device_map).map_err(|e| {
-                fail(
-                    libc::ENODEV,
-                    format!("cannot restore onto this machine's GPUs: {e}"),
-                )
-            })?;
+        let explicit = gpus::parse_device_map(&self.settings().device_map)
+            .map_err(|e| fail(libc::EINVAL, format!("settings: cuda.device-map: {e}")))?;
+        let mut local = gpus::read_gpus(&proc_dir, Path::new("/dev"))
+            .map_err(|e| fail(libc::EIO, format!("cannot list this machine's GPUs: {e}")))?;
+        let nvml = self.settings().nvml.clone();
+        let free = fill_memory(&nvml, &mut local);
+        let plan = gpus::plan_gpu_map(&md.gpus, &local, &explicit).map_err(|e| {
+            fail(
+                libc::ENODEV,
+                format!("cannot restore onto this machine's GPUs: {e}"),
+            )
+        })?;
+        if let Some(free) = free {
+            let need: u64 = md
+                .processes
+                .iter()
+                .filter(|p| p.found != FoundState::Checkpointed)
+                .map(|p| p.host_bytes)
+                .sum();
+            let targets: BTreeSet<_> = plan.iter().map(|p| p.new).collect();
+            let have: u64 = targets.iter().filter_map(|u| free.get(u)).sum();
+            nvml::check_free_memory(need, have, targets.len())
+                .map_err(|e| fail(libc::ENOMEM, format!("cannot restore: {e}")))?;
+        }
         if gpus::is_identity(&plan) {
             self.gpu_map = Vec::new();
         } else {
@@ -385,74 +486,122 @@ impl CudaBackend {
     }
 
     /// The lock timeout: what is left of CRIU's alarm, less a margin, else the setting.
-    fn lock_timeout_ms(&self) -> u32 {
-        let ms = match criu_plugin::symbols::alarm_remaining() {
-            Some(left) => left.saturating_sub(ALARM_MARGIN).as_millis().max(100) as u64,
-            None => self.settings().lock_timeout_ms,
-        };
-        ms.min(u32::MAX as u64) as u32
+    fn lock_timeout(&self) -> Duration {
+        match criu_plugin::symbols::alarm_remaining() {
+            Some(left) => left
+                .saturating_sub(ALARM_MARGIN)
+                .max(Duration::from_millis(100)),
+            None => Duration::from_millis(self.settings().lock_timeout_ms),
+        }
     }
 
-    fn checkpoint_all(&mut self) {
+    /// Refuses a process the driver could not lock because it cannot run: the call would wait
+    /// for good instead of timing out.
+    fn check_runnable(pid: i32, tid: i32) -> HookResult {
+        if let Some(state @ ('T' | 't')) = procfs::thread_state(pid, tid) {
+            let how = if state == 't' {
+                "stopped by a debugger"
+            } else {
+                "stopped (SIGSTOP)"
+            };
+            return Err(fail(
+                libc::EBUSY,
+                format!(
+                    "cuda: pid {pid} is {how}; CUDA can only lock a running process: continue it before the dump"
+                ),
+            ));
+        }
+        if let Some(cg) = procfs::frozen_cgroup(pid) {
+            return Err(fail(
+                libc::EBUSY,
+                format!(
+                    "cuda: pid {pid} is in frozen cgroup {cg}; CUDA can only lock a running process: thaw it, or use CRIU 4.2 or later, which thaws it for plugins"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn checkpoint_all(&mut self, current: i32) {
+        // A process that went away (or was never seized) since PAUSE_DEVICES gets no
+        // CHECKPOINT_DEVICES call: nothing to checkpoint and nothing to put back.
+        let me = std::process::id() as i32;
+        let gone: Vec<i32> = self
+            .dumped
+            .values()
+            .filter(|p| p.result.is_none() && procfs::tracer(p.pid) != Some(me))
+            .map(|p| p.pid)
+            .collect();
+        for pid in gone {
+            log::info!("cuda: pid {pid} ended or was not seized after it was paused; dropped");
+            self.dumped.remove(&pid);
+        }
         for p in self.dumped.values_mut() {
             if p.found == FoundState::Checkpointed && p.result.is_none() {
                 p.result = Some(Ok(()));
             }
         }
-        let pids: Vec<i32> = self
+        let pending: Vec<i32> = self
             .dumped
             .values()
             .filter(|p| p.result.is_none())
             .map(|p| p.pid)
             .collect();
-        for pid in &pids {
-            let p = self.dumped.get_mut(pid).unwrap();
-            p.rss_before = rss_bytes(*pid);
-        }
-        let tids: Vec<i32> = pids
-            .iter()
-            .map(|pid| self.dumped[pid].restore_tid)
-            .collect();
+        let _alarm = AlarmPause::new();
         let started = Instant::now();
-        let parallel = self.settings().parallel;
-        let driver = self.driver();
-        let outcome = with_threads_running(&tids, || {
-            run_each(&pids, parallel, |pid| driver.checkpoint(pid))
-        });
-        let wall = started.elapsed();
-        let mut driver_times = Vec::new();
-        match outcome {
-            Err(e) => {
-                log::error!("cuda: {e}");
-                for pid in &pids {
-                    self.dumped.get_mut(pid).unwrap().result =
-                        Some(Err(HookError::Errno(e.raw_os_error().unwrap_or(libc::EIO))));
-                }
-            }
-            Ok(results) => {
-                for (pid, r, took) in results {
-                    driver_times.push(took);
-                    let p = self.dumped.get_mut(&pid).unwrap();
-                    match r {
-                        Ok(()) => {
-                            p.checkpointed_by_us = true;
-                            p.host_bytes = rss_bytes(pid).saturating_sub(p.rss_before);
-                            log::info!(
-                                "cuda: pid {pid}: checkpoint {:.1} ms, {} MiB moved to host memory",
-                                ms(took),
-                                p.host_bytes >> 20
-                            );
-                            p.result = Some(Ok(()));
-                        }
-                        Err(e) => {
-                            log::error!("cuda: pid {pid}: {e}");
-                            p.result = Some(Err(driver_errno(&e)));
-                        }
-                    }
+        let mut threads = RunningThreads::new();
+        let mut runnable = Vec::with_capacity(pending.len());
+        for pid in &pending {
+            let p = self.dumped.get_mut(pid).unwrap();
+            p.rss_before = procfs::rss_bytes(*pid);
+            match threads.start(p.restore_tid) {
+                Ok(()) => runnable.push(*pid),
+                Err(e) => {
+                    p.result = Some(Err(fail(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!(
+                            "cuda: pid {pid}: cannot let restore thread {} run: {e}",
+                            p.restore_tid
+                        ),
+                    )))
                 }
             }
         }
-        log_phase("checkpoint", &pids, wall, &driver_times, parallel);
+        let parallel = self.settings().parallel;
+        let driver = self.driver().clone();
+        let results = run_each(&runnable, parallel, |pid| driver.checkpoint(pid));
+        let stop_failures = threads.stop_all();
+        let wall = started.elapsed();
+        let mut driver_times = Vec::with_capacity(results.len());
+        for (pid, r, took) in results {
+            driver_times.push(took);
+            let p = self.dumped.get_mut(&pid).unwrap();
+            match r {
+                Ok(()) => {
+                    p.checkpointed_by_us = true;
+                    p.host_bytes = procfs::rss_bytes(pid).saturating_sub(p.rss_before);
+                    log::info!(
+                        "cuda: pid {pid}: checkpoint {:.1} ms, {} MiB moved to host memory",
+                        ms(took),
+                        p.host_bytes >> 20
+                    );
+                    p.result = Some(Ok(()));
+                }
+                Err(e) => p.result = Some(Err(fail(-e.errno(), format!("cuda: pid {pid}: {e}")))),
+            }
+        }
+        for (tid, e) in stop_failures {
+            if let Some(p) = self.dumped.values_mut().find(|p| p.restore_tid == tid) {
+                p.result = Some(Err(fail(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!(
+                        "cuda: pid {}: cannot stop restore thread {tid} again: {e}",
+                        p.pid
+                    ),
+                )));
+            }
+        }
+        log_phase("checkpoint", &runnable, wall, &driver_times, parallel);
         if self
             .dumped
             .values()
@@ -463,7 +612,7 @@ impl CudaBackend {
                     libc::EIO,
                     format!("cannot write {}: {e}", metadata::FILE_NAME),
                 );
-                if let Some(p) = self.dumped.values_mut().next() {
+                if let Some(p) = self.dumped.get_mut(&current) {
                     p.result = Some(Err(err));
                 }
             }
@@ -479,7 +628,7 @@ impl CudaBackend {
                 .dumped
                 .values()
                 .map(|p| ProcessRecord {
-                    pid: p.pid,
+                    pid: p.ns_pid,
                     restore_tid: p.restore_tid,
                     found: p.found,
                     host_bytes: p.host_bytes,
@@ -497,134 +646,174 @@ impl CudaBackend {
 
     /// Puts every process touched during the dump back as it was found.
     fn undo_dump(&mut self) {
-        let touched: Vec<i32> = self
+        let touched: Vec<&DumpedProcess> = self
             .dumped
             .values()
             .filter(|p| p.locked_by_us || p.checkpointed_by_us)
-            .map(|p| p.pid)
             .collect();
         if touched.is_empty() {
             return;
         }
-        let tids: Vec<i32> = touched
-            .iter()
-            .map(|pid| self.dumped[pid].restore_tid)
-            .collect();
-        let parallel = self.settings().parallel;
-        let driver = self.driver();
-        let dumped = &self.dumped;
+        let _alarm = AlarmPause::new();
         let started = Instant::now();
-        let outcome = with_threads_running(&tids, || {
-            run_each(&touched, parallel, |pid| {
-                let p = &dumped[&pid];
-                if p.checkpointed_by_us {
-                    driver.restore(pid, &[])?;
-                }
-                if p.locked_by_us {
-                    driver.unlock(pid)?;
-                }
-                Ok::<(), DriverError>(())
-            })
-        });
-        match outcome {
-            Err(e) => log::error!("cuda: cannot give processes their GPUs back: {e}"),
-            Ok(results) => {
-                for (pid, r, took) in results {
-                    match r {
-                        Ok(()) => log::info!(
-                            "cuda: pid {pid}: back to {} in {:.1} ms",
-                            match dumped[&pid].found {
-                                FoundState::Running => "running",
-                                _ => "locked",
-                            },
-                            ms(took)
-                        ),
-                        Err(e) => {
-                            log::error!("cuda: pid {pid}: could not be put back as found: {e}")
-                        }
-                    }
-                }
+        let mut threads = RunningThreads::new();
+        let mut runnable = Vec::new();
+        for p in &touched {
+            match threads.start(p.restore_tid) {
+                Ok(()) => runnable.push(p.pid),
+                Err(e) => log::error!(
+                    "cuda: pid {}: cannot let restore thread {} run to put it back: {e}",
+                    p.pid,
+                    p.restore_tid
+                ),
             }
         }
-        log::info!(
-            "cuda: {} process(es) put back in {:.1} ms",
-            touched.len(),
-            ms(started.elapsed())
+        let parallel = self.settings().parallel;
+        let driver = self.driver().clone();
+        let dumped = &self.dumped;
+        let results = run_each(&runnable, parallel, |pid| {
+            put_back(&driver, pid, dumped[&pid].locked_by_us)
+        });
+        for (tid, e) in threads.stop_all() {
+            log::error!("cuda: cannot stop restore thread {tid} again: {e}");
+        }
+        let mut driver_times = Vec::new();
+        for (pid, r, took) in results {
+            driver_times.push(took);
+            match r {
+                Ok(()) => log::info!(
+                    "cuda: pid {pid}: back to {} in {:.1} ms",
+                    match dumped[&pid].found {
+                        FoundState::Running => "running",
+                        FoundState::Locked => "locked",
+                        FoundState::Checkpointed => "checkpointed",
+                    },
+                    ms(took)
+                ),
+                Err(e) => log::error!("cuda: pid {pid}: could not be put back as found: {e}"),
+            }
+        }
+        log_phase(
+            "put-back",
+            &runnable,
+            started.elapsed(),
+            &driver_times,
+            parallel,
         );
     }
 
-    fn resume_all(&mut self) {
+    /// Restores every process of the restored tree rooted at `root` (host pid) at once.
+    fn resume_all(&mut self, root: i32) {
         let md = self.metadata.as_ref().expect("resume_all needs metadata");
         let mut results = BTreeMap::new();
-        let todo: Vec<&ProcessRecord> = md
-            .processes
-            .iter()
-            .filter(|p| p.found != FoundState::Checkpointed)
-            .collect();
-        for p in md
-            .processes
-            .iter()
-            .filter(|p| p.found == FoundState::Checkpointed)
-        {
-            log::info!("cuda: pid {}: was checkpointed when dumped; left so", p.pid);
-            results.insert(p.pid, Ok(()));
+        // Host pid of each recorded process: match by the pid in its own namespace.
+        let mut by_ns: BTreeMap<i32, &ProcessRecord> =
+            md.processes.iter().map(|p| (p.pid, p)).collect();
+        let mut todo: Vec<(i32, &ProcessRecord)> = Vec::new();
+        for host_pid in procfs::tree(root) {
+            let ns = procfs::ns_pid(host_pid).unwrap_or(host_pid);
+            if let Some(rec) = by_ns.remove(&ns) {
+                if rec.found == FoundState::Checkpointed {
+                    log::info!("cuda: pid {host_pid}: was checkpointed when dumped; left so");
+                    results.insert(host_pid, Ok(()));
+                } else {
+                    todo.push((host_pid, rec));
+                }
+            }
         }
-        let pids: Vec<i32> = todo.iter().map(|p| p.pid).collect();
-        let tids: Vec<i32> = todo.iter().map(|p| p.restore_tid).collect();
-        let driver = self.driver();
+        for rec in by_ns.values() {
+            log::error!(
+                "cuda: process {} of the image is not in the restored tree; its GPU state is not restored",
+                rec.pid
+            );
+        }
+        let _alarm = AlarmPause::new();
+        let started = Instant::now();
+        let driver = self.driver().clone();
+        let mut threads = RunningThreads::new();
+        let mut runnable = Vec::new();
+        let mut lookups = Duration::ZERO;
+        for (pid, _) in &todo {
+            // Thread ids change with the pid namespace: ask the driver (it answers for a
+            // stopped process).
+            let t = Instant::now();
+            let tid = driver.restore_thread_id(*pid);
+            lookups += t.elapsed();
+            let started = tid
+                .map_err(|e| e.to_string())
+                .and_then(|tid| threads.start(tid).map_err(|e| e.to_string()));
+            match started {
+                Ok(()) => runnable.push(*pid),
+                Err(e) => {
+                    results.insert(
+                        *pid,
+                        Err(fail(
+                            libc::EIO,
+                            format!("cuda: pid {pid}: cannot let its restore thread run: {e}"),
+                        )),
+                    );
+                }
+            }
+        }
+        let unlock: BTreeSet<i32> = todo
+            .iter()
+            .filter(|(_, r)| r.found == FoundState::Running)
+            .map(|(p, _)| *p)
+            .collect();
         let pairs = &self.gpu_map;
         let parallel = self.settings().parallel;
-        let found: BTreeMap<i32, FoundState> = todo.iter().map(|p| (p.pid, p.found)).collect();
-        let started = Instant::now();
-        let mut driver_times = Vec::new();
-        let outcome = with_threads_running(&tids, || {
-            run_each(&pids, parallel, |pid| {
-                driver.restore(pid, pairs)?;
-                if found[&pid] == FoundState::Running {
-                    driver.unlock(pid)?;
-                }
-                Ok::<(), DriverError>(())
-            })
-        });
-        match outcome {
-            Err(e) => {
-                log::error!("cuda: {e}");
-                for pid in &pids {
-                    results.insert(*pid, Err(HookError::Errno(libc::EIO)));
-                }
+        let rs = run_each(&runnable, parallel, |pid| {
+            restore_process(&driver, pid, pairs)?;
+            if unlock.contains(&pid) {
+                driver.unlock(pid)?;
             }
-            Ok(rs) => {
-                for (pid, r, took) in rs {
-                    driver_times.push(took);
-                    match r {
-                        Ok(()) => {
-                            log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
-                            results.insert(pid, Ok(()));
-                        }
-                        Err(e) => {
-                            log::error!("cuda: pid {pid}: {e}");
-                            results.insert(pid, Err(driver_errno(&e)));
-                        }
-                    }
+            Ok::<(), DriverError>(())
+        });
+        for (tid, e) in threads.stop_all() {
+            log::error!("cuda: cannot stop restore thread {tid} again: {e}");
+        }
+        let mut driver_times = Vec::new();
+        for (pid, r, took) in rs {
+            driver_times.push(took);
+            match r {
+                Ok(()) => {
+                    log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
+                    results.insert(pid, Ok(()));
+                }
+                Err(e) => {
+                    results.insert(pid, Err(fail(-e.errno(), format!("cuda: pid {pid}: {e}"))));
                 }
             }
         }
-        log_phase("restore", &pids, started.elapsed(), &driver_times, parallel);
+        log_phase_with(
+            "restore",
+            &runnable,
+            started.elapsed(),
+            &driver_times,
+            lookups,
+            parallel,
+        );
         self.resume_results = Some(results);
     }
 
     /// Restore of an image without our metadata (CRIU's C plugin made it): one process at a time.
     fn resume_one(&mut self, pid: i32) -> HookResult {
-        let driver = self.driver();
+        let driver = self.driver().clone();
         let Ok(tid) = driver.restore_thread_id(pid) else {
             return Err(HookError::NotMine);
         };
         let started = Instant::now();
-        let r = with_threads_running(&[tid], || {
-            driver.restore(pid, &[])?;
-            driver.unlock(pid)
-        })
-        .map_err(|e| fail(e.raw_os_error().unwrap_or(libc::EIO), format!("cuda: {e}")))?;
+        let mut threads = RunningThreads::new();
+        threads.start(tid).map_err(|e| {
+            fail(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("cuda: pid {pid}: cannot let restore thread {tid} run: {e}"),
+            )
+        })?;
+        let r = restore_process(&driver, pid, &[]).and_then(|()| driver.unlock(pid));
+        for (tid, e) in threads.stop_all() {
+            log::error!("cuda: cannot stop restore thread {tid} again: {e}");
+        }
         r.map_err(|e| fail(-e.errno(), format!("cuda: pid {pid}: {e}")))?;
         log::info!(
             "cuda: pid {pid}: restore and unlock {:.1} ms",
@@ -637,11 +826,25 @@ impl CudaBackend {
 /// Logs a phase's figures: wall time, the longest driver call, and what the plugin itself added
 /// (thread start, ptrace, bookkeeping), in total and per process.
 fn log_phase(what: &str, pids: &[i32], wall: Duration, driver: &[Duration], parallel: bool) {
-    let longest = if parallel {
-        driver.iter().copied().max().unwrap_or_default()
-    } else {
-        driver.iter().sum()
-    };
+    log_phase_with(what, pids, wall, driver, Duration::ZERO, parallel)
+}
+
+/// [`log_phase`] with `serial_driver`: driver time spent on CRIU's thread before the batch (for
+/// example restore-thread queries).
+fn log_phase_with(
+    what: &str,
+    pids: &[i32],
+    wall: Duration,
+    driver: &[Duration],
+    serial_driver: Duration,
+    parallel: bool,
+) {
+    let longest = serial_driver
+        + if parallel {
+            driver.iter().copied().max().unwrap_or_default()
+        } else {
+            driver.iter().sum()
+        };
     let own = wall.saturating_sub(longest);
     log::info!(
         "cuda: {what} phase: {} process(es) {}, {:.1} ms wall, {:.1} ms in the driver, plugin own time {:.3} ms ({:.3} ms per process)",
@@ -659,15 +862,24 @@ fn log_phase(what: &str, pids: &[i32], wall: Duration, driver: &[Duration], para
 }
 
 /// Runs `op` for every pid, on worker threads when `parallel`, and reports each result with the
-/// time it took.
-fn run_each<E: Send>(
+/// time it took. A worker that panics is reported as that pid's failure, never unwound further.
+fn run_each<E>(
     pids: &[i32],
     parallel: bool,
     op: impl Fn(i32) -> Result<(), E> + Sync,
-) -> Vec<(i32, Result<(), E>, Duration)> {
+) -> Vec<(i32, Result<(), E>, Duration)>
+where
+    E: Send + From<DriverError>,
+{
     let timed = |pid: i32| {
         let t = Instant::now();
-        let r = op(pid);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid))).unwrap_or_else(
+            |_| {
+                Err(E::from(DriverError::InvalidArgument(format!(
+                    "internal error while handling pid {pid}"
+                ))))
+            },
+        );
         (pid, r, t.elapsed())
     };
     if !parallel || pids.len() < 2 {
@@ -680,18 +892,19 @@ fn run_each<E: Send>(
                 let timed = &timed;
                 std::thread::Builder::new()
                     .name(format!("cuda-{pid}"))
-                    .spawn_scoped(s, move || timed(pid))
+                    .spawn_scoped(s, move || {
+                        worker::block_sigalrm();
+                        timed(pid)
+                    })
             })
             .collect();
         handles
             .into_iter()
             .zip(pids)
-            .map(|(h, &pid)| match h {
-                Ok(h) => h
-                    .join()
-                    .unwrap_or_else(|_| panic!("worker for pid {pid} panicked")),
-                // No thread could be started: do it here.
-                Err(_) => timed(pid),
+            .map(|(h, &pid)| match h.map(|h| h.join()) {
+                Ok(Ok(r)) => r,
+                // No thread could be started (or it died outside `op`): do it here.
+                _ => timed(pid),
             })
             .collect()
     })
@@ -708,10 +921,7 @@ impl GpuBackend for CudaBackend {
 
     fn init(&mut self, ctx: &InitContext<'_>, stage: Stage) -> Result<bool, HookError> {
         *self = CudaBackend::new();
-        self.settings = Some(
-            CudaSettings::from_config(ctx.config)
-                .map_err(|e| fail(libc::EINVAL, format!("settings: {e}")))?,
-        );
+        self.settings = Some(CudaSettings::from_config(ctx.config));
         self.stage = Some(stage);
         match stage {
             // Nothing would unlock a process locked in pre-dump: CRIU calls no exit there.
@@ -731,38 +941,71 @@ impl GpuBackend for CudaBackend {
         }
         let started = Instant::now();
         let mut in_driver = Duration::ZERO;
-        let driver = self.driver();
+        let driver = self.driver().clone();
         let t = Instant::now();
         let tid_result = driver.restore_thread_id(pid);
         in_driver += t.elapsed();
         let tid = match tid_result {
             Ok(tid) => tid,
             Err(e) => {
-                log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
-                return Err(HookError::NotMine);
+                let no_cuda = matches!(
+                    e.cuda_code(),
+                    Some(CUresult::NOT_INITIALIZED | CUresult::INVALID_VALUE | CUresult::NOT_FOUND)
+                );
+                if no_cuda || !Path::new(&format!("/proc/{pid}")).exists() {
+                    log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
+                    return Err(HookError::NotMine);
+                }
+                return Err(fail(
+                    -e.errno(),
+                    format!("cuda: cannot tell whether pid {pid} uses CUDA: {e}"),
+                ));
             }
         };
+        Self::check_runnable(pid, tid)?;
+        let timeout = self.lock_timeout();
         let t = Instant::now();
-        let state = driver
-            .process_state(pid)
+        let d = driver.clone();
+        let state = worker::call_with_deadline(timeout + LOCK_GRACE, move || d.process_state(pid))
+            .ok_or_else(|| {
+                fail(
+                    libc::ETIMEDOUT,
+                    format!("cuda: pid {pid} does not answer the driver (state query); it cannot be checkpointed now"),
+                )
+            })?
             .map_err(|e| fail(-e.errno(), format!("cuda: {e}")))?;
         in_driver += t.elapsed();
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
-                let timeout = self.lock_timeout_ms();
                 let t = Instant::now();
-                driver.lock(pid, timeout).map_err(|e| {
-                    let why = if e.errno() == -libc::ETIMEDOUT {
-                        format!(
-                            "; its GPU work did not finish within {timeout} ms (raise CRIU's --timeout)"
-                        )
-                    } else {
-                        String::new()
-                    };
-                    fail(-e.errno(), format!("cuda: {e}{why}"))
-                })?;
+                let d = driver.clone();
+                let ms_timeout = timeout.as_millis().min(u32::MAX as u128) as u32;
+                let locked = worker::call_with_deadline(timeout + LOCK_GRACE, move || {
+                    d.lock(pid, ms_timeout)
+                });
                 in_driver += t.elapsed();
-                log::debug!("cuda: pid {pid}: lock {:.2} ms", ms(t.elapsed()));
+                match locked {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        let why = if e.errno() == -libc::ETIMEDOUT {
+                            format!(
+                                "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"
+                            )
+                        } else {
+                            String::new()
+                        };
+                        return Err(fail(-e.errno(), format!("cuda: {e}{why}")));
+                    }
+                    None => {
+                        return Err(fail(
+                            libc::ETIMEDOUT,
+                            format!(
+                                "cuda: locking pid {pid} did not return within {} ms (a peer it waits for may be locked); the dump is abandoned",
+                                (timeout + LOCK_GRACE).as_millis()
+                            ),
+                        ));
+                    }
+                }
                 (FoundState::Running, true)
             }
             ProcessState::Locked => {
@@ -784,6 +1027,7 @@ impl GpuBackend for CudaBackend {
             pid,
             DumpedProcess {
                 pid,
+                ns_pid: procfs::ns_pid(pid).unwrap_or(pid),
                 restore_tid: tid,
                 found,
                 locked_by_us,
@@ -820,31 +1064,30 @@ impl GpuBackend for CudaBackend {
         // The first call checkpoints every paused process at once; a process paused after that
         // batch (CRIU found it late) gets a batch of its own.
         if self.dumped[&pid].result.is_none() {
-            self.checkpoint_all();
+            self.checkpoint_all(pid);
         }
         // Every process gets its own answer; the first error fails the dump.
-        self.dumped[&pid]
-            .result
-            .unwrap_or(Err(HookError::Errno(libc::EIO)))
+        match self.dumped.get(&pid) {
+            Some(p) => p.result.unwrap_or(Err(HookError::Errno(libc::EIO))),
+            None => Err(HookError::NotMine),
+        }
     }
 
     fn resume(&mut self, pid: i32) -> HookResult {
         if self.stage != Some(Stage::Restore) {
             return Err(HookError::NotMine);
         }
-        let Some(md) = &self.metadata else {
+        if self.metadata.is_none() {
             return self.resume_one(pid);
-        };
-        if !md.processes.iter().any(|p| p.pid == pid) {
-            return Err(HookError::NotMine);
         }
+        // CRIU calls this for the root task first: the whole tree is restored then.
         if self.resume_results.is_none() {
-            self.resume_all();
+            self.resume_all(pid);
         }
         self.resume_results
             .as_ref()
             .and_then(|r| r.get(&pid).copied())
-            .unwrap_or(Err(HookError::Errno(libc::EIO)))
+            .unwrap_or(Err(HookError::NotMine))
     }
 
     fn finish(&mut self, stage: Stage, ret: i32) {

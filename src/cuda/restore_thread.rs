@@ -13,7 +13,8 @@
 //! 5. `PTRACE_SETOPTIONS SUSPEND_SECCOMP|TRACESYSGOOD`, `PTRACE_SETSIGMASK` the kept mask.
 //!
 //! When the thread is not our tracee (a task CRIU never seized, for example after a failed
-//! seize), it is running anyway and nothing needs doing.
+//! seize), it is running anyway and nothing needs doing. [`RunningThreads`] stops every thread
+//! it started when dropped, so an early return or a panic cannot leave one running.
 
 use std::io;
 
@@ -38,17 +39,16 @@ fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<l
     }
 }
 
-/// A restore thread let run by [`RunningThread::start`]; [`RunningThread::stop`] puts it back.
+/// One restore thread let run; [`RunningThread::stop`] puts it back.
 #[derive(Debug)]
-pub struct RunningThread {
+struct RunningThread {
     tid: i32,
     /// The signal mask CRIU left, when we are the tracer.
     saved_mask: Option<u64>,
 }
 
 impl RunningThread {
-    /// Lets thread `tid` run, if it is our stopped tracee.
-    pub fn start(tid: i32) -> io::Result<RunningThread> {
+    fn start(tid: i32) -> io::Result<RunningThread> {
         let mut mask: u64 = 0;
         match ptrace(
             libc::PTRACE_GETSIGMASK,
@@ -76,7 +76,7 @@ impl RunningThread {
         let started = ptrace(libc::PTRACE_SETOPTIONS, tid, 0, 0)
             .and_then(|_| ptrace(libc::PTRACE_CONT, tid, 0, 0));
         if let Err(e) = started {
-            let _ = Self::restore_state(tid, mask);
+            let _ = restore_state(tid, mask);
             return Err(e);
         }
         Ok(RunningThread {
@@ -85,13 +85,7 @@ impl RunningThread {
         })
     }
 
-    /// The thread's id.
-    pub fn tid(&self) -> i32 {
-        self.tid
-    }
-
-    /// Stops the thread again and restores what CRIU had set.
-    pub fn stop(self) -> io::Result<()> {
+    fn stop(self) -> io::Result<()> {
         let Some(mask) = self.saved_mask else {
             return Ok(());
         };
@@ -120,61 +114,65 @@ impl RunningThread {
             let sig = libc::WSTOPSIG(status);
             ptrace(libc::PTRACE_CONT, tid, 0, sig as usize)?;
         }
-        Self::restore_state(tid, mask)
-    }
-
-    fn restore_state(tid: i32, mask: u64) -> io::Result<()> {
-        let opts = (libc::PTRACE_O_SUSPEND_SECCOMP | libc::PTRACE_O_TRACESYSGOOD) as usize;
-        if ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts).is_err() {
-            // Suspending seccomp needs CAP_SYS_ADMIN; without it CRIU could not have set it.
-            ptrace(
-                libc::PTRACE_SETOPTIONS,
-                tid,
-                0,
-                libc::PTRACE_O_TRACESYSGOOD as usize,
-            )?;
-        }
-        ptrace(
-            libc::PTRACE_SETSIGMASK,
-            tid,
-            std::mem::size_of::<u64>(),
-            (&raw const mask) as usize,
-        )?;
-        Ok(())
+        restore_state(tid, mask)
     }
 }
 
-/// Runs `f` with each of `tids` running, then stops them all again. Threads that could not be
-/// started are reported with their error and `f` is not run.
-pub fn with_threads_running<T>(tids: &[i32], f: impl FnOnce() -> T) -> io::Result<T> {
-    let mut running = Vec::with_capacity(tids.len());
-    for &tid in tids {
-        match RunningThread::start(tid) {
-            Ok(r) => running.push(r),
-            Err(e) => {
-                for r in running {
-                    let _ = r.stop();
-                }
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("cannot let restore thread {tid} run: {e}"),
-                ));
+fn restore_state(tid: i32, mask: u64) -> io::Result<()> {
+    let opts = (libc::PTRACE_O_SUSPEND_SECCOMP | libc::PTRACE_O_TRACESYSGOOD) as usize;
+    if ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts).is_err() {
+        // Suspending seccomp needs CAP_SYS_ADMIN; without it CRIU could not have set it.
+        ptrace(
+            libc::PTRACE_SETOPTIONS,
+            tid,
+            0,
+            libc::PTRACE_O_TRACESYSGOOD as usize,
+        )?;
+    }
+    ptrace(
+        libc::PTRACE_SETSIGMASK,
+        tid,
+        std::mem::size_of::<u64>(),
+        (&raw const mask) as usize,
+    )?;
+    Ok(())
+}
+
+/// Restore threads let run; all are stopped again by [`RunningThreads::stop_all`] or on drop.
+#[derive(Debug, Default)]
+pub struct RunningThreads {
+    running: Vec<RunningThread>,
+}
+
+impl RunningThreads {
+    /// None running yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets thread `tid` run, if it is our stopped tracee.
+    pub fn start(&mut self, tid: i32) -> io::Result<()> {
+        self.running.push(RunningThread::start(tid)?);
+        Ok(())
+    }
+
+    /// Stops every thread again; returns the ones that could not be put back, with why.
+    pub fn stop_all(&mut self) -> Vec<(i32, io::Error)> {
+        let mut failed = Vec::new();
+        for r in self.running.drain(..) {
+            let tid = r.tid;
+            if let Err(e) = r.stop() {
+                failed.push((tid, e));
             }
         }
+        failed
     }
-    let out = f();
-    let mut first_err = None;
-    for r in running {
-        let tid = r.tid();
-        if let Err(e) = r.stop() {
-            first_err.get_or_insert(io::Error::new(
-                e.kind(),
-                format!("cannot stop restore thread {tid} again: {e}"),
-            ));
+}
+
+impl Drop for RunningThreads {
+    fn drop(&mut self) {
+        for (tid, e) in self.stop_all() {
+            log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
     }
 }

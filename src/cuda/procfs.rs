@@ -1,0 +1,132 @@
+//! What `/proc` says about the processes the backend handles. Every read is bounded.
+
+use std::io::Read;
+use std::path::Path;
+
+fn read_small(path: &Path) -> Option<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(64 * 1024).read_to_string(&mut text))
+        .ok()?;
+    Some(text)
+}
+
+fn status_field(pid: i32, field: &str) -> Option<String> {
+    let text = read_small(Path::new(&format!("/proc/{pid}/status")))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| v.trim().to_string())
+}
+
+/// Resident memory of a process in bytes (0 when it cannot be read).
+pub fn rss_bytes(pid: i32) -> u64 {
+    status_field(pid, "VmRSS:")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// The pid as the process's own (innermost) pid namespace sees it: what stays the same when a
+/// container is restored into a new pid namespace, while the host pid changes.
+pub fn ns_pid(pid: i32) -> Option<i32> {
+    status_field(pid, "NSpid:")?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The process's tracer, 0 when none.
+pub fn tracer(pid: i32) -> Option<i32> {
+    status_field(pid, "TracerPid:")?.parse().ok()
+}
+
+/// The one-letter scheduler state of thread `tid` of `pid` (`R`, `S`, `T`, `t`, `Z`, ...).
+pub fn thread_state(pid: i32, tid: i32) -> Option<char> {
+    let stat = read_small(Path::new(&format!("/proc/{pid}/task/{tid}/stat")))?;
+    // The command name may hold spaces and parentheses: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The frozen cgroup (v2 `cgroup.events` says `frozen 1`, v1 freezer says `FROZEN`) the process
+/// is in, if any.
+pub fn frozen_cgroup(pid: i32) -> Option<String> {
+    let cgroups = read_small(Path::new(&format!("/proc/{pid}/cgroup")))?;
+    for line in cgroups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        if path.contains("..") {
+            continue;
+        }
+        if controllers.is_empty() {
+            let events = format!("/sys/fs/cgroup{path}/cgroup.events");
+            if read_small(Path::new(&events)).is_some_and(|t| t.lines().any(|l| l == "frozen 1")) {
+                return Some(path.to_string());
+            }
+        } else if controllers.split(',').any(|c| c == "freezer") {
+            let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
+            if read_small(Path::new(&state)).is_some_and(|t| t.trim() == "FROZEN") {
+                return Some(path.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// `pid` and all its descendants (through every thread's `children` list), root first.
+pub fn tree(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < 1 << 16 {
+        let p = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Some(children) = read_small(&t.path().join("children")) else {
+                continue;
+            };
+            for c in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id() as i32;
+        assert!(rss_bytes(me) > 0);
+        assert!(ns_pid(me).is_some());
+        assert_eq!(tracer(me), Some(0));
+        assert!(matches!(thread_state(me, me), Some('R' | 'S')));
+        assert_eq!(tree(me)[0], me);
+        assert_eq!(rss_bytes(-1), 0);
+        assert_eq!(ns_pid(-1), None);
+    }
+
+    #[test]
+    fn children_are_found() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let t = tree(me);
+        assert!(t.contains(&(child.id() as i32)), "{t:?}");
+        assert_eq!(frozen_cgroup(child.id() as i32), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
