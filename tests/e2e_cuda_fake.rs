@@ -213,7 +213,11 @@ impl std::fmt::Debug for Calls {
 /// A running workload tree (`workload.c`): the root, then its children in fork order.
 struct Workload {
     out: PathBuf,
+    /// Host pids (what signals and the plugin use).
     pids: Vec<i32>,
+    /// Each process's pid in its own pid namespace, in the order of `pids`: the suffix of its
+    /// output file. The same as the host pid unless the tree runs in a pid namespace of its own.
+    ns_pids: Vec<i32>,
 }
 
 impl Workload {
@@ -228,6 +232,7 @@ impl Workload {
         let mut w = Workload {
             out,
             pids: vec![root],
+            ns_pids: vec![root],
         };
         w.wait_line(root, "ready ");
         let children: Vec<i32> = w
@@ -238,6 +243,7 @@ impl Workload {
         for &c in &children {
             f.e.adopt(root, c);
             w.pids.push(c);
+            w.ns_pids.push(c);
         }
         for &c in &children {
             w.wait_line(c, "ready ");
@@ -248,12 +254,103 @@ impl Workload {
         w
     }
 
+    /// Starts the tree the way a container runs: `unshare -p -f -- setsid workload ...`, so that
+    /// the workload is pid 1 of a new pid namespace and leads a session of its own there (CRIU
+    /// dumps a pid namespace from its init only, and refuses a session leader outside it). Each
+    /// process writes `<out>.<the pid it sees>`. Returns the tree and the host pid of `unshare`.
+    ///
+    /// Not `unshare --kill-child`: that gives the workload a parent-death signal, which CRIU
+    /// restores, and the restored root then gets SIGKILL as soon as `criu restore -d` exits
+    /// (CRIU warns: "Root task has pdeath_sig configured"). The namespace goes with its init,
+    /// which the test kills ([`E2e::adopt`]) like every other tree.
+    fn start_in_pid_ns(f: &Fake, name: &str, args: &[&str]) -> (Workload, i32) {
+        let out = f.e.dir().join(name);
+        let mut cmd = f.e.command(Path::new("unshare"));
+        cmd.args(["-p", "-f", "--", "setsid"])
+            .arg(&f.workload)
+            .arg("--out")
+            .arg(&out)
+            .args(args)
+            .env("FAKE_CUDA_DEVICE_DIR", &f.dev);
+        let unshare = f.e.spawn_session(cmd);
+        let mut root = 0;
+        // `comm` is "workload" once setsid(1) has exec'd it.
+        wait_until(format!("the workload under unshare {unshare}"), || {
+            root = children_of(unshare)
+                .into_iter()
+                .find(|&c| comm_of(c).as_deref() == Some("workload"))
+                .unwrap_or(0);
+            root != 0
+        });
+        // Its session is the whole namespace: killed at the end, whatever happens.
+        f.e.adopt(root, root);
+        assert_eq!(
+            ns_pid_of(root),
+            Some(1),
+            "the workload ({root}) must be pid 1 of its pid namespace"
+        );
+        assert_eq!(
+            sid_of(root),
+            Some(root),
+            "the workload ({root}) must lead a session of its own"
+        );
+        let mut w = Workload {
+            out,
+            pids: vec![root],
+            ns_pids: vec![1],
+        };
+        w.wait_line(root, "ready ");
+        let children: Vec<i32> = w
+            .lines(root)
+            .iter()
+            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
+            .collect();
+        for &c in &children {
+            let mut host = 0;
+            wait_until(
+                format!("the host pid of pid {c} of namespace {root}"),
+                || {
+                    host = children_of(root)
+                        .into_iter()
+                        .find(|&p| ns_pid_of(p) == Some(c))
+                        .unwrap_or(0);
+                    host != 0
+                },
+            );
+            f.e.adopt(root, host);
+            w.pids.push(host);
+            w.ns_pids.push(c);
+        }
+        for &p in &w.pids[1..] {
+            w.wait_line(p, "ready ");
+        }
+        for &p in &w.pids {
+            w.wait_counting(p);
+        }
+        (w, unshare)
+    }
+
     fn root(&self) -> i32 {
         self.pids[0]
     }
 
+    /// The pid that process `pid` (a host pid of this tree) sees as its own.
+    fn own_pid(&self, pid: i32) -> i32 {
+        self.pids
+            .iter()
+            .position(|&p| p == pid)
+            .map_or(pid, |i| self.ns_pids[i])
+    }
+
+    /// The tree was restored with new host pids (in the order of `pids`).
+    fn moved_to(&mut self, pids: Vec<i32>) {
+        assert_eq!(pids.len(), self.ns_pids.len(), "{pids:?}");
+        self.pids = pids;
+    }
+
     fn lines(&self, pid: i32) -> Vec<String> {
-        std::fs::read_to_string(format!("{}.{pid}", self.out.display()))
+        let own = self.own_pid(pid);
+        std::fs::read_to_string(format!("{}.{own}", self.out.display()))
             .unwrap_or_default()
             .lines()
             .map(str::to_owned)
@@ -333,11 +430,12 @@ impl Workload {
         }
     }
 
-    /// Line counts of every process's output now.
+    /// Line counts of every process's output now, by the pid each process sees as its own
+    /// (which a restore into a new pid namespace keeps).
     fn marks(&self) -> BTreeMap<i32, usize> {
         self.pids
             .iter()
-            .map(|&p| (p, self.lines(p).len()))
+            .map(|&p| (self.own_pid(p), self.lines(p).len()))
             .collect()
     }
 
@@ -346,11 +444,12 @@ impl Workload {
     fn assert_continues(&self, marks: &BTreeMap<i32, usize>) {
         for &pid in &self.pids {
             let lines = self.lines(pid);
-            let before: Vec<u64> = lines[..marks[&pid]]
+            let mark = marks[&self.own_pid(pid)];
+            let before: Vec<u64> = lines[..mark]
                 .iter()
                 .filter_map(|l| l.strip_prefix("counter ")?.parse().ok())
                 .collect();
-            let after: Vec<u64> = lines[marks[&pid]..]
+            let after: Vec<u64> = lines[mark..]
                 .iter()
                 .filter_map(|l| l.strip_prefix("counter ")?.parse().ok())
                 .collect();
@@ -373,6 +472,56 @@ impl Workload {
             }
         }
     }
+}
+
+/// Children of every thread of `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    out
+}
+
+fn comm_of(pid: i32) -> Option<String> {
+    let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(c.trim_end().to_string())
+}
+
+/// The pid of `pid` in its own (innermost) pid namespace: the last NSpid value.
+fn ns_pid_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// Session id of `pid` (as this process sees it) from `/proc/<pid>/stat`.
+fn sid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // state ppid pgrp session ...
+    stat.rsplit_once(") ")?
+        .1
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// The pid namespace of `pid` (`pid:[inode]`).
+fn pid_ns_of(pid: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
 }
 
 fn lib() -> String {
@@ -921,4 +1070,315 @@ fn a_process_without_cuda_is_left_to_criu() {
         calls.0.is_empty(),
         "driver calls restoring a tree without CUDA: {calls:?}"
     );
+}
+
+#[test]
+fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() {
+    let Some(f) = Fake::start("cuda-pid-ns") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let (mut w, unshare) = Workload::start_in_pid_ns(
+        &f,
+        "w",
+        &[
+            "--mib",
+            "8",
+            "--chunk-mib",
+            "4",
+            "--children",
+            "1",
+            "--threads",
+            "1",
+        ],
+    );
+    let dumped = w.pids.clone();
+    assert_eq!(w.ns_pids, [1, 2]);
+    assert_ne!(
+        pid_ns_of(w.root()),
+        pid_ns_of(std::process::id() as i32),
+        "the tree must run in a pid namespace of its own"
+    );
+    // Device files are named by the pid each process sees.
+    let files: BTreeMap<i32, Vec<String>> =
+        w.ns_pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    for (p, v) in &files {
+        assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
+    }
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    // `unshare` exits with its child; every pid is free again.
+    f.e.reap(&[dumped.as_slice(), &[unshare]].concat());
+    dump.assert_no_plugin_errors();
+    for &p in &dumped {
+        assert!(
+            dump.lines_with(&format!("gpu_plugin: cuda: pid {p} "))
+                .iter()
+                .any(|l| l.contains("paused")),
+            "pid {p} not paused: {dump:?}"
+        );
+    }
+    assert!(
+        dump.has("gpu_plugin: cuda: checkpoint phase: 2 process(es)"),
+        "{dump:?}"
+    );
+    let calls = f.calls("dump.calls");
+    for &p in &dumped {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    for &p in &w.ns_pids {
+        assert!(
+            f.device_files(p).is_empty(),
+            "pid {p} of the namespace: device files left after the checkpoint"
+        );
+    }
+    // The metadata records each process by the pid it sees, which the restore keeps.
+    let md =
+        std::fs::read_to_string(images.join("gpu-plugin-cuda.img")).expect("gpu-plugin-cuda.img");
+    let recorded: Vec<&str> = md
+        .lines()
+        .filter_map(|l| l.strip_prefix("process ")?.split_whitespace().next())
+        .collect();
+    assert_eq!(recorded, ["1", "2"], "processes in the metadata:\n{md}");
+    let marks = w.marks();
+
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore.calls"),
+    );
+    // The restored init is re-parented here (this process is a subreaper): adopt the new
+    // namespace before anything can fail, so that it is killed in any case.
+    let new_root = children_of(std::process::id() as i32)
+        .into_iter()
+        .find(|&p| ns_pid_of(p) == Some(1) && comm_of(p).as_deref() == Some("workload"));
+    let new_child = new_root.and_then(|r| {
+        children_of(r)
+            .into_iter()
+            .find(|&p| ns_pid_of(p) == Some(2))
+    });
+    if let Some(r) = new_root {
+        f.e.adopt(r, r);
+        if let Some(c) = new_child {
+            f.e.adopt(r, c);
+        }
+    }
+    restore.assert_ok();
+    let (Some(new_root), Some(new_child)) = (new_root, new_child) else {
+        panic!("restored tree not found (init {new_root:?}, its pid 2 {new_child:?}): {restore:?}");
+    };
+    let restored = vec![new_root, new_child];
+    for (old, new) in dumped.iter().zip(&restored) {
+        assert_ne!(
+            old, new,
+            "the restored process has its old host pid: {restore:?}"
+        );
+    }
+    // (Not compared with the dumped namespace: that one is gone, and its inode number may be
+    // given to the new one.)
+    let new_ns = pid_ns_of(new_root).expect("the restored tree's pid namespace");
+    assert_ne!(
+        Some(&new_ns),
+        pid_ns_of(std::process::id() as i32).as_ref(),
+        "the restored tree must run in a pid namespace of its own"
+    );
+    assert_eq!(pid_ns_of(new_child).as_ref(), Some(&new_ns));
+    restore.assert_no_plugin_errors();
+    assert!(
+        restore.has("gpu_plugin: cuda: restore phase: 2 process(es)"),
+        "{restore:?}"
+    );
+    let calls = f.calls("restore.calls");
+    for &p in &restored {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    for &p in &dumped {
+        assert!(
+            calls.transitions(p).is_empty(),
+            "driver calls for the dumped host pid {p}: {calls:?}"
+        );
+    }
+    for (p, v) in &files {
+        assert_eq!(
+            &f.device_files(*p),
+            v,
+            "pid {p} of the namespace: device files not recreated"
+        );
+    }
+    w.moved_to(restored);
+    w.assert_all_running("after the restore into a new pid namespace");
+    w.assert_continues(&marks);
+}
+
+#[test]
+fn a_stopped_cuda_process_is_refused_clearly() {
+    let Some(f) = Fake::start("cuda-stopped") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(
+        &f,
+        "w",
+        &["--mib", "8", "--children", "2", "--threads", "1"],
+    );
+    let files: BTreeMap<i32, Vec<String>> =
+        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let stopped = w.pids[1];
+    assert!(common::signal(stopped, libc::SIGSTOP), "SIGSTOP {stopped}");
+    wait_until(format!("pid {stopped} stopped"), || {
+        common::state_of(stopped) == Some('T')
+    });
+    // Stopped: continued whatever happens, so that the checks below and the clean-up work.
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            common::signal(self.0, libc::SIGCONT);
+        }
+    }
+    let cont = Cont(stopped);
+
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "--timeout", "10", "-L", &lib(), "-v4"],
+        &f.e.images("img"),
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_failed();
+    let first = dump.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin")
+            && first.contains(&format!("pid {stopped} "))
+            && first.contains("stopped"),
+        "the first error must say that pid {stopped} is stopped: {dump:?}"
+    );
+    // Refused up front, not after a driver call that waits for the stopped process.
+    assert!(
+        dump.took.as_secs_f64() < 5.0,
+        "the dump took {:?} (CRIU's timeout is 10 s): {dump:?}",
+        dump.took
+    );
+    let calls = f.calls("dump.calls");
+    assert!(
+        !calls
+            .0
+            .iter()
+            .any(|(op, p, _)| *p == stopped && op == "lock"),
+        "the stopped pid {stopped} was asked to lock: {calls:?}"
+    );
+    for &p in &w.pids {
+        let t = calls.transitions(p);
+        assert!(
+            t.is_empty() || (p != stopped && t == ["lock=0", "unlock=0"]),
+            "pid {p} must be left unlocked: {calls:?}"
+        );
+        assert_eq!(f.device_files(p), files[&p], "pid {p}: device memory");
+    }
+
+    drop(cont);
+    wait_until(format!("pid {stopped} continued"), || {
+        common::state_of(stopped) != Some('T')
+    });
+    w.assert_all_running("after a dump refused for a stopped process");
+}
+
+/// A plain (non-CUDA) tree dumps and restores while `CRIU_GPU_PLUGIN_CONFIG` names a settings
+/// file that cannot be read (`make` makes it so): the plugin says so and sits the run out.
+fn unreadable_settings_do_not_break_a_plain_tree(test: &str, make: fn(&Path)) {
+    let Some(f) = Fake::start(test) else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let config = f.e.dir().join("gpu-plugin.conf");
+    make(&config);
+    let env = |calls: &str| {
+        let mut env = f.env(&nv, calls);
+        env.push(("CRIU_GPU_PLUGIN_CONFIG", config.display().to_string()));
+        env
+    };
+    let tree = Tree::start(&f.e, "tree.out", &[]);
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = tree.root.to_string();
+    let settings_error = |run: &CriuRun| {
+        let ours: Vec<&str> = run
+            .errors()
+            .into_iter()
+            .filter(|l| l.contains("gpu_plugin"))
+            .collect();
+        assert!(
+            !ours.is_empty()
+                && ours.iter().all(|l| {
+                    l.contains("gpu_plugin: settings: ")
+                        && l.contains(&config.display().to_string())
+                }),
+            "expected the plugin's settings error (and no other plugin error): {run:?}"
+        );
+    };
+
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env("dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&tree.pids());
+    settings_error(&dump);
+    let calls = f.calls("dump.calls");
+    assert!(
+        calls.0.is_empty(),
+        "driver calls with GPU support off: {calls:?}"
+    );
+    let dumped = tree.text();
+
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &env("restore.calls"),
+    );
+    restore.assert_ok();
+    settings_error(&restore);
+    tree.assert_continues(&dumped);
+    let calls = f.calls("restore.calls");
+    assert!(
+        calls.0.is_empty(),
+        "driver calls with GPU support off: {calls:?}"
+    );
+}
+
+#[test]
+fn a_settings_path_that_is_a_directory_does_not_break_a_plain_dump() {
+    unreadable_settings_do_not_break_a_plain_tree("settings-dir", |p| {
+        std::fs::create_dir(p).expect("settings directory");
+    });
+}
+
+#[test]
+fn a_settings_file_of_invalid_utf8_does_not_break_a_plain_dump() {
+    unreadable_settings_do_not_break_a_plain_tree("settings-utf8", |p| {
+        std::fs::write(p, b"cuda.parallel = \xff\xfe yes\n").expect("settings file");
+    });
 }
