@@ -1,7 +1,20 @@
 //! AMD GPUs through the KFD driver (`/dev/kfd`).
 
-mod backend;
+pub mod backend;
+pub mod copy;
+pub mod criu_ext;
+pub mod device;
+pub mod devinfo;
+pub mod dump;
+pub mod error;
+pub mod hw;
 pub mod image;
+pub mod images;
+pub mod parallel;
+pub mod restore;
+pub mod settings;
+#[cfg(any(test, feature = "kfd-sim"))]
+pub mod sim;
 pub mod topology;
 
 pub use backend::AmdgpuBackend;

@@ -1,0 +1,56 @@
+//! CRIU functions the AMD backend needs beyond what `criu_plugin::CriuSymbols` offers, looked
+//! up at run time (a missing symbol is `None`, never a load failure): `fdstore_add` and
+//! `fdstore_get` (see [`super::parallel::CriuFdStore`]) and `find_unused_fd_pid`.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `dlsym(RTLD_DEFAULT, name)`.
+pub fn lookup(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// Lowest fd number the plugin may use for fds it keeps open in restored task `pid` (its pid
+/// in the image): one above every fd CRIU will restore there (CRIU's `find_unused_fd_pid`).
+/// Outside CRIU, half the soft `RLIMIT_NOFILE` (at most 4096).
+pub fn first_free_fd(pid: u32) -> c_int {
+    if let Some(f) = lookup(c"find_unused_fd_pid") {
+        // SAFETY: CRIU's `int find_unused_fd_pid(pid_t pid)`.
+        let f: unsafe extern "C" fn(libc::pid_t) -> c_int = unsafe { std::mem::transmute(f) };
+        // SAFETY: the function only reads CRIU's process tree.
+        let fd = unsafe { f(pid as libc::pid_t) };
+        if fd >= 0 {
+            return fd;
+        }
+        log::warn!("amdgpu: CRIU knows no fds of pid {pid}; placing plugin fds high");
+    }
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `rl`.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur.min(1 << 20) as c_int
+    } else {
+        1024
+    };
+    (soft / 2).clamp(3, 4096)
+}
+
+/// Moves `fd` to the lowest free number at or above `min` (close-on-exec), as the C plugin
+/// does with `fd_next`, so it cannot take a number CRIU restores later.
+pub fn place_fd(fd: OwnedFd, min: c_int) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= min {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC duplicates a live fd; the result is new and owned by us.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `n` was just created by fcntl.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}

@@ -1,0 +1,794 @@
+//! Restore: KFD and render-node files inside the restored task, BO contents (in the task or
+//! in CRIU's main process, see [`super::parallel`]), mmap offset remapping, RESUME.
+//!
+//! Per KFD file (`RESTORE_EXT_FILE`, in the task):
+//!
+//! 1. The image is read (bounded) and checked; the GPU map from the image's topology to this
+//!    machine's is computed once per task and shared with the task's render-node files
+//!    (whichever comes first; the C plugin assumed the KFD file came first, B6).
+//! 2. The pages files are opened and checked against the BO list *before* any kernel state
+//!    is created, so a truncated or forged image fails cleanly.
+//! 3. Render nodes of the mapped GPUs are opened (a failure is an error here, B7) and moved
+//!    above every fd CRIU will restore; KFD binds the process's VMs to them.
+//! 4. `RESTORE` recreates the BOs; their new mmap offsets are kept for `UPDATE_VMA_MAP`.
+//! 5. The BO contents are written through the copy pipeline, or handed to the worker in
+//!    CRIU's main process.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
+
+use super::copy;
+use super::criu_ext;
+use super::device::{self, Bytes, CriuBuffers, CriuLimits, GpuBuffer, KfdDevice, alloc_flags};
+use super::devinfo;
+use super::dump::check_kfd_version;
+use super::error::{Error, Result};
+use super::image::{KfdCheckpoint, PagesLayout, PagesReader, RenderNodeImage};
+use super::images::Images;
+use super::parallel::{FdStore, KeyTable, RestoreQueue};
+use super::settings::AmdgpuSettings;
+use super::topology::{GpuMap, Topology, map_gpus};
+
+/// A device mapping whose offset changes at restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaRemap {
+    /// Start address (the BO's GPU VA, where ROCm also maps it for the CPU).
+    pub addr: u64,
+    /// mmap offset at checkpoint.
+    pub old_offset: u64,
+    /// mmap offset now.
+    pub new_offset: u64,
+    /// Render minor to map through (VRAM/GTT BOs); `None` for pages mapped through
+    /// `/dev/kfd` (doorbells, MMIO).
+    pub render_minor: Option<u32>,
+}
+
+/// State of one restored task.
+#[derive(Default)]
+pub struct TaskState {
+    /// The GPU map of this task's process.
+    pub map: Option<GpuMap>,
+    /// Render nodes bound to the process's KFD VMs, by restore minor (kept open).
+    pub render: HashMap<u32, OwnedFd>,
+    /// Offset remapping for `UPDATE_VMA_MAP`.
+    pub remaps: Vec<VmaRemap>,
+    /// KFD files restored.
+    pub kfd_files: Vec<u32>,
+    /// dma-bufs of restored BOs by cross-reference key, for the task's dma-buf files.
+    pub dmabufs: HashMap<u32, OwnedFd>,
+}
+
+/// What the restore needs from the backend.
+pub struct RestoreCtx<'a> {
+    /// The kernel.
+    pub dev: &'a dyn KfdDevice,
+    /// Settings.
+    pub settings: &'a AmdgpuSettings,
+    /// Where images are.
+    pub images: &'a Images,
+    /// Bounds for images.
+    pub limits: CriuLimits,
+    /// The queue to CRIU's main process, when parallel restore is on.
+    pub queue: Option<&'a RestoreQueue>,
+    /// The fdstore for the queue and the key table.
+    pub fdstore: Option<&'a dyn FdStore>,
+    /// dma-bufs published for other tasks, when the image has dma-buf files.
+    pub keys: Option<&'a KeyTable>,
+    /// Whether the image has dma-buf files (restored BOs are then published by key).
+    pub publish_dmabufs: bool,
+}
+
+/// Checks a KFD image for what the kernel and the copy rely on, before anything is created.
+pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
+    let gpus = image.devices.iter().filter(|d| d.gpu_id != 0).count();
+    let bad = |m: String| Err(Error::new(libc::EINVAL, m));
+    if gpus == 0 || gpus > limits.max_devices as usize {
+        return bad(format!("the image lists {gpus} GPUs"));
+    }
+    if gpus != image.num_of_gpus as usize {
+        return bad(format!(
+            "the image says {} GPUs but lists {gpus}",
+            image.num_of_gpus
+        ));
+    }
+    if image.bos.is_empty() {
+        return bad("the image has no BOs; KFD cannot restore such a process".into());
+    }
+    if image.bos.len() > limits.max_bos as usize {
+        return bad(format!(
+            "the image has {} BOs, over the limit",
+            image.bos.len()
+        ));
+    }
+    if image.priv_data.is_empty() || image.priv_data.len() as u64 > limits.max_priv_data {
+        return bad(format!(
+            "the image's KFD private data is {} bytes",
+            image.priv_data.len()
+        ));
+    }
+    for (i, b) in image.bos.iter().enumerate() {
+        if b.size == 0 || b.addr.checked_add(b.size).is_none() {
+            return bad(format!("BO {i} has size {:#x} at {:#x}", b.size, b.addr));
+        }
+    }
+    Ok(())
+}
+
+/// Computes the GPU map of `image` onto this machine.
+pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
+    let infos: Vec<_> = image.devices.iter().map(devinfo::to_info).collect();
+    let src = Topology::from_device_infos(&infos).map_err(|e| {
+        Error::new(
+            libc::EINVAL,
+            format!("the image's topology is invalid: {e}"),
+        )
+    })?;
+    let root = &ctx.settings.topology_root;
+    let mut local = Topology::from_sysfs(root).map_err(|e| {
+        Error::new(
+            libc::ENODEV,
+            format!(
+                "cannot read this machine's KFD topology at {}: {e}",
+                root.display()
+            ),
+        )
+    })?;
+    let hidden = local.retain_accessible(|g| ctx.dev.render_node_present(g.drm_render_minor));
+    for g in hidden {
+        log::info!("amdgpu: GPU {g:#x} has no render node here; not a restore candidate");
+    }
+    let map = map_gpus(&src, &local, &ctx.settings.checks).map_err(|e| {
+        Error::new(
+            libc::ENODEV,
+            format!("cannot restore onto this machine's GPUs: {e}"),
+        )
+    })?;
+    for m in map.iter() {
+        log::info!(
+            "amdgpu: GPU {:#06x} (renderD{}) restores onto {:#06x} (renderD{})",
+            m.checkpoint_gpu_id,
+            m.checkpoint_render_minor,
+            m.restore_gpu_id,
+            m.restore_render_minor
+        );
+    }
+    Ok(map)
+}
+
+/// Opens the pages file of each GPU with contents, checked against the BO list.
+pub fn open_pages(
+    images: &Images,
+    id: u32,
+    image: &KfdCheckpoint,
+) -> Result<(Vec<PagesReader>, Vec<usize>)> {
+    let mut readers = Vec::new();
+    let mut reader_of = vec![usize::MAX; image.bos.len()];
+    for d in image.devices.iter().filter(|d| d.gpu_id != 0) {
+        if !image
+            .bos
+            .iter()
+            .any(|b| b.gpu_id == d.gpu_id && b.has_contents())
+        {
+            continue;
+        }
+        let layout = PagesLayout::for_kfd_gpu(image, d.gpu_id)
+            .map_err(|e| Error::new(libc::EINVAL, format!("pages of GPU {:#x}: {e}", d.gpu_id)))?;
+        for span in layout.spans() {
+            reader_of[span.bo] = readers.len();
+        }
+        readers.push(images.dir()?.open_kfd_pages(id, d.gpu_id, layout)?);
+    }
+    Ok((readers, reader_of))
+}
+
+/// Writes the contents of the VRAM/GTT BOs of `image` from its pages files into the BOs
+/// behind `dmabufs` (one slot per BO), through fresh render nodes of the restore GPUs
+/// (`minor_of`: user gpu id → restore minor). Returns the copy statistics.
+pub fn write_contents(
+    dev: &dyn KfdDevice,
+    settings: &AmdgpuSettings,
+    images: &Images,
+    id: u32,
+    image: &KfdCheckpoint,
+    minor_of: &HashMap<u32, u32>,
+    dmabufs: &[Option<OwnedFd>],
+) -> Result<copy::CopyStats> {
+    let (readers, reader_of) = open_pages(images, id, image)?;
+    // The copy engine's own files, not the ones bound to the process's VMs.
+    let mut render: HashMap<u32, OwnedFd> = HashMap::new();
+    let mut buffers: Vec<Option<Box<dyn GpuBuffer>>> = Vec::with_capacity(image.bos.len());
+    let mut largest = 0;
+    for (i, b) in image.bos.iter().enumerate() {
+        if !b.has_contents() {
+            buffers.push(None);
+            continue;
+        }
+        largest = largest.max(b.size);
+        let minor = *minor_of.get(&b.gpu_id).ok_or_else(|| {
+            Error::new(
+                libc::EINVAL,
+                format!("BO {i} is on unmapped GPU {:#x}", b.gpu_id),
+            )
+        })?;
+        if let std::collections::hash_map::Entry::Vacant(v) = render.entry(minor) {
+            v.insert(
+                dev.open_render_node(minor).map_err(|e| {
+                    Error::io(&e, format!("cannot open render node renderD{minor}"))
+                })?,
+            );
+        }
+        let dmabuf = dmabufs
+            .get(i)
+            .and_then(|d| d.as_ref())
+            .ok_or_else(|| Error::new(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}")))?;
+        let buf = dev
+            .import_buffer(render[&minor].as_fd(), dmabuf.as_fd(), b.size)
+            .map_err(|e| {
+                Error::io(
+                    &e,
+                    format!(
+                        "cannot access restored {} BO {i} ({} at {:#x})",
+                        device::bo_kind(b.alloc_flags),
+                        Bytes(b.size),
+                        b.addr
+                    ),
+                )
+            })?;
+        buffers.push(Some(buf));
+    }
+    let (chunk, threads) = settings.staging_plan(largest);
+    let streams: Vec<Vec<(usize, u64)>> = readers
+        .iter()
+        .map(|r| r.layout().spans().iter().map(|s| (s.bo, s.size)).collect())
+        .collect();
+    let pieces = copy::plan_interleaved(&streams, chunk);
+    let describe = |i: usize| {
+        let b = &image.bos[i];
+        format!(
+            "{} BO {i} ({} at {:#x}) of GPU {:#x}",
+            device::bo_kind(b.alloc_flags),
+            Bytes(b.size),
+            b.addr,
+            b.gpu_id
+        )
+    };
+    copy::run(
+        &pieces,
+        threads,
+        chunk,
+        |p, dst| {
+            readers[reader_of[p.bo]]
+                .read_chunk(p.bo, p.offset, dst)
+                .map_err(|e| Error::from(e).context(format!("reading {}", describe(p.bo))))
+        },
+        |p, src| {
+            buffers[p.bo]
+                .as_ref()
+                .expect("pieces only of BOs with contents")
+                .upload(p.offset, src)
+                .map_err(|e| Error::io(&e, format!("writing {}", describe(p.bo))))
+        },
+    )
+}
+
+/// Restores KFD file `id` (image already read) in the calling task; returns the new
+/// `/dev/kfd` fd for CRIU, and the statistics of the BO content copy when the task did it
+/// (`None` when it was handed to CRIU's main process).
+pub fn restore_kfd(
+    ctx: &RestoreCtx<'_>,
+    task: &mut TaskState,
+    id: u32,
+    image: &KfdCheckpoint,
+) -> Result<(OwnedFd, Option<copy::CopyStats>)> {
+    let started = Instant::now();
+    check_image(image, &ctx.limits)?;
+    let kfd = ctx
+        .dev
+        .open_kfd()
+        .map_err(|e| Error::io(&e, "cannot open /dev/kfd"))?;
+    check_kfd_version(ctx.dev, kfd.as_fd())?;
+    if task.map.is_none() {
+        task.map = Some(compute_map(ctx, image)?);
+    }
+    let map = task.map.clone().expect("set above");
+    // Fail on a bad pages file before creating anything in the kernel.
+    drop(open_pages(ctx.images, id, image)?);
+
+    let fd_min = criu_ext::first_free_fd(image.pid);
+    let mut bufs = CriuBuffers {
+        num_objects: image.num_of_objects,
+        priv_data: image.priv_data.clone(),
+        ..Default::default()
+    };
+    let mut minor_of = HashMap::new();
+    for d in image.devices.iter().filter(|d| d.gpu_id != 0) {
+        let m = map.get(d.gpu_id).ok_or_else(|| {
+            Error::new(
+                libc::ENODEV,
+                format!("GPU {:#x} of the image is not mapped", d.gpu_id),
+            )
+        })?;
+        minor_of.insert(d.gpu_id, m.restore_render_minor);
+        let fd = open_task_render(ctx, task, m.restore_render_minor, fd_min)?;
+        bufs.devices.push(kfd_criu_device_bucket {
+            user_gpu_id: d.gpu_id,
+            actual_gpu_id: m.restore_gpu_id,
+            drm_fd: fd as u32,
+            pad: 0,
+        });
+    }
+    bufs.bos = image
+        .bos
+        .iter()
+        .map(|b| kfd_criu_bo_bucket {
+            addr: b.addr,
+            size: b.size,
+            offset: b.offset,
+            restored_offset: 0,
+            gpu_id: b.gpu_id,
+            alloc_flags: b.alloc_flags,
+            dmabuf_fd: kfd_sys::KFD_INVALID_FD,
+            pad: 0,
+        })
+        .collect();
+    let dmabufs = device::restore(ctx.dev, kfd.as_fd(), &mut bufs)
+        .map_err(|e| Error::io(&e, "KFD RESTORE failed"))?;
+
+    for (b, bucket) in image.bos.iter().zip(&bufs.bos) {
+        if b.alloc_flags & alloc_flags::REMAPPED == 0 {
+            continue;
+        }
+        task.remaps.push(VmaRemap {
+            addr: b.addr,
+            old_offset: b.offset,
+            new_offset: bucket.restored_offset,
+            render_minor: if b.has_contents() {
+                minor_of.get(&b.gpu_id).copied()
+            } else {
+                None
+            },
+        });
+    }
+
+    if ctx.publish_dmabufs {
+        publish_dmabufs(ctx, task, image, &dmabufs)?;
+    }
+
+    let bytes: u64 = super::dump::content_bos(image).map(|(_, s)| s).sum();
+    let handed_over = match (ctx.queue, ctx.fdstore) {
+        (Some(q), Some(store)) if bytes > 0 => hand_over(q, store, id, &minor_of, &dmabufs),
+        _ => false,
+    };
+    let mut copied = None;
+    if handed_over {
+        log::info!(
+            "amdgpu: file {id}: {} of BO contents handed to CRIU's main process",
+            Bytes(bytes)
+        );
+    } else {
+        let stats = write_contents(
+            ctx.dev,
+            ctx.settings,
+            ctx.images,
+            id,
+            image,
+            &minor_of,
+            &dmabufs,
+        )?;
+        log::info!(
+            "amdgpu: file {id}: {} of BO contents restored in {:.3} s ({:.0} MiB/s)",
+            Bytes(stats.bytes),
+            stats.elapsed.as_secs_f64(),
+            stats.rate() / (1u64 << 20) as f64
+        );
+        copied = Some(stats);
+    }
+    drop(dmabufs);
+    ctx.dev
+        .restore_hsakmt_shared_mem(image.shared_mem_size, image.shared_mem_magic)
+        .map_err(|e| Error::io(&e, "cannot recreate libhsakmt's shared memory"))?;
+    task.kfd_files.push(id);
+    log::info!(
+        "amdgpu: file {id} (pid {}): {} GPU(s), {} BO(s) restored in {:.3} s",
+        image.pid,
+        minor_of.len(),
+        image.bos.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok((kfd, copied))
+}
+
+/// Restores render-node file `id` in the calling task: a copy of the render node of the GPU
+/// its image's GPU maps to, the same open file the task's KFD VM is (or will be) bound to.
+pub fn restore_render(
+    ctx: &RestoreCtx<'_>,
+    task: &mut TaskState,
+    id: u32,
+    image: &RenderNodeImage,
+) -> Result<OwnedFd> {
+    if let Some(drm) = &image.drm {
+        if !drm.bos.is_empty() {
+            return Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "render node image {id} holds {} GEM BOs allocated through the render node; restoring those is not supported",
+                    drm.bos.len()
+                ),
+            ));
+        }
+    }
+    let me = ctx.dev.current_task();
+    let mut fd_min = criu_ext::first_free_fd(me);
+    if task.map.is_none() {
+        // The map of this task's process comes from its KFD image, found by pid (CRIU
+        // restores pids), whether or not that file was restored yet.
+        let mut found = None;
+        for kid in ctx.images.kfd_ids(super::parallel::MAX_REQUESTS * 8)? {
+            let k = ctx.images.dir()?.read_kfd(kid, &ctx.images.limits)?;
+            if k.pid == me {
+                found = Some(k);
+                break;
+            }
+        }
+        match found {
+            Some(k) => {
+                check_image(&k, &ctx.limits)?;
+                fd_min = criu_ext::first_free_fd(k.pid);
+                task.map = Some(compute_map(ctx, &k)?);
+            }
+            None => {
+                // A process with a render node but no KFD state: the same GPU, if present.
+                let root = &ctx.settings.topology_root;
+                let local = Topology::from_sysfs(root).map_err(|e| {
+                    Error::new(
+                        libc::ENODEV,
+                        format!("cannot read the KFD topology at {}: {e}", root.display()),
+                    )
+                })?;
+                let g = local.gpu_by_id(image.gpu_id).ok_or_else(|| {
+                    Error::new(
+                        libc::ENODEV,
+                        format!(
+                            "render node image {id} is for GPU {:#x}, which this machine lacks",
+                            image.gpu_id
+                        ),
+                    )
+                })?;
+                let minor = g.drm_render_minor;
+                open_task_render(ctx, task, minor, fd_min)?;
+                return dup_for_criu(task, minor);
+            }
+        }
+    }
+    let map = task.map.as_ref().expect("set above");
+    let m = map.get(image.gpu_id).ok_or_else(|| {
+        Error::new(
+            libc::ENODEV,
+            format!("render node image {id} is for GPU {:#x}, which the process's KFD image does not list", image.gpu_id),
+        )
+    })?;
+    let minor = m.restore_render_minor;
+    open_task_render(ctx, task, minor, fd_min)?;
+    dup_for_criu(task, minor)
+}
+
+/// A copy of the task's render fd for `minor`, for CRIU to own (the task keeps the original,
+/// to which the KFD VM is bound).
+pub fn dup_for_criu(task: &TaskState, minor: u32) -> Result<OwnedFd> {
+    let fd = task
+        .render
+        .get(&minor)
+        .ok_or_else(|| Error::new(libc::EBADF, format!("renderD{minor} is not open")))?;
+    fd.try_clone()
+        .map_err(|e| Error::io(&e, format!("cannot duplicate the fd of renderD{minor}")))
+}
+
+/// Makes the dma-bufs of the restored BOs that have a cross-reference key available to the
+/// task's own dma-buf files and, through CRIU's fdstore, to other tasks'.
+fn publish_dmabufs(
+    ctx: &RestoreCtx<'_>,
+    task: &mut TaskState,
+    image: &KfdCheckpoint,
+    dmabufs: &[Option<OwnedFd>],
+) -> Result<()> {
+    for (b, fd) in image.bos.iter().zip(dmabufs) {
+        let (Some(key), Some(fd)) = (b.handle, fd) else {
+            continue;
+        };
+        let copy = fd
+            .try_clone()
+            .map_err(|e| Error::io(&e, "cannot duplicate a dma-buf"))?;
+        task.dmabufs.insert(key, copy);
+        if let (Some(table), Some(store)) = (ctx.keys, ctx.fdstore) {
+            let id = store
+                .add(fd.as_fd())
+                .map_err(|e| Error::io(&e, "cannot pass a dma-buf to CRIU's fdstore"))?;
+            if !table.insert(key, id) {
+                log::warn!("amdgpu: dma-buf key {key} published twice or table full");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Restores dma-buf file `id` (key `key`): a dma-buf of the restored BO with that key, from
+/// this task or another. `Ok(None)` asks CRIU to retry later (the BO is not restored yet).
+pub fn restore_dmabuf(
+    ctx: &RestoreCtx<'_>,
+    task: &TaskState,
+    id: u32,
+    key: u32,
+    can_retry: bool,
+) -> Result<Option<OwnedFd>> {
+    if let Some(fd) = task.dmabufs.get(&key) {
+        return fd
+            .try_clone()
+            .map(Some)
+            .map_err(|e| Error::io(&e, "cannot duplicate a dma-buf"));
+    }
+    if let (Some(table), Some(store)) = (ctx.keys, ctx.fdstore) {
+        if let Some(sid) = table.get(key) {
+            return store
+                .get(sid)
+                .map(Some)
+                .map_err(|e| Error::io(&e, "cannot take a dma-buf from CRIU's fdstore"));
+        }
+    }
+    if can_retry {
+        log::debug!("amdgpu: file {id}: the BO with key {key} is not restored yet; retrying later");
+        return Ok(None);
+    }
+    Err(Error::new(
+        libc::ENOENT,
+        format!(
+            "dma-buf file {id}: the BO it refers to (key {key}) has not been restored, and this CRIU cannot retry files"
+        ),
+    ))
+}
+
+/// Opens (once per task) the render node `minor` the process's VM will be bound to.
+fn open_task_render(
+    ctx: &RestoreCtx<'_>,
+    task: &mut TaskState,
+    minor: u32,
+    fd_min: RawFd,
+) -> Result<RawFd> {
+    if let Some(fd) = task.render.get(&minor) {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd = ctx
+        .dev
+        .open_render_node(minor)
+        .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))?;
+    let fd = criu_ext::place_fd(fd, fd_min)
+        .map_err(|e| Error::io(&e, format!("cannot move the fd of renderD{minor}")))?;
+    let raw = fd.as_raw_fd();
+    task.render.insert(minor, fd);
+    Ok(raw)
+}
+
+/// Hands the copy to CRIU's main process; false when that is not possible (the caller then
+/// copies itself).
+fn hand_over(
+    q: &RestoreQueue,
+    store: &dyn FdStore,
+    id: u32,
+    minor_of: &HashMap<u32, u32>,
+    dmabufs: &[Option<OwnedFd>],
+) -> bool {
+    let fds: Vec<&OwnedFd> = dmabufs.iter().flatten().collect();
+    let Some(r) = q.reserve(fds.len()) else {
+        log::info!("amdgpu: file {id}: parallel restore queue full; copying in the task");
+        return false;
+    };
+    let mut ids = Vec::with_capacity(fds.len());
+    for fd in fds {
+        match store.add(fd.as_fd()) {
+            Ok(n) => ids.push(n),
+            Err(e) => {
+                log::warn!("amdgpu: file {id}: {e}; copying in the task");
+                q.abandon(r);
+                return false;
+            }
+        }
+    }
+    let mut gpus: Vec<(u32, u32)> = minor_of.iter().map(|(&u, &m)| (u, m)).collect();
+    gpus.sort_unstable();
+    match q.publish(r, id, &gpus, &ids) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("amdgpu: file {id}: {e}; copying in the task");
+            false
+        }
+    }
+}
+
+/// Runs one request of the parallel restore queue in CRIU's main process.
+pub fn serve_request(
+    dev: &dyn KfdDevice,
+    settings: &AmdgpuSettings,
+    images: &Images,
+    store: &dyn FdStore,
+    req: &super::parallel::Request,
+) -> Result<copy::CopyStats> {
+    let image = images.dir()?.read_kfd(req.file_id, &images.limits)?;
+    let minor_of: HashMap<u32, u32> = req.gpus.iter().copied().collect();
+    let content: Vec<usize> = super::dump::content_bos(&image).map(|(i, _)| i).collect();
+    if content.len() != req.fds.len() {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!(
+                "the request for file {} carries {} dma-bufs for {} BOs with contents",
+                req.file_id,
+                req.fds.len(),
+                content.len()
+            ),
+        ));
+    }
+    let mut dmabufs: Vec<Option<OwnedFd>> = (0..image.bos.len()).map(|_| None).collect();
+    for (&i, &fid) in content.iter().zip(&req.fds) {
+        dmabufs[i] = Some(
+            store
+                .get(fid)
+                .map_err(|e| Error::io(&e, "cannot take a dma-buf from CRIU's fdstore"))?,
+        );
+    }
+    write_contents(
+        dev,
+        settings,
+        images,
+        req.file_id,
+        &image,
+        &minor_of,
+        &dmabufs,
+    )
+}
+
+/// The result of one parallel-restore request.
+pub struct Served {
+    /// KFD file id.
+    pub file_id: u32,
+    /// What the copy did, or why it failed.
+    pub result: Result<copy::CopyStats>,
+}
+
+/// Serves every request ready in `queue` now (the worker's loop body, and the fallback when
+/// no worker ran).
+pub fn serve_ready(
+    dev: &dyn KfdDevice,
+    settings: &AmdgpuSettings,
+    images: &Images,
+    store: &dyn FdStore,
+    queue: &RestoreQueue,
+    out: &mut Vec<Served>,
+) {
+    while let Some(req) = queue.take() {
+        let result = serve_request(dev, settings, images, store, &req);
+        queue.complete(
+            req.slot,
+            result.as_ref().err().map(|e| e.errno.max(1)).unwrap_or(0),
+        );
+        out.push(Served {
+            file_id: req.file_id,
+            result,
+        });
+    }
+}
+
+/// The background worker of the parallel restore: serves requests until told to quit. It
+/// never logs (CRIU's logging is not thread-safe); its results are logged by whoever joins
+/// it.
+pub struct Worker {
+    handle: Option<std::thread::JoinHandle<Vec<Served>>>,
+}
+
+impl Worker {
+    /// Starts the worker thread.
+    pub fn start(
+        dev: Arc<dyn KfdDevice>,
+        settings: AmdgpuSettings,
+        images: Arc<Images>,
+        store: Arc<dyn FdStore>,
+        queue: Arc<RestoreQueue>,
+    ) -> Result<Worker> {
+        let handle = std::thread::Builder::new()
+            .name("amdgpu-restore".into())
+            .spawn(move || {
+                copy::block_async_signals();
+                let mut out = Vec::new();
+                loop {
+                    let seq = queue.wake_seq();
+                    let before = out.len();
+                    serve_ready(
+                        dev.as_ref(),
+                        &settings,
+                        &images,
+                        store.as_ref(),
+                        &queue,
+                        &mut out,
+                    );
+                    if out.len() != before {
+                        continue;
+                    }
+                    if queue.quitting() {
+                        return out;
+                    }
+                    queue.wait(seq, std::time::Duration::from_millis(200));
+                }
+            })
+            .map_err(|e| Error::io(&e, "cannot start the parallel restore thread"))?;
+        Ok(Worker {
+            handle: Some(handle),
+        })
+    }
+
+    /// Waits for the worker to finish every published request and stop; returns what it did.
+    pub fn finish(&mut self, queue: &RestoreQueue) -> Vec<Served> {
+        queue.quit();
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(v)) => v,
+            Some(Err(_)) => {
+                log::error!("amdgpu: the parallel restore thread panicked");
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Kind of a mapped device path (`UPDATE_VMA_MAP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappedPath {
+    /// `/dev/kfd`.
+    Kfd,
+    /// `/dev/dri/renderD<minor>`.
+    Render,
+}
+
+/// Classifies a mapping's path, with repeated slashes collapsed (CRIU may record
+/// `//dev//dri/renderD128`). Other paths are not the backend's.
+pub fn mapped_path(path: &CStr) -> Option<MappedPath> {
+    let raw = path.to_bytes();
+    let mut norm = Vec::with_capacity(raw.len());
+    for &c in raw {
+        if c == b'/' && norm.last() == Some(&b'/') {
+            continue;
+        }
+        norm.push(c);
+    }
+    if norm == b"/dev/kfd" {
+        Some(MappedPath::Kfd)
+    } else if let Some(rest) = norm.strip_prefix(b"/dev/dri/renderD") {
+        (!rest.is_empty() && rest.iter().all(u8::is_ascii_digit)).then_some(MappedPath::Render)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_paths_are_normalised() {
+        assert_eq!(mapped_path(c"/dev/kfd"), Some(MappedPath::Kfd));
+        assert_eq!(mapped_path(c"//dev//kfd"), Some(MappedPath::Kfd));
+        assert_eq!(
+            mapped_path(c"/dev/dri/renderD128"),
+            Some(MappedPath::Render)
+        );
+        assert_eq!(
+            mapped_path(c"//dev//dri/renderD130"),
+            Some(MappedPath::Render)
+        );
+        assert_eq!(mapped_path(c"/dev/dri/renderD"), None);
+        assert_eq!(mapped_path(c"/dev/dri/card0"), None);
+        assert_eq!(mapped_path(c"/dev/kfd2"), None);
+        assert_eq!(mapped_path(c"/dev/zero"), None);
+    }
+}

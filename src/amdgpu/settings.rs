@@ -1,0 +1,243 @@
+//! The AMD backend's settings: `amdgpu.*` keys of the plugin's settings file, the
+//! `CRIU_GPU_AMDGPU_*` environment overrides, and the environment variables of CRIU's C
+//! plugin (`KFD_MAX_BUFFER_SIZE`, `KFD_*_CHECK`), which keep working.
+//!
+//! | key | C plugin variable | meaning | default |
+//! |---|---|---|---|
+//! | `amdgpu.topology` | — | KFD sysfs topology root | `/sys/class/kfd/kfd/topology` |
+//! | `amdgpu.max-buffer-size` | `KFD_MAX_BUFFER_SIZE` | staging memory for BO copies, all copy threads together (`K`/`M`/`G` suffixes, `0x` hex) | 256 MiB |
+//! | `amdgpu.copy-threads` | — | copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
+//! | `amdgpu.chunk-size` | — | largest piece of a BO moved at once | 4 MiB |
+//! | `amdgpu.parallel-restore` | — | restore BO contents in CRIU's main process, overlapped with the rest of the restore (CRIU 4.2 and later) | true |
+//! | `amdgpu.kfd-fw-ver-check` ... | `KFD_FW_VER_CHECK` ... | the seven GPU compatibility checks at restore | on |
+//!
+//! Precedence: `CRIU_GPU_AMDGPU_<KEY>` environment, then the C plugin's variable, then the
+//! settings file, then the default. Container runtimes strip the environment, so the file is
+//! the dependable place.
+
+use std::path::PathBuf;
+
+use super::topology::{CompatChecks, DEFAULT_SYSFS_ROOT};
+use crate::config::{Config, env_name};
+
+/// Default staging memory (all copy threads together).
+pub const DEFAULT_STAGING_BYTES: u64 = 256 << 20;
+/// Most copy threads by default (the default is the number of CPUs, 2 to this).
+pub const DEFAULT_MAX_COPY_THREADS: usize = 8;
+/// Default piece size.
+pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+/// Smallest piece size and staging budget honoured (one page).
+pub const MIN_CHUNK_BYTES: usize = 4096;
+/// Most copy threads accepted.
+pub const MAX_COPY_THREADS: usize = 64;
+
+/// The AMD backend's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AmdgpuSettings {
+    /// KFD sysfs topology root.
+    pub topology_root: PathBuf,
+    /// Staging memory for BO copies, in bytes (all threads together).
+    pub staging_bytes: u64,
+    /// Copy threads.
+    pub copy_threads: usize,
+    /// Largest piece of a BO moved at once.
+    pub chunk_bytes: usize,
+    /// Restore BO contents in CRIU's main process where the host allows.
+    pub parallel_restore: bool,
+    /// GPU compatibility checks for the restore mapping.
+    pub checks: CompatChecks,
+}
+
+impl Default for AmdgpuSettings {
+    fn default() -> Self {
+        Self {
+            topology_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
+            staging_bytes: DEFAULT_STAGING_BYTES,
+            copy_threads: default_copy_threads(),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            parallel_restore: true,
+            checks: CompatChecks::default(),
+        }
+    }
+}
+
+/// One copy thread per CPU, at least 2 (so that device and file work overlap) and at most
+/// [`DEFAULT_MAX_COPY_THREADS`]: the copies are CPU work on the file side, and more threads
+/// than CPUs only contend (measured).
+pub fn default_copy_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, DEFAULT_MAX_COPY_THREADS)
+}
+
+/// Parses a size the way the C plugin parses `KFD_MAX_BUFFER_SIZE` (`strtoul` base 0:
+/// decimal, `0x` hex, leading-zero octal) with an optional `K`, `M` or `G` suffix (binary
+/// units; lower case is accepted too). Overflow is an error.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.as_bytes().last() {
+        Some(b'K' | b'k') => (&t[..t.len() - 1], 10),
+        Some(b'M' | b'm') => (&t[..t.len() - 1], 20),
+        Some(b'G' | b'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let bad = || format!("{text:?} is not a size (e.g. 268435456, 0x10000000, 256M, 2G)");
+    let value = if let Some(hex) = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        u64::from_str_radix(hex, 16).map_err(|_| bad())?
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        u64::from_str_radix(&digits[1..], 8).map_err(|_| bad())?
+    } else {
+        digits.parse::<u64>().map_err(|_| bad())?
+    };
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
+impl AmdgpuSettings {
+    /// Reads the settings from `cfg`, with environment overrides looked up through `env`
+    /// (pass `|_| None` to ignore the environment).
+    pub fn from_config(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let get = |key: &str, legacy: Option<&str>| -> Option<String> {
+            env(&env_name(key))
+                .or_else(|| legacy.and_then(env))
+                .or_else(|| cfg.get(key).map(str::to_string))
+        };
+        let mut s = AmdgpuSettings::default();
+        if let Some(v) = get("amdgpu.topology", None) {
+            s.topology_root = PathBuf::from(v);
+        }
+        if let Some(v) = get("amdgpu.max-buffer-size", Some("KFD_MAX_BUFFER_SIZE")) {
+            let n = parse_size(&v).map_err(|e| format!("amdgpu.max-buffer-size: {e}"))?;
+            // 0 means "no limit" for the C plugin; here it keeps the default bound.
+            if n != 0 {
+                s.staging_bytes = n.max(MIN_CHUNK_BYTES as u64);
+            }
+        }
+        if let Some(v) = get("amdgpu.copy-threads", None) {
+            let n: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("amdgpu.copy-threads = {v}: expected a whole number"))?;
+            if n == 0 || n > MAX_COPY_THREADS {
+                return Err(format!(
+                    "amdgpu.copy-threads = {n}: expected 1 to {MAX_COPY_THREADS}"
+                ));
+            }
+            s.copy_threads = n;
+        }
+        if let Some(v) = get("amdgpu.chunk-size", None) {
+            let n = parse_size(&v).map_err(|e| format!("amdgpu.chunk-size: {e}"))?;
+            let n =
+                usize::try_from(n).map_err(|_| format!("amdgpu.chunk-size = {v}: too large"))?;
+            s.chunk_bytes = n.max(MIN_CHUNK_BYTES);
+        }
+        if let Some(v) = get("amdgpu.parallel-restore", None) {
+            let mut c = Config::default();
+            c.set("amdgpu.parallel-restore", &v);
+            s.parallel_restore = c.get_bool("amdgpu.parallel-restore", true)?;
+        }
+        s.checks = CompatChecks::from_env(|name| {
+            let key = format!("amdgpu.{}", name.to_ascii_lowercase().replace('_', "-"));
+            get(&key, Some(name))
+        });
+        Ok(s)
+    }
+
+    /// The piece size and the number of copy threads for a copy: every thread has one
+    /// staging buffer of one piece; pieces are page multiples, at most `chunk_bytes` and no
+    /// larger than the largest BO; all buffers together stay within `staging_bytes` (fewer
+    /// threads, then smaller pieces, down to one page, when the budget is small).
+    pub fn staging_plan(&self, largest_bo: u64) -> (usize, usize) {
+        let page = MIN_CHUNK_BYTES as u64;
+        let budget = self.staging_bytes.max(page);
+        let largest = largest_bo.div_ceil(page).max(1) * page;
+        let threads = (self.copy_threads.max(1) as u64).min(budget / page);
+        let per_thread = budget / threads;
+        let mut chunk = (self.chunk_bytes as u64).min(largest).min(per_thread);
+        chunk = (chunk / page).max(1) * page;
+        (chunk as usize, threads as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_the_c_plugin() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("0x1000"), Ok(4096));
+        assert_eq!(parse_size("010"), Ok(8));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("2T").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("17179869184G").is_err());
+    }
+
+    #[test]
+    fn settings_come_from_file_then_legacy_env_then_our_env() {
+        let cfg = Config::parse(
+            "amdgpu.topology = /tmp/topo\namdgpu.max-buffer-size = 64M\namdgpu.copy-threads = 2\namdgpu.kfd-numa-check = no\n",
+        );
+        let s = AmdgpuSettings::from_config(&cfg, &|_| None).unwrap();
+        assert_eq!(s.topology_root, PathBuf::from("/tmp/topo"));
+        assert_eq!(s.staging_bytes, 64 << 20);
+        assert_eq!(s.copy_threads, 2);
+        assert!(!s.checks.numa && s.checks.fw_version);
+
+        let env = |k: &str| match k {
+            "KFD_MAX_BUFFER_SIZE" => Some("1G".to_string()),
+            "KFD_FW_VER_CHECK" => Some("NO".to_string()),
+            _ => None,
+        };
+        let s = AmdgpuSettings::from_config(&cfg, &env).unwrap();
+        assert_eq!(s.staging_bytes, 1 << 30);
+        assert!(!s.checks.fw_version);
+
+        let env2 = |k: &str| match k {
+            "KFD_MAX_BUFFER_SIZE" => Some("1G".to_string()),
+            "CRIU_GPU_AMDGPU_MAX_BUFFER_SIZE" => Some("8M".to_string()),
+            _ => None,
+        };
+        let s = AmdgpuSettings::from_config(&cfg, &env2).unwrap();
+        assert_eq!(s.staging_bytes, 8 << 20);
+
+        let bad = Config::parse("amdgpu.copy-threads = 0\n");
+        assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
+        let bad = Config::parse("amdgpu.max-buffer-size = lots\n");
+        assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
+    }
+
+    #[test]
+    fn staging_stays_within_the_budget() {
+        let mut s = AmdgpuSettings {
+            staging_bytes: 64 << 20,
+            copy_threads: 4,
+            chunk_bytes: 4 << 20,
+            ..Default::default()
+        };
+        assert_eq!(s.staging_plan(1 << 30), (4 << 20, 4));
+        // Small BOs: pieces no larger than the largest BO.
+        assert_eq!(s.staging_plan(10_000), (12288, 4));
+        // A tiny budget: one page-sized buffer.
+        s.staging_bytes = 4096;
+        assert_eq!(s.staging_plan(1 << 30), (4096, 1));
+        s.staging_bytes = 3 * 4096;
+        assert_eq!(s.staging_plan(1 << 30), (4096, 3));
+        s.staging_bytes = 6 << 20;
+        let (chunk, n) = s.staging_plan(1 << 30);
+        assert_eq!(n, 4);
+        assert!(chunk as u64 * n as u64 <= 6 << 20);
+    }
+}

@@ -1,0 +1,364 @@
+//! Shared helpers of the AMD integration tests: temporary directories, topology fixtures,
+//! a backend on the KFD simulator, and CRIU's hook sequences for dump and restore.
+
+#![allow(dead_code)]
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use criu_gpu_plugin::amdgpu::AmdgpuBackend;
+use criu_gpu_plugin::amdgpu::backend::{BackendOptions, CopyRecord};
+use criu_gpu_plugin::amdgpu::device::KfdDevice;
+use criu_gpu_plugin::amdgpu::parallel::LocalFdStore;
+use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
+use criu_gpu_plugin::backend::{GpuBackend, InitContext};
+use criu_gpu_plugin::config::Config;
+use criu_plugin::{HookError, Host, HostVersion, InventoryListing, Stage};
+
+pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "amdgpu-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A topology fixture of `tests/fixtures/kfd-topology`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(MANIFEST_DIR)
+        .join("tests/fixtures/kfd-topology")
+        .join(name)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+        }
+    }
+}
+
+/// An edit of a copied fixture.
+pub enum Edit {
+    /// New `gpu_id` of node N.
+    GpuId(u32, u32),
+    /// New value of property `key` of node N.
+    Prop(u32, &'static str, u64),
+}
+
+/// A copy of fixture `name` with `edits` applied, in a temporary directory.
+pub fn edited_fixture(name: &str, edits: &[Edit]) -> TempDir {
+    let dir = TempDir::new("topo");
+    copy_tree(&fixture(name), dir.path());
+    for e in edits {
+        match *e {
+            Edit::GpuId(node, id) => {
+                std::fs::write(
+                    dir.path().join(format!("nodes/{node}/gpu_id")),
+                    format!("{id}\n"),
+                )
+                .unwrap();
+            }
+            Edit::Prop(node, key, value) => {
+                let p = dir.path().join(format!("nodes/{node}/properties"));
+                let text = std::fs::read_to_string(&p).unwrap();
+                let mut found = false;
+                let out: Vec<String> = text
+                    .lines()
+                    .map(|l| {
+                        if l.split_whitespace().next() == Some(key) {
+                            found = true;
+                            format!("{key} {value}")
+                        } else {
+                            l.to_string()
+                        }
+                    })
+                    .collect();
+                assert!(found, "no property {key} in {}", p.display());
+                std::fs::write(&p, out.join("\n") + "\n").unwrap();
+            }
+        }
+    }
+    dir
+}
+
+/// Settings text with the topology root and extra lines.
+pub fn config(topology: &Path, extra: &str) -> Config {
+    Config::parse(&format!(
+        "amdgpu.topology = {}\n{extra}",
+        topology.display()
+    ))
+}
+
+/// A backend on `sim`, writing images into `images`.
+pub fn backend(sim: &SimKfd, images: &Path) -> AmdgpuBackend {
+    backend_with(sim, images, None)
+}
+
+/// A backend on `sim` with an image quota.
+pub fn backend_with(sim: &SimKfd, images: &Path, quota: Option<u64>) -> AmdgpuBackend {
+    init_log();
+    let s = sim.clone();
+    AmdgpuBackend::with_device_factory(
+        Box::new(move || Ok(Arc::new(s.clone()) as Arc<dyn KfdDevice>)),
+        BackendOptions {
+            images_dir: Some(images.to_path_buf()),
+            image_quota: quota,
+            use_process_env: false,
+            fdstore: Some(Arc::new(LocalFdStore::default())),
+        },
+    )
+}
+
+pub fn ctx<'a>(cfg: &'a Config, host: HostVersion, listing: InventoryListing) -> InitContext<'a> {
+    InitContext {
+        host: Host::for_version(host),
+        config: cfg,
+        listing,
+    }
+}
+
+/// A dumped process: its pid, CRIU file ids and the CPU mappings CRIU recorded.
+pub struct Dumped {
+    pub pid: u32,
+    pub kfd_id: u32,
+    pub render_ids: Vec<(u32, u32)>,
+    pub vmas: Vec<criu_gpu_plugin::amdgpu::sim::SimVma>,
+}
+
+/// A process of the simulator with its KFD fd and the render fds it opened.
+pub struct Proc {
+    pub pid: u32,
+    pub kfd: OwnedFd,
+    pub render: Vec<(u32, OwnedFd)>,
+}
+
+/// Spawns `spec` in `sim`, with one render-node fd per GPU it uses (as ROCm opens them).
+pub fn spawn(sim: &SimKfd, spec: &ProcessSpec) -> Proc {
+    let kfd = sim.spawn(spec).unwrap();
+    let mut render = Vec::new();
+    for &(_, actual) in &spec.gpus {
+        let minor = sim
+            .gpus()
+            .iter()
+            .find(|g| g.gpu_id == actual)
+            .unwrap()
+            .render_minor;
+        render.push((minor, sim.open_render_node(minor).unwrap()));
+    }
+    Proc {
+        pid: spec.pid,
+        kfd,
+        render,
+    }
+}
+
+fn vma_stat(sim: &SimKfd, path: &str) -> libc::stat {
+    match path.strip_prefix("/dev/dri/renderD") {
+        Some(m) => sim.render_stat(m.parse().unwrap()),
+        None => sim.kfd_stat(),
+    }
+}
+
+/// CRIU's part of a dump for the processes `procs` (files numbered from `first_id`):
+/// HANDLE_DEVICE_VMA for each device mapping, DUMP_EXT_FILE for the KFD fd and the render
+/// fds. Stops at the first failing hook and returns its error.
+pub fn dump_files(
+    b: &mut AmdgpuBackend,
+    sim: &SimKfd,
+    procs: &[&Proc],
+    first_id: u32,
+) -> Result<Vec<Dumped>, HookError> {
+    let mut id = first_id;
+    let mut out = Vec::new();
+    for p in procs {
+        let vmas = sim.cpu_vmas(p.pid);
+        for v in &vmas {
+            b.handle_device_vma(-1, &vma_stat(sim, &v.path))?;
+        }
+        let kfd_id = id;
+        id += 1;
+        b.dump_file(p.kfd.as_raw_fd(), kfd_id)?;
+        let mut render_ids = Vec::new();
+        for (minor, fd) in &p.render {
+            b.dump_file(fd.as_raw_fd(), id)?;
+            render_ids.push((id, *minor));
+            id += 1;
+        }
+        out.push(Dumped {
+            pid: p.pid,
+            kfd_id,
+            render_ids,
+            vmas,
+        });
+    }
+    Ok(out)
+}
+
+/// A whole dump on a criu-dev host: init, the files, DUMP_DEVICES_LATE, exit.
+pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<Dumped> {
+    let mut b = backend(sim, images);
+    assert_eq!(
+        b.init(
+            &ctx(cfg, HostVersion::Dev, InventoryListing::NoList),
+            Stage::Dump
+        ),
+        Ok(true)
+    );
+    let d = dump_files(&mut b, sim, procs, 10).expect("dump");
+    b.dump_late(procs[0].pid as i32).expect("DUMP_DEVICES_LATE");
+    b.finish(Stage::Dump, 0);
+    d
+}
+
+/// Restores the dumped processes `dumped` into `sim` through the restore hooks of a
+/// criu-dev host (in CRIU's order: RESTORE_INIT, the files of each task, their mappings,
+/// POST_FORKING, RESUME_DEVICES_LATE per task, exit). Checks every remapped mapping with
+/// the simulator. Returns the backend's fds handed to CRIU, closed.
+pub fn restore(
+    sim: &SimKfd,
+    dumped: &[Dumped],
+    images: &Path,
+    cfg: &Config,
+    render_first: bool,
+) -> Vec<CopyRecord> {
+    let mut b = backend(sim, images);
+    assert_eq!(
+        b.init(
+            &ctx(cfg, HostVersion::Dev, InventoryListing::Listed),
+            Stage::Restore
+        ),
+        Ok(true)
+    );
+    b.restore_prepare().expect("RESTORE_INIT");
+    for d in dumped {
+        sim.set_current_task(d.pid);
+        let mut ids: Vec<u32> = d.render_ids.iter().map(|r| r.0).collect();
+        if render_first {
+            ids.push(d.kfd_id);
+        } else {
+            ids.insert(0, d.kfd_id);
+        }
+        let mut fds = Vec::new();
+        for id in ids {
+            let mut retry = false;
+            let fd = b
+                .restore_file(id, Some(&mut retry))
+                .unwrap_or_else(|e| panic!("RESTORE_EXT_FILE {id}: {e:?}"));
+            assert!(!retry);
+            // SAFETY: the hook returned a new fd that CRIU would own.
+            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        for v in &d.vmas {
+            let path = std::ffi::CString::new(v.path.clone()).unwrap();
+            let u = b
+                .update_vma(&path, v.addr, v.pgoff)
+                .unwrap_or_else(|e| panic!("UPDATE_VMA_MAP {v:?}: {e:?}"));
+            // SAFETY: CRIU owns the returned fd and closes it after mapping.
+            let plugin_fd = u.plugin_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+            sim.check_vma(
+                d.pid,
+                &v.path,
+                v.addr,
+                u.new_pgoff,
+                plugin_fd.as_ref().map(|f| f.as_fd()),
+            )
+            .unwrap_or_else(|e| panic!("mapping {v:?}: {e}"));
+        }
+        drop(fds);
+    }
+    match b.post_forking() {
+        Ok(()) | Err(HookError::NotMine) => {}
+        Err(e) => panic!("POST_FORKING: {e:?}"),
+    }
+    for d in dumped {
+        b.resume(d.pid as i32).expect("RESUME_DEVICES_LATE");
+    }
+    b.finish(Stage::Restore, 0);
+    b.copies().to_vec()
+}
+
+/// Checks that process `pid` of `restored` is `pid` of `original`, resumed: same BOs
+/// (addresses, sizes, kinds, user gpu ids), same queues, events and SVM ranges, contents
+/// byte for byte.
+pub fn assert_same_process(original: &SimKfd, restored: &SimKfd, pid: u32) {
+    let a = original.process(pid).expect("original process");
+    let b = restored.process(pid).expect("restored process");
+    assert!(b.restored && !b.paused && !b.awaiting_resume, "{b:?}");
+    assert_eq!(b.resumed, 1);
+    let key = |v: &Vec<(u64, u64, u32, u32, u64)>| -> Vec<(u64, u64, u32, u32)> {
+        v.iter().map(|&(a, s, f, g, _)| (a, s, f, g)).collect()
+    };
+    assert_eq!(key(&a.bos), key(&b.bos));
+    assert_eq!(a.queues, b.queues);
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.svm, b.svm);
+    assert_eq!(a.xnack, b.xnack);
+    let user_a: Vec<u32> = a.gpus.iter().map(|g| g.0).collect();
+    let mut user_b: Vec<u32> = b.gpus.iter().map(|g| g.0).collect();
+    user_b.sort_unstable();
+    let mut ua = user_a.clone();
+    ua.sort_unstable();
+    assert_eq!(ua, user_b);
+    let differ = original.compare_contents(pid, restored, pid).unwrap();
+    assert!(
+        differ.is_empty(),
+        "BOs with different contents: {differ:x?}"
+    );
+}
+
+/// Nothing of `sim` left open in this process: no dma-buf fds, no render or KFD fds beyond
+/// `keep_render`/`keep_kfd` (the test's own).
+pub fn assert_no_leaks(sim: &SimKfd, keep_render: usize, keep_kfd: usize) {
+    assert_eq!(sim.open_fds("dmabuf"), 0, "dma-buf fds leaked");
+    assert_eq!(sim.open_fds("render"), keep_render, "render fds leaked");
+    assert_eq!(sim.open_fds("kfd"), keep_kfd, "KFD fds leaked");
+}
+
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("{:5} {}", r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+
+/// Logs to stderr when `AMDGPU_TEST_LOG` is set (run the tests with `--nocapture`).
+pub fn init_log() {
+    static L: StderrLog = StderrLog;
+    if std::env::var_os("AMDGPU_TEST_LOG").is_some() && log::set_logger(&L).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
+}
