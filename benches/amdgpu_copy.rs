@@ -145,7 +145,7 @@ fn copy_time(b: &AmdgpuBackend) -> Duration {
     if std::env::var_os("AMDGPU_BENCH_PROFILE").is_some() {
         for c in b.copies() {
             eprintln!(
-                "  copy {:.3} s, fill busy {:.3} s, drain busy {:.3} s, {} threads/side, {} MiB staging",
+                "  copy {:.3} s, fill busy {:.3} s, drain busy {:.3} s, {} threads, {} MiB staging",
                 c.stats.elapsed.as_secs_f64(),
                 c.stats.fill_busy.as_secs_f64(),
                 c.stats.drain_busy.as_secs_f64(),

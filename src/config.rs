@@ -21,7 +21,7 @@
 //! | `nvml` | NVML library for GPU memory sizes (the free-memory check) | `libnvidia-ml.so.1` |
 //! | `amdgpu.topology` | KFD sysfs topology root | `/sys/class/kfd/kfd/topology` |
 //! | `amdgpu.max-buffer-size` | staging memory of BO copies, all threads together; `K`/`M`/`G`, `0x` (env `KFD_MAX_BUFFER_SIZE` too) | 256M |
-//! | `amdgpu.copy-threads` | BO copy threads per side (device, file) | 4 |
+//! | `amdgpu.copy-threads` | BO copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
 //! | `amdgpu.chunk-size` | largest piece of a BO copied at once | 4M |
 //! | `amdgpu.parallel-restore` | restore BO contents in CRIU's main process, overlapped with the rest of the restore (CRIU 4.2+) | true |
 //! | `amdgpu.kfd-fw-ver-check`, `-sdma-fw-ver-check`, `-caches-count-check`, `-num-gws-check`, `-vram-size-check`, `-numa-check`, `-capability-check` | the restore GPU compatibility checks (env `KFD_*_CHECK` too) | on |

@@ -334,7 +334,7 @@ impl Run {
             .map_err(|e| fail(e.context(format!("file {id}"))))?;
         match dump::checkpoint(&ctx, &mut self.dump, fd, id, &info) {
             Ok(stats) => {
-                dump::log_stats(id, info.pid, &stats, started, &self.settings);
+                dump::log_stats(id, info.pid, &stats, started);
                 self.copies.push(CopyRecord {
                     file_id: id,
                     kind: CopyKind::Dump,

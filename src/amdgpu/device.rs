@@ -3,9 +3,10 @@
 //! Everything the dump and restore paths ask of amdkfd and of the amdgpu render nodes goes
 //! through [`KfdDevice`]: the KFD CRIU operation (`AMDKFD_IOC_CRIU_OP` with the real
 //! [`kfd_ioctl_criu_args`] and bucket arrays of `kfd-sys`), `AMDKFD_IOC_GET_VERSION`, opening
-//! `/dev/kfd` and render nodes, telling what a file descriptor is, and access to buffer-object
+//! `/dev/kfd` and render nodes, telling what a file descriptor is, access to buffer-object
 //! (BO) contents through the dma-buf fds that KFD hands out ([`GpuBuffer::download`] copies
-//! GPU memory to host memory, [`GpuBuffer::upload`] the other way).
+//! GPU memory to host memory, [`GpuBuffer::upload`] the other way), telling BOs apart by
+//! importing their dma-bufs ([`KfdDevice::buffer_key`]), and libhsakmt's shared memory file.
 //!
 //! Two implementations exist: [`super::hw::HwDevice`] (the real kernel, `/dev/kfd` and
 //! `/dev/dri/renderD*`) and, for tests and benchmarks, [`super::sim::SimKfd`], which follows

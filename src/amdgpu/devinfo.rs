@@ -1,6 +1,6 @@
-//! Adapter between the image's device entries ([`image::DeviceEntry`]) and the topology
-//! module's plain form of the same message ([`topology::DeviceInfo`]). The two structs carry
-//! the same `kfd_device_entry` fields; they were written separately.
+//! Adapter between the image's device entries ([`super::image::DeviceEntry`]) and the
+//! topology module's plain form of the same message ([`super::topology::DeviceInfo`]). The
+//! two structs carry the same `kfd_device_entry` fields; they were written separately.
 
 use super::image::{DeviceEntry, IoLink};
 use super::topology::{DevIoLink, DeviceInfo};

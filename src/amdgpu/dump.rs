@@ -534,7 +534,7 @@ pub fn dump_render_node(
 }
 
 /// Logs what a KFD dump did.
-pub fn log_stats(id: u32, pid: u32, s: &KfdDumpStats, started: Instant, settings: &AmdgpuSettings) {
+pub fn log_stats(id: u32, pid: u32, s: &KfdDumpStats, started: Instant) {
     let c = &s.copy;
     log::info!(
         "amdgpu: file {id} (pid {pid}): {} GPU(s), {} BO(s), {} of contents in {:.3} s ({:.0} MiB/s, {} copy threads, {} staging), total {:.3} s",
@@ -543,7 +543,7 @@ pub fn log_stats(id: u32, pid: u32, s: &KfdDumpStats, started: Instant, settings
         Bytes(c.bytes),
         c.elapsed.as_secs_f64(),
         c.rate() / (1u64 << 20) as f64,
-        settings.copy_threads,
+        c.threads,
         Bytes(c.staging_bytes),
         started.elapsed().as_secs_f64()
     );

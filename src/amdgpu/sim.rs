@@ -23,7 +23,12 @@
 //!   mmap offsets (doorbell and MMIO offsets carry the new gpu id), exports their dma-bufs,
 //!   and leaves the queues evicted until RESUME, which finds the process by pid (`ESRCH`).
 //! * BO contents live in memfds, filled with a deterministic pattern, so a restore can be
-//!   verified byte for byte; dma-buf fds are memfds the simulator recognises by name.
+//!   verified byte for byte; dma-buf fds are memfds the simulator recognises by name. A
+//!   process can export a BO as a dma-buf of its own ([`SimKfd::export_dmabuf`]); importing
+//!   a dma-buf into a render file gives a GEM handle that is stable per file and BO, and a
+//!   new one for another GPU's BO.
+//! * GPUs hidden from processes (a container's device list, [`SimKfd::hide_gpu`]): sysfs
+//!   still lists them, new KFD processes do not get them.
 //! * Fault injection at every operation, at the copy of a chosen BO, and at opening a render
 //!   node.
 //!
@@ -32,7 +37,8 @@
 //! Permissions (ptrace parenthood, `CAP_CHECKPOINT_RESTORE`), pid namespaces beyond a
 //! distinct in-namespace pid, mmap of files (CPU mappings are checked with
 //! [`SimKfd::check_vma`] instead), SVM migration, XNACK semantics, GPU work, render-node
-//! (DRM) BOs, and the real layout of KFD's private data.
+//! (DRM, non-KFD) BOs, the cost of GPU copies (downloads and uploads are CPU copies of
+//! memfds), and the real layout of KFD's private data.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
