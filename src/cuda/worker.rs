@@ -24,22 +24,18 @@ pub fn block_sigalrm() {
 
 /// Keeps this shared object loaded for the life of the process (`RTLD_NODELETE`).
 pub fn pin_self() {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr fills `info` for an address inside this object (this function).
-    let found = unsafe { libc::dladdr(pin_self as *const libc::c_void, &mut info) };
-    if found == 0 || info.dli_fname.is_null() {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(path) = crate::plugin::plugin_file() else {
         return;
-    }
+    };
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
     // SAFETY: re-opening an already loaded object by its own name with RTLD_NOLOAD only takes a
     // reference and sets RTLD_NODELETE; the handle is deliberately never closed.
     unsafe {
         libc::dlopen(
-            info.dli_fname,
+            path.as_ptr(),
             libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
         )
     };
