@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--cpu", action="store_true", help="use an ordinary process even with a GPU")
     a = ap.parse_args()
+    # CRIU resolves a relative --libdir after changing directory: pass absolute paths.
+    a.criu, a.libdir, a.work = (os.path.abspath(p) for p in (a.criu, a.libdir, a.work))
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     gpu = not a.cpu and shutil.which("nvidia-smi") and shutil.which("nvcc") and \
         subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.DEVNULL).returncode == 0
