@@ -1099,7 +1099,7 @@ impl CompatChecks {
                     log::error!("ignoring invalid value for {name}={value:?}, expecting YES or NO");
                 }
             }
-            log::info!("param: {name}:{}", if *slot { "Y" } else { "N" });
+            log::debug!("param: {name}:{}", if *slot { "Y" } else { "N" });
         }
         checks
     }
