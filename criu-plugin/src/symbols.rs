@@ -47,6 +47,9 @@ pub struct CriuSymbols {
     alarm_timeouted: Option<unsafe extern "C" fn() -> bool>,
     set_compel_interrupt_only_mode: Option<unsafe extern "C" fn()>,
     dont_use_freeze_cgroup: Option<unsafe extern "C" fn()>,
+    fdstore_add: Option<unsafe extern "C" fn(c_int) -> c_int>,
+    fdstore_get: Option<unsafe extern "C" fn(c_int) -> c_int>,
+    find_unused_fd_pid: Option<unsafe extern "C" fn(libc::pid_t) -> c_int>,
     opts: Option<*const c_int>,
 }
 
@@ -56,7 +59,9 @@ unsafe impl Send for CriuSymbols {}
 // SAFETY: see `Send`; nothing here is mutated after resolution.
 unsafe impl Sync for CriuSymbols {}
 
-fn lookup(name: &CStr) -> Option<*mut c_void> {
+/// `dlsym(RTLD_DEFAULT, name)`: a symbol of CRIU (or of anything in the global scope), or
+/// `None`.
+pub fn lookup(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
     (!p.is_null()).then_some(p)
@@ -82,6 +87,9 @@ impl CriuSymbols {
             alarm_timeouted: resolve_fn!(c"alarm_timeouted"),
             set_compel_interrupt_only_mode: resolve_fn!(c"set_compel_interrupt_only_mode"),
             dont_use_freeze_cgroup: resolve_fn!(c"dont_use_freeze_cgroup"),
+            fdstore_add: resolve_fn!(c"fdstore_add"),
+            fdstore_get: resolve_fn!(c"fdstore_get"),
+            find_unused_fd_pid: resolve_fn!(c"find_unused_fd_pid"),
             opts: lookup(c"opts").map(|p| p.cast_const().cast::<c_int>()),
         }
     }
@@ -178,6 +186,51 @@ impl CriuSymbols {
         } else {
             false
         }
+    }
+
+    /// Whether CRIU's fdstore (fds shared by every restore process) can be used.
+    pub fn has_fdstore(&self) -> bool {
+        self.fdstore_add.is_some() && self.fdstore_get.is_some()
+    }
+
+    /// Puts a copy of `fd` into CRIU's fdstore (restore only); returns its id.
+    pub fn fdstore_add(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<i32> {
+        use std::os::fd::AsRawFd;
+        let f = self
+            .fdstore_add
+            .ok_or_else(|| std::io::Error::other("this CRIU has no fdstore"))?;
+        // SAFETY: fdstore_add sends a copy of the live fd over CRIU's service socket.
+        let id = unsafe { f(fd.as_raw_fd()) };
+        if id < 0 {
+            return Err(std::io::Error::other("CRIU's fdstore refused the fd"));
+        }
+        Ok(id)
+    }
+
+    /// A new fd for the file stored under `id` in CRIU's fdstore.
+    pub fn fdstore_get(&self, id: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let f = self
+            .fdstore_get
+            .ok_or_else(|| std::io::Error::other("this CRIU has no fdstore"))?;
+        // SAFETY: fdstore_get returns a new fd the caller owns, or -1.
+        let fd = unsafe { f(id) };
+        if fd < 0 {
+            return Err(std::io::Error::other(format!(
+                "CRIU's fdstore has no fd {id}"
+            )));
+        }
+        // SAFETY: `fd` is new and owned by nobody else.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The lowest fd number above every fd CRIU restores into task `pid` (its pid in the image),
+    /// so fds a plugin keeps there cannot collide with them (`find_unused_fd_pid`, 3.17+).
+    pub fn unused_fd_of(&self, pid: i32) -> Option<i32> {
+        let f = self.find_unused_fd_pid?;
+        // SAFETY: `int find_unused_fd_pid(pid_t)` only reads CRIU's process tree.
+        let fd = unsafe { f(pid) };
+        (fd >= 0).then_some(fd)
     }
 
     /// `opts.final_state`, the first member of `struct cr_options` in every CRIU release.

@@ -1,30 +1,20 @@
-//! CRIU functions the AMD backend needs beyond what `criu_plugin::CriuSymbols` offers, looked
-//! up at run time (a missing symbol is `None`, never a load failure): `fdstore_add` and
-//! `fdstore_get` (see [`super::parallel::CriuFdStore`]) and `find_unused_fd_pid`.
+//! Where the AMD backend puts the fds it keeps in restored tasks.
 
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// `dlsym(RTLD_DEFAULT, name)`.
-pub fn lookup(name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
+use criu_plugin::CriuSymbols;
 
 /// Lowest fd number the plugin may use for fds it keeps open in restored task `pid` (its pid
 /// in the image): one above every fd CRIU will restore there (CRIU's `find_unused_fd_pid`).
 /// Outside CRIU, half the soft `RLIMIT_NOFILE` (at most 4096).
 pub fn first_free_fd(pid: u32) -> c_int {
-    if let Some(f) = lookup(c"find_unused_fd_pid") {
-        // SAFETY: CRIU's `int find_unused_fd_pid(pid_t pid)`.
-        let f: unsafe extern "C" fn(libc::pid_t) -> c_int = unsafe { std::mem::transmute(f) };
-        // SAFETY: the function only reads CRIU's process tree.
-        let fd = unsafe { f(pid as libc::pid_t) };
-        if fd >= 0 {
-            return fd;
-        }
+    let syms = CriuSymbols::get();
+    if let Some(fd) = syms.unused_fd_of(pid as i32) {
+        return fd;
+    }
+    if criu_plugin::symbols::lookup(c"find_unused_fd_pid").is_some() {
         log::warn!("amdgpu: CRIU knows no fds of pid {pid}; placing plugin fds high");
     }
     let mut rl = libc::rlimit {

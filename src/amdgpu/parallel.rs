@@ -13,9 +13,8 @@
 //! A task that cannot hand its copy over (no worker will run, the queue is full, the fdstore
 //! refuses an fd) does the copy itself, as without parallel restore.
 
-use std::ffi::c_int;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -48,50 +47,26 @@ pub trait FdStore: Send + Sync {
     fn clear(&self) {}
 }
 
-/// CRIU's fdstore (`fdstore_add`/`fdstore_get`, resolved at run time).
+/// CRIU's fdstore (`fdstore_add`/`fdstore_get`, resolved at run time by `criu_plugin`).
 pub struct CriuFdStore {
-    add: unsafe extern "C" fn(c_int) -> c_int,
-    get: unsafe extern "C" fn(c_int) -> c_int,
+    syms: &'static criu_plugin::CriuSymbols,
 }
 
 impl CriuFdStore {
     /// The fdstore of the CRIU that loaded the plugin, if there is one.
     pub fn resolve() -> Option<CriuFdStore> {
-        let add = super::criu_ext::lookup(c"fdstore_add")?;
-        let get = super::criu_ext::lookup(c"fdstore_get")?;
-        // SAFETY: CRIU's `int fdstore_add(int fd)` and `int fdstore_get(int id)` have these
-        // signatures in every release that exports them.
-        unsafe {
-            Some(CriuFdStore {
-                add: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(c_int) -> c_int>(
-                    add,
-                ),
-                get: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(c_int) -> c_int>(
-                    get,
-                ),
-            })
-        }
+        let syms = criu_plugin::CriuSymbols::get();
+        syms.has_fdstore().then_some(CriuFdStore { syms })
     }
 }
 
 impl FdStore for CriuFdStore {
     fn add(&self, fd: BorrowedFd<'_>) -> io::Result<i32> {
-        // SAFETY: fdstore_add sends a copy of the live fd over CRIU's service socket.
-        let id = unsafe { (self.add)(fd.as_raw_fd()) };
-        if id < 0 {
-            return Err(io::Error::other("CRIU's fdstore refused the fd"));
-        }
-        Ok(id)
+        self.syms.fdstore_add(fd)
     }
 
     fn get(&self, id: i32) -> io::Result<OwnedFd> {
-        // SAFETY: fdstore_get returns a new fd the caller owns, or -1.
-        let fd = unsafe { (self.get)(id) };
-        if fd < 0 {
-            return Err(io::Error::other(format!("CRIU's fdstore has no fd {id}")));
-        }
-        // SAFETY: `fd` is new and owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        self.syms.fdstore_get(id)
     }
 }
 
@@ -512,6 +487,7 @@ fn futex_wait(word: &AtomicU32, seq: u32, timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn requests_cross_a_fork_and_come_back_whole() {
