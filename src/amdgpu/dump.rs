@@ -383,16 +383,7 @@ fn save_contents(
     }
     let (chunk, threads) = ctx.settings.staging_plan(largest);
     let pieces = copy::plan_interleaved(&streams, chunk);
-    let describe = |i: usize| {
-        let b = &image.bos[i];
-        format!(
-            "{} BO {i} ({} at {:#x}) of GPU {:#x}",
-            device::bo_kind(b.alloc_flags),
-            Bytes(b.size),
-            b.addr,
-            b.gpu_id
-        )
-    };
+    let describe = |i: usize| device::describe_bo(&image.bos[i], i);
     let stats = copy::run(
         &pieces,
         threads,

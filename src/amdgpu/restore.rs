@@ -247,16 +247,7 @@ pub fn write_contents(
         .map(|r| r.layout().spans().iter().map(|s| (s.bo, s.size)).collect())
         .collect();
     let pieces = copy::plan_interleaved(&streams, chunk);
-    let describe = |i: usize| {
-        let b = &image.bos[i];
-        format!(
-            "{} BO {i} ({} at {:#x}) of GPU {:#x}",
-            device::bo_kind(b.alloc_flags),
-            Bytes(b.size),
-            b.addr,
-            b.gpu_id
-        )
-    };
+    let describe = |i: usize| device::describe_bo(&image.bos[i], i);
     copy::run(
         &pieces,
         threads,
