@@ -247,21 +247,54 @@ impl CriuSymbols {
     }
 }
 
+/// An itimerval that arms nothing.
+const NO_TIMER: libc::itimerval = libc::itimerval {
+    it_interval: libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    },
+    it_value: libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    },
+};
+
+/// CRIU's alarm, suspended while a plugin does long, legitimate work under it (CRIU 4.0 calls
+/// `CHECKPOINT_DEVICES` while its seize timeout runs); what was left is re-armed on drop.
+pub struct AlarmSuspended(Option<libc::itimerval>);
+
+impl AlarmSuspended {
+    /// Suspends the alarm, if one is armed.
+    pub fn new() -> AlarmSuspended {
+        let mut old = NO_TIMER;
+        // SAFETY: setitimer reads NO_TIMER and writes the previous timer into `old`.
+        let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &NO_TIMER, &mut old) };
+        let armed = rc == 0 && (old.it_value.tv_sec != 0 || old.it_value.tv_usec != 0);
+        AlarmSuspended(armed.then_some(old))
+    }
+}
+
+impl Default for AlarmSuspended {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for AlarmSuspended {
+    fn drop(&mut self) {
+        if let Some(old) = self.0 {
+            // SAFETY: re-arms the timer saved in `new`; the old-value pointer may be null.
+            unsafe { libc::setitimer(libc::ITIMER_REAL, &old, std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// Seconds and microseconds left on CRIU's `alarm(opts.timeout)`; `None` when no alarm is set.
 ///
 /// Inside `PAUSE_DEVICES` this is the real time budget left of CRIU's `--timeout`, shared by
 /// every task of the tree.
 pub fn alarm_remaining() -> Option<std::time::Duration> {
-    let mut it = libc::itimerval {
-        it_interval: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-        it_value: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-    };
+    let mut it = NO_TIMER;
     // SAFETY: getitimer writes one itimerval into the valid, writable `it`.
     if unsafe { libc::getitimer(libc::ITIMER_REAL, &mut it) } != 0 {
         return None;
@@ -303,8 +336,14 @@ mod tests {
         // SAFETY: alarm only arms this process's timer; it is cancelled right after.
         unsafe { libc::alarm(30) };
         let left = alarm_remaining().expect("alarm armed");
+        {
+            let _paused = AlarmSuspended::new();
+            assert_eq!(alarm_remaining(), None);
+        }
+        let back = alarm_remaining().expect("alarm re-armed");
         // SAFETY: cancels the alarm armed above.
         unsafe { libc::alarm(0) };
         assert!(left.as_secs() >= 28 && left.as_secs() <= 30, "{left:?}");
+        assert!(back.as_secs() >= 27 && back <= left, "{back:?}");
     }
 }

@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
+use criu_plugin::symbols::AlarmSuspended;
 use criu_plugin::{CriuSymbols, FinalState, HookError, HookResult, InventoryListing, Stage};
 use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair, ProcessState};
 
@@ -247,39 +248,6 @@ fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> 
         )));
     }
     Ok(())
-}
-
-/// Suspends CRIU's alarm for the length of a long phase (CRIU 4.0 checkpoints devices while
-/// its seize timeout runs), and re-arms what was left afterwards.
-struct AlarmPause(Option<libc::itimerval>);
-
-impl AlarmPause {
-    fn new() -> AlarmPause {
-        let zero = libc::itimerval {
-            it_interval: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-            it_value: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-        };
-        let mut old = zero;
-        // SAFETY: setitimer reads `zero` and writes the previous timer into `old`.
-        let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &zero, &mut old) };
-        let armed = rc == 0 && (old.it_value.tv_sec != 0 || old.it_value.tv_usec != 0);
-        AlarmPause(armed.then_some(old))
-    }
-}
-
-impl Drop for AlarmPause {
-    fn drop(&mut self) {
-        if let Some(old) = self.0 {
-            // SAFETY: re-arms the timer saved in `new`; the old-value pointer may be null.
-            unsafe { libc::setitimer(libc::ITIMER_REAL, &old, std::ptr::null_mut()) };
-        }
-    }
 }
 
 impl CudaBackend {
@@ -547,7 +515,7 @@ impl CudaBackend {
             .filter(|p| p.result.is_none())
             .map(|p| p.pid)
             .collect();
-        let _alarm = AlarmPause::new();
+        let _alarm = AlarmSuspended::new();
         let started = Instant::now();
         let mut threads = RunningThreads::new();
         let mut runnable = Vec::with_capacity(pending.len());
@@ -654,7 +622,7 @@ impl CudaBackend {
         if touched.is_empty() {
             return;
         }
-        let _alarm = AlarmPause::new();
+        let _alarm = AlarmSuspended::new();
         let started = Instant::now();
         let mut threads = RunningThreads::new();
         let mut runnable = Vec::new();
@@ -727,7 +695,7 @@ impl CudaBackend {
                 rec.pid
             );
         }
-        let _alarm = AlarmPause::new();
+        let _alarm = AlarmSuspended::new();
         let started = Instant::now();
         let driver = self.driver().clone();
         let mut threads = RunningThreads::new();
