@@ -285,6 +285,22 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Loads the driver for a restore that cannot do without it; `why` starts the error.
+    fn require_driver(&mut self, why: &str) -> HookResult {
+        let proc_dir = &self.settings().nvidia_proc;
+        if !proc_dir.is_dir() {
+            return Err(fail(
+                libc::ENODEV,
+                format!(
+                    "{why} but this machine has no NVIDIA driver ({} is missing)",
+                    proc_dir.display()
+                ),
+            ));
+        }
+        self.load_driver()
+            .map_err(|e| fail(libc::ENODEV, format!("{why} but {e}")))
+    }
+
     fn init_dump(&mut self) -> Result<bool, HookError> {
         let proc_dir = self.settings().nvidia_proc.clone();
         if !proc_dir.is_dir() {
@@ -356,21 +372,7 @@ impl CudaBackend {
                 // Old images list nothing: CUDA may or may not be in there.
                 InventoryListing::NoList => Ok(proc_dir.is_dir() && self.load_driver().is_ok()),
                 InventoryListing::Listed => {
-                    if !proc_dir.is_dir() {
-                        return Err(fail(
-                            libc::ENODEV,
-                            format!(
-                                "the image needs cuda_plugin (it holds CUDA processes) but this machine has no NVIDIA driver ({} is missing)",
-                                proc_dir.display()
-                            ),
-                        ));
-                    }
-                    self.load_driver().map_err(|e| {
-                        fail(
-                            libc::ENODEV,
-                            format!("the image holds CUDA processes but {e}"),
-                        )
-                    })?;
+                    self.require_driver("the image needs cuda_plugin (it holds CUDA processes)")?;
                     Ok(true)
                 }
             };
@@ -378,22 +380,10 @@ impl CudaBackend {
         if md.processes.is_empty() {
             return Ok(false);
         }
-        if !proc_dir.is_dir() {
-            return Err(fail(
-                libc::ENODEV,
-                format!(
-                    "the image holds {} CUDA process(es) but this machine has no NVIDIA driver ({} is missing)",
-                    md.processes.len(),
-                    proc_dir.display()
-                ),
-            ));
-        }
-        self.load_driver().map_err(|e| {
-            fail(
-                libc::ENODEV,
-                format!("the image holds CUDA processes but {e}"),
-            )
-        })?;
+        self.require_driver(&format!(
+            "the image holds {} CUDA process(es)",
+            md.processes.len()
+        ))?;
         if self.driver_version < md.driver_version {
             return Err(fail(
                 libc::EINVAL,
