@@ -14,6 +14,10 @@
 
 use core::mem::size_of;
 
+/// Whether this architecture uses the generic `_IOC` layout (14 size bits, write 1, read 2);
+/// powerpc, mips and sparc have their own.
+pub const GENERIC_LAYOUT: bool = arch::SIZEBITS == 14;
+
 #[cfg(not(any(
     target_arch = "powerpc",
     target_arch = "powerpc64",

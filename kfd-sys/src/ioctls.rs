@@ -173,17 +173,8 @@ pub const DRM_IOCTL_AMDGPU_GEM_OP: u32 =
 pub const DRM_IOCTL_AMDGPU_GEM_USERPTR: u32 =
     iowr::<drm_amdgpu_gem_userptr>(DRM_IOCTL_BASE, DRM_COMMAND_BASE + DRM_AMDGPU_GEM_USERPTR);
 
-#[cfg(not(any(
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "mips",
-    target_arch = "mips32r6",
-    target_arch = "mips64",
-    target_arch = "mips64r6",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-)))]
-const _: () = {
+// The generic ioctl layout (every architecture but powerpc, mips and sparc).
+const _: () = if crate::ioc::GENERIC_LAYOUT {
     // Values from the spec (§2.1, §2.4, Appendix A), generic ioctl layout.
     assert!(AMDKFD_IOC_GET_VERSION == 0x8008_4B01);
     assert!(AMDKFD_IOC_CRIU_OP == 0xC038_4B22);

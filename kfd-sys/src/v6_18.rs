@@ -211,17 +211,8 @@ const _: () = {
     assert!(size_of::<crate::bindings::drm_amdgpu_gem_op>() == 16);
 };
 
-#[cfg(not(any(
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "mips",
-    target_arch = "mips32r6",
-    target_arch = "mips64",
-    target_arch = "mips64r6",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-)))]
-const _: () = {
+// The generic ioctl layout (every architecture but powerpc, mips and sparc).
+const _: () = if crate::ioc::GENERIC_LAYOUT {
     // Values from the spec (§2.4, Appendix A), generic ioctl layout.
     assert!(DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES == 0xC010_6459);
     assert!(DRM_IOCTL_AMDGPU_GEM_OP == 0xC018_6450);
