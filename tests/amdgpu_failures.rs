@@ -119,6 +119,38 @@ fn a_bo_read_failure_mid_copy_unpauses_and_closes_everything() {
 }
 
 #[test]
+fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
+    // The command submission refused by the kernel.
+    let (r, _) = failing_dump(
+        Faults {
+            sdma_submit: Some(Fault::once(libc::ENOMEM)),
+            ..Default::default()
+        },
+        None,
+    );
+    assert_eq!(r, Err(HookError::Errno(libc::ENOMEM)));
+    // Staging memory that cannot be registered with the GPU (#1927's "Device or resource
+    // busy").
+    let (r, _) = failing_dump(
+        Faults {
+            userptr: Some(Fault::always(libc::EBUSY)),
+            ..Default::default()
+        },
+        None,
+    );
+    assert_eq!(r, Err(HookError::Errno(libc::EBUSY)));
+    // GPU work that never completes: the wait gives up instead of hanging CRIU.
+    let (r, _) = failing_dump(
+        Faults {
+            sdma_hang: true,
+            ..Default::default()
+        },
+        None,
+    );
+    assert_eq!(r, Err(HookError::Errno(libc::ETIMEDOUT)));
+}
+
+#[test]
 fn a_full_disk_during_image_writes_unpauses() {
     // 3 MiB fit; the process has about 20 MiB of contents.
     let (r, _) = failing_dump(Faults::default(), Some(3 << 20));
@@ -318,6 +350,23 @@ fn restore_failures_are_reported() {
     assert_eq!(r, Err(HookError::Errno(libc::EIO)));
     let v = sim.process(400).unwrap();
     assert!(v.awaiting_resume && v.paused && v.resumed == 0);
+    // SDMA work that never completes, in the task and in CRIU's main process.
+    for parallel in [false, true] {
+        let (_, r, sim) = try_restore(
+            images.path(),
+            id,
+            400,
+            Faults {
+                sdma_hang: true,
+                ..Default::default()
+            },
+            parallel,
+        );
+        // CRIU's main process reports a failed hand-over as EIO at RESUME_DEVICES_LATE.
+        let errno = if parallel { libc::EIO } else { libc::ETIMEDOUT };
+        assert_eq!(r, Err(HookError::Errno(errno)));
+        assert_eq!(sim.process(400).unwrap().resumed, 0);
+    }
     // RESUME refused.
     let (_, r, _) = try_restore(
         images.path(),

@@ -116,6 +116,16 @@ impl CopyStats {
     }
 }
 
+/// A copy thread's whole staging allocation: page aligned and a whole number of pages, so
+/// that a device can register it (userptr). The thread's pieces lie inside it.
+#[derive(Clone, Copy, Debug)]
+pub struct StagingRegion {
+    /// First byte.
+    pub base: *mut u8,
+    /// Length in bytes (a multiple of the page size).
+    pub len: usize,
+}
+
 /// A page-aligned heap buffer.
 struct Staging {
     ptr: NonNull<u8>,
@@ -126,14 +136,26 @@ struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
+    fn layout(len: usize) -> Option<Layout> {
+        let size = (len.max(1).checked_add(STAGING_DATA_OFFSET)?)
+            .checked_next_multiple_of(STAGING_ALIGN)?;
+        Layout::from_size_align(size, STAGING_ALIGN).ok()
+    }
+
     fn new(len: usize) -> io::Result<Staging> {
-        let layout = Layout::from_size_align(len.max(1) + STAGING_DATA_OFFSET, STAGING_ALIGN)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let layout = Self::layout(len).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the layout has a non-zero size. Zeroed memory keeps every byte of the
         // buffer initialised, so handing out slices of it is sound.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
         Ok(Staging { ptr, len })
+    }
+
+    fn region(&self) -> StagingRegion {
+        StagingRegion {
+            base: self.ptr.as_ptr(),
+            len: Self::layout(self.len).expect("valid at allocation").size(),
+        }
     }
 
     fn slice(&mut self, len: usize) -> &mut [u8] {
@@ -147,8 +169,7 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1) + STAGING_DATA_OFFSET, STAGING_ALIGN)
-            .expect("layout was valid at allocation");
+        let layout = Self::layout(self.len).expect("layout was valid at allocation");
         // SAFETY: allocated in `new` with this very layout and not freed since.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
@@ -209,20 +230,25 @@ impl<E> Shared<'_, E> {
 /// Each of `threads` threads (the calling one included) takes the next piece, fills its own
 /// buffer of `chunk` bytes and drains it, so a piece stays in the cache of the core that
 /// filled it; device and file work overlap across threads (one thread's `fill` runs while
-/// another's `drain` does). Staging memory is `threads × chunk`. `fill` and `drain` are
-/// called concurrently for different pieces. Returns the first error; then not every piece
-/// has been drained, and every thread has stopped.
-pub fn run<E, F, D>(
+/// another's `drain` does). Staging memory is `threads × chunk` (rounded up to pages).
+/// Each thread first calls `lane` with its whole staging allocation, for per-thread state
+/// (the SDMA engine registers the allocation with the GPU there), passed to every `fill`
+/// and `drain` of the thread and dropped before the allocation is freed. `fill` and `drain`
+/// are called concurrently for different pieces. Returns the first error; then not every
+/// piece has been drained, and every thread has stopped.
+pub fn run<E, L, S, F, D>(
     pieces: &[Piece],
     threads: usize,
     chunk: usize,
+    lane: S,
     fill: F,
     drain: D,
 ) -> Result<CopyStats, E>
 where
     E: Send + From<io::Error>,
-    F: Fn(&Piece, &mut [u8]) -> Result<(), E> + Sync,
-    D: Fn(&Piece, &[u8]) -> Result<(), E> + Sync,
+    S: Fn(StagingRegion) -> Result<L, E> + Sync,
+    F: Fn(&mut L, &Piece, &mut [u8]) -> Result<(), E> + Sync,
+    D: Fn(&mut L, &Piece, &[u8]) -> Result<(), E> + Sync,
 {
     let started = Instant::now();
     let threads = threads.clamp(1, 256).min(pieces.len().max(1));
@@ -256,8 +282,17 @@ where
     for _ in 0..threads {
         bufs.push(Staging::new(chunk).map_err(E::from)?);
     }
-    stats.staging_bytes = (threads * chunk) as u64;
+    stats.staging_bytes = bufs.iter().map(|b| b.region().len as u64).sum();
     let work = |mut buf: Staging| {
+        let mut lane = match lane(buf.region()) {
+            Ok(l) => l,
+            Err(e) => {
+                shared.fail(e);
+                return;
+            }
+        };
+        // The lane goes before the buffer it may have registered.
+        let lane = &mut lane;
         while !shared.abort.load(Ordering::SeqCst) {
             let i = shared.next.fetch_add(1, Ordering::SeqCst);
             let Some(piece) = shared.pieces.get(i) else {
@@ -265,7 +300,7 @@ where
             };
             let data = buf.slice(piece.len);
             let t = Instant::now();
-            let r = fill(piece, data);
+            let r = fill(lane, piece, data);
             let t2 = Instant::now();
             shared
                 .fill_ns
@@ -274,7 +309,7 @@ where
                 shared.fail(e);
                 return;
             }
-            let r = drain(piece, data);
+            let r = drain(lane, piece, data);
             shared
                 .drain_ns
                 .fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -364,18 +399,19 @@ mod tests {
         );
         let live = AtomicUsize::new(0);
         let max_live = AtomicUsize::new(0);
-        let stats = run::<io::Error, _, _>(
+        let stats = run::<io::Error, (), _, _, _>(
             &pieces,
             3,
             4096,
-            |p, buf| {
+            |_| Ok(()),
+            |_, p, buf| {
                 let n = live.fetch_add(1, Ordering::SeqCst) + 1;
                 max_live.fetch_max(n, Ordering::SeqCst);
                 let o = p.offset as usize;
                 buf.copy_from_slice(&src[p.bo][o..o + p.len]);
                 Ok(())
             },
-            |p, buf| {
+            |_, p, buf| {
                 live.fetch_sub(1, Ordering::SeqCst);
                 let o = p.offset as usize;
                 lock(&dst[p.bo])[o..o + p.len].copy_from_slice(buf);
@@ -384,7 +420,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(stats.bytes, src.iter().map(|s| s.len() as u64).sum::<u64>());
-        assert_eq!(stats.staging_bytes, 3 * 4096);
+        assert_eq!(stats.staging_bytes, 3 * 8192);
         assert!(max_live.load(Ordering::SeqCst) <= 3);
         for (s, d) in src.iter().zip(&dst) {
             assert_eq!(s, &*lock(d));
@@ -397,17 +433,18 @@ mod tests {
         let drained = AtomicUsize::new(0);
         for fail_in_fill in [true, false] {
             drained.store(0, Ordering::SeqCst);
-            let r = run::<io::Error, _, _>(
+            let r = run::<io::Error, (), _, _, _>(
                 &pieces,
                 4,
                 4096,
-                |p, _| {
+                |_| Ok(()),
+                |_, p, _| {
                     if fail_in_fill && p.bo == 10 {
                         return Err(io::Error::other("device fault"));
                     }
                     Ok(())
                 },
-                |p, _| {
+                |_, p, _| {
                     if !fail_in_fill && p.bo == 20 {
                         return Err(io::Error::other("disk full"));
                     }
@@ -433,7 +470,7 @@ mod tests {
 
     #[test]
     fn oversized_pieces_and_empty_copies() {
-        let r = run::<io::Error, _, _>(
+        let r = run::<io::Error, (), _, _, _>(
             &[Piece {
                 bo: 0,
                 offset: 0,
@@ -441,11 +478,20 @@ mod tests {
             }],
             1,
             4096,
-            |_, _| Ok(()),
-            |_, _| Ok(()),
+            |_| Ok(()),
+            |_, _, _| Ok(()),
+            |_, _, _| Ok(()),
         );
         assert!(r.is_err());
-        let s = run::<io::Error, _, _>(&[], 2, 4096, |_, _| Ok(()), |_, _| Ok(())).unwrap();
+        let s = run::<io::Error, (), _, _, _>(
+            &[],
+            2,
+            4096,
+            |_| Ok(()),
+            |_, _, _| Ok(()),
+            |_, _, _| Ok(()),
+        )
+        .unwrap();
         assert_eq!(s.bytes, 0);
     }
 }

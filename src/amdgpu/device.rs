@@ -3,10 +3,10 @@
 //! Everything the dump and restore paths ask of amdkfd and of the amdgpu render nodes goes
 //! through [`KfdDevice`]: the KFD CRIU operation (`AMDKFD_IOC_CRIU_OP` with the real
 //! [`kfd_ioctl_criu_args`] and bucket arrays of `kfd-sys`), `AMDKFD_IOC_GET_VERSION`, opening
-//! `/dev/kfd` and render nodes, telling what a file descriptor is, access to buffer-object
-//! (BO) contents through the dma-buf fds that KFD hands out ([`GpuBuffer::download`] copies
-//! GPU memory to host memory, [`GpuBuffer::upload`] the other way), telling BOs apart by
-//! importing their dma-bufs ([`KfdDevice::buffer_key`]), and libhsakmt's shared memory file.
+//! `/dev/kfd` and render nodes, telling what a file descriptor is, telling BOs apart by
+//! importing their dma-bufs ([`KfdDevice::buffer_key`]), libhsakmt's shared memory file, and
+//! the render-node GEM and command-submission operations ([`AmdgpuRender`]) from which the
+//! SDMA engine that copies buffer-object (BO) contents is built.
 //!
 //! Two implementations exist: [`super::hw::HwDevice`] (the real kernel, `/dev/kfd` and
 //! `/dev/dri/renderD*`) and, for tests and benchmarks, [`super::sim::SimKfd`], which follows
@@ -20,7 +20,8 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 
 use kfd_sys::{
     KFD_CRIU_OP_CHECKPOINT, KFD_CRIU_OP_PROCESS_INFO, KFD_CRIU_OP_RESTORE, KFD_CRIU_OP_RESUME,
@@ -145,21 +146,183 @@ pub fn classify(id: &FileIdentity, kfd_rdev: Option<u64>) -> FileKind {
     FileKind::Other
 }
 
-/// Access to one BO's contents, obtained from a dma-buf fd with [`KfdDevice::import_buffer`].
-///
-/// Both directions take `&self` and may run from several threads at once on disjoint ranges.
-pub trait GpuBuffer: Send + Sync {
-    /// Size of the BO in bytes.
-    fn size(&self) -> u64;
-    /// Copies `dst.len()` bytes starting at byte `offset` of the BO into host memory.
-    fn download(&self, offset: u64, dst: &mut [u8]) -> io::Result<()>;
-    /// Copies `src` into the BO starting at byte `offset`.
-    fn upload(&self, offset: u64, src: &[u8]) -> io::Result<()>;
+/// What the copy engine needs to know about a GPU, from `AMDGPU_INFO_DEV_INFO` on a render
+/// node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderInfo {
+    /// `AMDGPU_FAMILY_*`: selects the SDMA packet encoding.
+    pub family: u32,
+    /// First GPU virtual address a render-node file may map BOs at.
+    pub va_start: u64,
+    /// End (exclusive) of that range.
+    pub va_end: u64,
+}
+
+/// Memory of this process mapped from a file (a GEM BO through its render node, or a
+/// simulator's memfd); unmapped when dropped.
+pub struct HostMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a shared file mapping; the owner writes it through `&mut self` only.
+unsafe impl Send for HostMapping {}
+
+impl HostMapping {
+    /// Maps `len` bytes of `fd` at `offset`, shared and read-write.
+    ///
+    /// # Safety
+    ///
+    /// `fd` must be a file whose range may be mapped shared (for a render node: `offset` is
+    /// the fake offset of a BO of at least `len` bytes); the mapping must not alias memory
+    /// that Rust code accesses otherwise.
+    pub unsafe fn map(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<HostMapping> {
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new mapping chosen by the kernel; the caller vouches for fd and range.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        Ok(HostMapping { ptr, len })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never: mappings have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes `dwords` little-endian from the start of the mapping.
+    pub fn write_dwords(&mut self, dwords: &[u32]) -> io::Result<()> {
+        if dwords.len() * 4 > self.len {
+            return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
+        }
+        let base = self.ptr.as_ptr();
+        for (i, d) in dwords.iter().enumerate() {
+            // SAFETY: `i * 4 + 4 <= len` (checked above), inside the live mapping, which
+            // `&mut self` borrows exclusively. Volatile: the device reads it, not Rust.
+            unsafe {
+                base.add(i * 4)
+                    .cast::<[u8; 4]>()
+                    .write_volatile(d.to_le_bytes())
+            };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+impl fmt::Debug for HostMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostMapping({:p}, {})", self.ptr, self.len)
+    }
+}
+
+/// The amdgpu render-node operations the SDMA copy engine ([`super::sdma`]) is built from:
+/// GEM objects, GPU virtual memory and command submission on the DMA ring, each on an
+/// explicit render-node file (never libdrm's deduplicated one). One method per ioctl, so
+/// that the engine's logic is the same on the kernel and on the simulator.
+pub trait AmdgpuRender {
+    /// `AMDGPU_INFO` / `AMDGPU_INFO_DEV_INFO`: family and usable VA range.
+    fn render_info(&self, render: BorrowedFd<'_>) -> io::Result<RenderInfo>;
+
+    /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: the GEM handle of the BO behind `dmabuf` in file
+    /// `render` (the same handle every time for the same BO and file).
+    fn gem_import(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32>;
+
+    /// `DRM_IOCTL_AMDGPU_GEM_USERPTR`: a GEM BO over `size` bytes of this process's memory at
+    /// `addr` (both page aligned).
+    ///
+    /// # Safety
+    ///
+    /// The memory must be anonymous memory of this process that stays allocated until the
+    /// handle is closed; the GPU reads and writes it behind Rust's back while work that
+    /// uses the BO runs.
+    unsafe fn gem_userptr(
+        &self,
+        render: BorrowedFd<'_>,
+        addr: *mut u8,
+        size: u64,
+    ) -> io::Result<u32>;
+
+    /// `DRM_IOCTL_AMDGPU_GEM_CREATE` of a GTT BO of `size` bytes, mapped for the CPU
+    /// (`GEM_MMAP` and `mmap`): command buffers.
+    fn gem_create_mapped(
+        &self,
+        render: BorrowedFd<'_>,
+        size: u64,
+    ) -> io::Result<(u32, HostMapping)>;
+
+    /// `DRM_IOCTL_GEM_CLOSE`.
+    fn gem_close(&self, render: BorrowedFd<'_>, handle: u32) -> io::Result<()>;
+
+    /// `DRM_IOCTL_AMDGPU_GEM_VA`: maps (`map`) or unmaps `size` bytes of BO `handle` at GPU
+    /// address `va` of the file's VM, readable, writable and executable.
+    fn gem_va(
+        &self,
+        render: BorrowedFd<'_>,
+        handle: u32,
+        va: u64,
+        size: u64,
+        map: bool,
+    ) -> io::Result<()>;
+
+    /// `DRM_IOCTL_AMDGPU_CTX` ALLOC: a submission context.
+    fn ctx_create(&self, render: BorrowedFd<'_>) -> io::Result<u32>;
+
+    /// `DRM_IOCTL_AMDGPU_CTX` FREE.
+    fn ctx_free(&self, render: BorrowedFd<'_>, ctx: u32) -> io::Result<()>;
+
+    /// `DRM_IOCTL_AMDGPU_CS`: runs the IB of `ib_bytes` at `ib_va` on ring 0 of the DMA IP
+    /// (SDMA), with the BOs `bos` resident; returns the submission's sequence number.
+    fn submit_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        bos: &[u32],
+        ib_va: u64,
+        ib_bytes: u32,
+    ) -> io::Result<u64>;
+
+    /// `DRM_IOCTL_AMDGPU_WAIT_CS`: waits up to `timeout` for submission `seq`; `Ok(true)`
+    /// when it completed, `Ok(false)` when still running, an error when it failed.
+    fn wait_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        seq: u64,
+        timeout: std::time::Duration,
+    ) -> io::Result<bool>;
 }
 
 /// The kernel interface the AMD backend uses: amdkfd's CRIU operations and the amdgpu render
 /// nodes, as seen from the calling process.
-pub trait KfdDevice: Send + Sync {
+pub trait KfdDevice: AmdgpuRender + Send + Sync {
     /// A one-line description for logs ("amdkfd", "KFD simulator ...").
     fn describe(&self) -> String;
 
@@ -193,15 +356,6 @@ pub trait KfdDevice: Send + Sync {
 
     /// Opens render node `minor` read-write.
     fn open_render_node(&self, minor: u32) -> io::Result<OwnedFd>;
-
-    /// Makes the BO behind `dmabuf` (of `size` bytes) accessible for copies, through the
-    /// GPU of render node `render`. The dma-buf fd may be closed afterwards.
-    fn import_buffer(
-        &self,
-        render: BorrowedFd<'_>,
-        dmabuf: BorrowedFd<'_>,
-        size: u64,
-    ) -> io::Result<Box<dyn GpuBuffer>>;
 
     /// Imports the BO behind `dmabuf` into render-node file `render` and returns its GEM
     /// handle there. The same BO gives the same handle in the same file for as long as the

@@ -12,8 +12,9 @@
 //!    the process's *user* gpu ids (B1/B2 fixed: BOs are matched and pages files named by the
 //!    user id, render nodes opened by the actual id); GPUs that sysfs shows but KFD did not
 //!    report for the process are left out (B3).
-//! 5. BO contents of VRAM/GTT BOs through the copy pipeline ([`super::copy`]) into one pages
-//!    file per GPU, every thread's error propagated (B8).
+//! 5. BO contents of VRAM/GTT BOs, read by each GPU's SDMA engine ([`super::sdma`]) through
+//!    the copy pipeline ([`super::copy`]) into one pages file per GPU, every thread's error
+//!    propagated (B8).
 //! 6. `amdgpu-kfd-ID.img`, its write error reported (B14).
 //!
 //! Each VRAM/GTT BO gets a cross-reference key (the image's `handle`): the GEM handle its
@@ -38,6 +39,7 @@ use super::devinfo;
 use super::error::{Error, Result};
 use super::image::{BoEntry, KfdCheckpoint, PagesLayout, RenderNodeDrm, RenderNodeImage};
 use super::images::{Images, PagesOut};
+use super::sdma::{self, SdmaEngines};
 use super::settings::AmdgpuSettings;
 use super::topology::Topology;
 
@@ -58,8 +60,6 @@ pub struct PausedKfd {
 pub struct DumpState {
     /// The machine's topology, read on first use.
     pub topology: Option<Topology>,
-    /// Render nodes opened by the dumper for BO copies, by minor.
-    pub render: HashMap<u32, OwnedFd>,
     /// KFD files whose queues were evicted, in dump order.
     pub paused: Vec<PausedKfd>,
     /// User gpu id of each actual gpu id, from the KFD files dumped so far.
@@ -298,7 +298,7 @@ pub fn checkpoint(
         )
     })?;
 
-    let copy = save_contents(ctx, state, id, &image, &actual_of, &dmabufs, &topo)?;
+    let copy = save_contents(ctx, id, &image, &actual_of, &dmabufs, &topo)?;
     drop(dmabufs);
     ctx.images.write_kfd(id, &image)?;
     Ok(KfdDumpStats {
@@ -311,7 +311,6 @@ pub fn checkpoint(
 /// Copies the VRAM/GTT BOs of `image` into one pages file per GPU.
 fn save_contents(
     ctx: &DumpCtx<'_>,
-    state: &mut DumpState,
     id: u32,
     image: &KfdCheckpoint,
     actual_of: &HashMap<u32, u32>,
@@ -329,17 +328,6 @@ fn save_contents(
             gpus.push(d.gpu_id);
         }
     }
-    // Render nodes for the copies: the dumper's own, of the BO's actual GPU.
-    for &user in &gpus {
-        let actual = actual_of[&user];
-        let minor = topo
-            .gpu_by_id(actual)
-            .map(|g| g.drm_render_minor)
-            .ok_or_else(|| {
-                Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
-            })?;
-        render_fd(ctx, &mut state.render, minor)?;
-    }
     let mut writers: Vec<PagesOut<'_>> = Vec::new();
     let mut writer_of = vec![usize::MAX; image.bos.len()];
     let mut streams: Vec<Vec<(usize, u64)>> = Vec::new();
@@ -352,7 +340,10 @@ fn save_contents(
         streams.push(layout.spans().iter().map(|s| (s.bo, s.size)).collect());
         writers.push(ctx.images.create_pages(id, user, layout)?);
     }
-    let mut buffers: Vec<Option<Box<dyn device::GpuBuffer>>> = Vec::with_capacity(image.bos.len());
+    // The copies go through the SDMA engine of each BO's actual GPU, in render-node files
+    // of the engine's own.
+    let mut engines = SdmaEngines::new(ctx.dev);
+    let mut buffers: Vec<Option<sdma::BufferId>> = Vec::with_capacity(image.bos.len());
     let mut largest = 0;
     for (i, b) in image.bos.iter().enumerate() {
         if !b.has_contents() {
@@ -364,21 +355,13 @@ fn save_contents(
         let minor = topo
             .gpu_by_id(actual)
             .map(|g| g.drm_render_minor)
-            .unwrap_or(0);
-        let render = state.render[&minor].as_fd();
+            .ok_or_else(|| {
+                Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
+            })?;
         let dmabuf = dmabufs[i].as_ref().expect("checked by the caller").as_fd();
-        let buf = ctx.dev.import_buffer(render, dmabuf, b.size).map_err(|e| {
-            Error::io(
-                &e,
-                format!(
-                    "cannot access {} BO {i} ({} at {:#x}) of GPU {:#x}",
-                    device::bo_kind(b.alloc_flags),
-                    Bytes(b.size),
-                    b.addr,
-                    b.gpu_id
-                ),
-            )
-        })?;
+        let buf = engines
+            .import(minor, dmabuf, b.size)
+            .map_err(|e| e.context(format!("cannot access {}", device::describe_bo(b, i))))?;
         buffers.push(Some(buf));
     }
     let (chunk, threads) = ctx.settings.staging_plan(largest);
@@ -388,14 +371,13 @@ fn save_contents(
         &pieces,
         threads,
         chunk,
-        |p, dst| {
-            let buf = buffers[p.bo]
-                .as_ref()
-                .expect("pieces only of BOs with contents");
-            buf.download(p.offset, dst)
-                .map_err(|e| Error::io(&e, format!("reading {}", describe(p.bo))))
+        |staging| Ok(engines.lane(staging)),
+        |lane, p, dst| {
+            let buf = buffers[p.bo].expect("pieces only of BOs with contents");
+            lane.download(buf, p.offset, dst)
+                .map_err(|e| e.context(format!("reading {}", describe(p.bo))))
         },
-        |p, src| {
+        |_, p, src| {
             writers[writer_of[p.bo]]
                 .write_chunk(p.bo, p.offset, src)
                 .map_err(|e| e.context(format!("saving {}", describe(p.bo))))

@@ -4,31 +4,33 @@
 //! follows the kernel uAPI as `kfd-sys` documents it and the behaviour described in the
 //! project's amdgpu specification, and is kept minimal.
 //!
-//! BO contents are accessed by the CPU, not by the GPU's SDMA engine as CRIU's C plugin
-//! does: the dma-buf fd KFD exports for a BO is imported into a render-node file
-//! (`DRM_IOCTL_PRIME_FD_TO_HANDLE`), its fake offset is queried (`DRM_IOCTL_AMDGPU_GEM_MMAP`)
-//! and the BO is mapped through that file. Consequences, to be checked on hardware:
-//!
-//! * VRAM BOs must be CPU-visible (large BAR / resizable BAR, as on Instinct parts) and not
-//!   created with `AMDGPU_GEM_CREATE_NO_CPU_ACCESS`; otherwise the mapping fails and the
-//!   dump or restore fails with that error (it is never silently skipped).
-//! * CPU reads of VRAM through the BAR are uncached and much slower than SDMA; the copy
-//!   pipeline's parallelism hides part of it.
-//!
-//! An SDMA path (userptr staging BO, IB of `COPY_LINEAR` packets, `AMDGPU_CS` on
-//! `AMDGPU_HW_IP_DMA`, fence wait) fits behind the same [`GpuBuffer`] interface and is the
-//! planned replacement; it needs hardware to be written and checked (spec §4.1, B9).
+//! The [`AmdgpuRender`] methods are one ioctl each, on the render-node file the SDMA engine
+//! ([`super::sdma`]) opened: `PRIME_FD_TO_HANDLE`, `AMDGPU_GEM_USERPTR` (anonymous memory,
+//! validated and registered), `AMDGPU_GEM_CREATE` of a write-combined GTT BO mapped through
+//! `AMDGPU_GEM_MMAP`, `AMDGPU_GEM_VA`, `AMDGPU_CTX`, `AMDGPU_CS` with an IB chunk for ring 0
+//! of the DMA IP and a BO-handles chunk (no BO list object), and `AMDGPU_WAIT_CS` with an
+//! absolute `CLOCK_MONOTONIC` deadline.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::ptr::NonNull;
+use std::time::Duration;
 
-use kfd_sys::kfd_ioctl_criu_args;
+use kfd_sys::{
+    AMDGPU_CHUNK_ID_BO_HANDLES, AMDGPU_CHUNK_ID_IB, AMDGPU_CTX_OP_ALLOC_CTX,
+    AMDGPU_CTX_OP_FREE_CTX, AMDGPU_GEM_CREATE_CPU_GTT_USWC, AMDGPU_GEM_DOMAIN_GTT,
+    AMDGPU_GEM_USERPTR_ANONONLY, AMDGPU_GEM_USERPTR_REGISTER, AMDGPU_GEM_USERPTR_VALIDATE,
+    AMDGPU_HW_IP_DMA, AMDGPU_VA_OP_MAP, AMDGPU_VA_OP_UNMAP, AMDGPU_VM_PAGE_EXECUTABLE,
+    AMDGPU_VM_PAGE_READABLE, AMDGPU_VM_PAGE_WRITEABLE, drm_amdgpu_bo_list_entry,
+    drm_amdgpu_bo_list_in, drm_amdgpu_cs, drm_amdgpu_cs_chunk, drm_amdgpu_cs_chunk_ib,
+    drm_amdgpu_cs_in, drm_amdgpu_ctx, drm_amdgpu_gem_create, drm_amdgpu_gem_create_in,
+    drm_amdgpu_gem_userptr, drm_amdgpu_gem_va, drm_amdgpu_wait_cs, drm_amdgpu_wait_cs_in,
+    kfd_ioctl_criu_args,
+};
 
-use super::device::{FileIdentity, GpuBuffer, KfdDevice};
+use super::device::{AmdgpuRender, FileIdentity, HostMapping, KfdDevice, RenderInfo};
 
 /// Path of libhsakmt's shared memory file.
 const HSAKMT_SHM_PATH: &str = "/dev/shm/hsakmt_shared_mem";
@@ -59,62 +61,217 @@ fn open_rw(path: &str) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A BO imported into a render-node file and mapped for CPU access.
-struct MappedBo {
-    render: OwnedFd,
-    handle: u32,
-    ptr: NonNull<u8>,
-    size: u64,
+/// Absolute `CLOCK_MONOTONIC` time `timeout` from now, in ns, as `WAIT_CS` wants it.
+fn deadline_ns(timeout: Duration) -> u64 {
+    // SAFETY: timespec is plain data filled by clock_gettime.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid clock id and pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now = (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64);
+    // Kept below 2^63: the kernel reads larger values as "wait forever".
+    now.saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64)
+        .min(i64::MAX as u64)
 }
 
-// SAFETY: the mapping is shared memory of a GPU BO; concurrent access to disjoint ranges from
-// several threads is what the pipeline does and is as safe as for any MAP_SHARED mapping.
-unsafe impl Send for MappedBo {}
-// SAFETY: see `Send`; methods only copy bytes in or out of the mapping.
-unsafe impl Sync for MappedBo {}
+impl AmdgpuRender for HwDevice {
+    fn render_info(&self, render: BorrowedFd<'_>) -> io::Result<RenderInfo> {
+        // SAFETY: the engine passes render nodes it opened itself.
+        let info = unsafe { kfd_sys::amdgpu_query_device_info(render) }?;
+        Ok(RenderInfo {
+            family: info.family,
+            va_start: info.virtual_address_offset,
+            va_end: info.virtual_address_max,
+        })
+    }
 
-impl MappedBo {
-    fn range(&self, offset: u64, len: usize) -> io::Result<*mut u8> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.size => {
-                // SAFETY: `offset < size`, within the mapping.
-                Ok(unsafe { self.ptr.as_ptr().add(offset as usize) })
+    fn gem_import(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {
+        // SAFETY: `render` is a render node the engine opened; the dma-buf is open.
+        unsafe { kfd_sys::prime_fd_to_handle(render, dmabuf) }
+    }
+
+    unsafe fn gem_userptr(
+        &self,
+        render: BorrowedFd<'_>,
+        addr: *mut u8,
+        size: u64,
+    ) -> io::Result<u32> {
+        let mut args = drm_amdgpu_gem_userptr {
+            addr: addr as u64,
+            size,
+            // Anonymous memory only, pinned and validated now (a bad range fails here, not
+            // in the middle of a copy), and followed by an MMU notifier.
+            flags: AMDGPU_GEM_USERPTR_ANONONLY
+                | AMDGPU_GEM_USERPTR_VALIDATE
+                | AMDGPU_GEM_USERPTR_REGISTER,
+            handle: 0,
+        };
+        // SAFETY: the caller guarantees the memory range, per this method's contract.
+        unsafe { kfd_sys::amdgpu_gem_userptr(render, &mut args) }?;
+        Ok(args.handle)
+    }
+
+    fn gem_create_mapped(
+        &self,
+        render: BorrowedFd<'_>,
+        size: u64,
+    ) -> io::Result<(u32, HostMapping)> {
+        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let mut args = drm_amdgpu_gem_create::default();
+        args.in_ = drm_amdgpu_gem_create_in {
+            bo_size: size,
+            alignment: 4096,
+            domains: u64::from(AMDGPU_GEM_DOMAIN_GTT),
+            // Written by the CPU, read by the GPU: write-combined.
+            domain_flags: u64::from(AMDGPU_GEM_CREATE_CPU_GTT_USWC),
+        };
+        // SAFETY: an amdgpu render node the engine opened; the argument has no pointers.
+        unsafe { kfd_sys::amdgpu_gem_create(render, &mut args) }?;
+        // SAFETY: a successful GEM_CREATE wrote the `out` member.
+        let handle = unsafe { args.out.handle };
+        let mapped = (|| {
+            // SAFETY: `handle` is a BO just created in `render`.
+            let offset = unsafe { kfd_sys::amdgpu_gem_mmap_offset(render, handle) }?;
+            // SAFETY: the fake offset of a BO of `len` bytes in the same file.
+            unsafe { HostMapping::map(render, offset, len) }
+        })();
+        match mapped {
+            Ok(m) => Ok((handle, m)),
+            Err(e) => {
+                // SAFETY: the handle was created above and is not used elsewhere.
+                let _ = unsafe { kfd_sys::gem_close(render, handle) };
+                Err(e)
             }
-            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }
-}
 
-impl GpuBuffer for MappedBo {
-    fn size(&self) -> u64 {
-        self.size
+    fn gem_close(&self, render: BorrowedFd<'_>, handle: u32) -> io::Result<()> {
+        // SAFETY: the engine closes only handles it created in its own file.
+        unsafe { kfd_sys::gem_close(render, handle) }
     }
 
-    fn download(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        let src = self.range(offset, dst.len())?;
-        // SAFETY: `src..src+len` lies in the live mapping (checked by `range`); `dst` is a
-        // distinct host buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+    fn gem_va(
+        &self,
+        render: BorrowedFd<'_>,
+        handle: u32,
+        va: u64,
+        size: u64,
+        map: bool,
+    ) -> io::Result<()> {
+        let args = drm_amdgpu_gem_va {
+            handle,
+            operation: if map {
+                AMDGPU_VA_OP_MAP
+            } else {
+                AMDGPU_VA_OP_UNMAP
+            },
+            flags: AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE | AMDGPU_VM_PAGE_EXECUTABLE,
+            va_address: va,
+            offset_in_bo: 0,
+            map_size: size,
+            ..Default::default()
+        };
+        // SAFETY: an amdgpu render node the engine opened, in whose VM only the engine maps.
+        unsafe { kfd_sys::amdgpu_gem_va(render, &args) }
     }
 
-    fn upload(&self, offset: u64, src: &[u8]) -> io::Result<()> {
-        let dst = self.range(offset, src.len())?;
-        // SAFETY: `dst..dst+len` lies in the live, writable mapping (checked by `range`);
-        // `src` is a distinct host buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(())
+    fn ctx_create(&self, render: BorrowedFd<'_>) -> io::Result<u32> {
+        let mut args = drm_amdgpu_ctx::default();
+        args.in_.op = AMDGPU_CTX_OP_ALLOC_CTX;
+        // SAFETY: an amdgpu render node; the argument has no pointers.
+        unsafe { kfd_sys::amdgpu_ctx(render, &mut args) }?;
+        // SAFETY: ALLOC_CTX wrote the `alloc` member of the output.
+        Ok(unsafe { args.out.alloc.ctx_id })
     }
-}
 
-impl Drop for MappedBo {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`size` describe the mapping made in `import_buffer`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.size as usize) };
-        // SAFETY: the handle was created by our PRIME import into our own render file.
-        if let Err(e) = unsafe { kfd_sys::gem_close(self.render.as_fd(), self.handle) } {
-            log::warn!("amdgpu: closing GEM handle {}: {e}", self.handle);
-        }
+    fn ctx_free(&self, render: BorrowedFd<'_>, ctx: u32) -> io::Result<()> {
+        let mut args = drm_amdgpu_ctx::default();
+        args.in_.op = AMDGPU_CTX_OP_FREE_CTX;
+        args.in_.ctx_id = ctx;
+        // SAFETY: an amdgpu render node; the argument has no pointers.
+        unsafe { kfd_sys::amdgpu_ctx(render, &mut args) }
+    }
+
+    fn submit_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        bos: &[u32],
+        ib_va: u64,
+        ib_bytes: u32,
+    ) -> io::Result<u64> {
+        let mut entries: Vec<drm_amdgpu_bo_list_entry> = bos
+            .iter()
+            .map(|&bo_handle| drm_amdgpu_bo_list_entry {
+                bo_handle,
+                bo_priority: 0,
+            })
+            .collect();
+        let mut list = drm_amdgpu_bo_list_in {
+            operation: u32::MAX,
+            list_handle: 0,
+            bo_number: entries.len() as u32,
+            bo_info_size: std::mem::size_of::<drm_amdgpu_bo_list_entry>() as u32,
+            bo_info_ptr: entries.as_mut_ptr() as u64,
+        };
+        let mut ib = drm_amdgpu_cs_chunk_ib {
+            va_start: ib_va,
+            ib_bytes,
+            ip_type: AMDGPU_HW_IP_DMA,
+            ip_instance: 0,
+            ring: 0,
+            ..Default::default()
+        };
+        let mut chunks = [
+            drm_amdgpu_cs_chunk {
+                chunk_id: AMDGPU_CHUNK_ID_IB,
+                length_dw: (std::mem::size_of::<drm_amdgpu_cs_chunk_ib>() / 4) as u32,
+                chunk_data: (&raw mut ib) as u64,
+            },
+            drm_amdgpu_cs_chunk {
+                chunk_id: AMDGPU_CHUNK_ID_BO_HANDLES,
+                length_dw: (std::mem::size_of::<drm_amdgpu_bo_list_in>() / 4) as u32,
+                chunk_data: (&raw mut list) as u64,
+            },
+        ];
+        let mut chunk_ptrs = [(&raw mut chunks[0]) as u64, (&raw mut chunks[1]) as u64];
+        let mut args = drm_amdgpu_cs::default();
+        args.in_ = drm_amdgpu_cs_in {
+            ctx_id: ctx,
+            bo_list_handle: 0,
+            num_chunks: chunks.len() as u32,
+            flags: 0,
+            chunks: chunk_ptrs.as_mut_ptr() as u64,
+        };
+        // SAFETY: every pointer in the chunks points to a local above that outlives the
+        // call, with the lengths given; the IB copies between BOs the engine mapped in its
+        // own VM (a BO of the process and the lane's staging memory).
+        unsafe { kfd_sys::amdgpu_cs(render, &mut args) }?;
+        // SAFETY: a successful CS wrote the `out` member.
+        Ok(unsafe { args.out.handle })
+    }
+
+    fn wait_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        seq: u64,
+        timeout: Duration,
+    ) -> io::Result<bool> {
+        let mut args = drm_amdgpu_wait_cs::default();
+        args.in_ = drm_amdgpu_wait_cs_in {
+            handle: seq,
+            timeout: deadline_ns(timeout),
+            ip_type: AMDGPU_HW_IP_DMA,
+            ip_instance: 0,
+            ring: 0,
+            ctx_id: ctx,
+        };
+        // SAFETY: an amdgpu render node; the argument has no pointers.
+        unsafe { kfd_sys::amdgpu_wait_cs(render, &mut args) }?;
+        // SAFETY: a successful WAIT_CS wrote the `out` member.
+        Ok(unsafe { args.out.status } == 0)
     }
 }
 
@@ -165,64 +322,6 @@ impl KfdDevice for HwDevice {
 
     fn open_render_node(&self, minor: u32) -> io::Result<OwnedFd> {
         open_rw(&format!("{}{minor}", kfd_sys::DRM_RENDER_NODE_PREFIX))
-    }
-
-    fn import_buffer(
-        &self,
-        render: BorrowedFd<'_>,
-        dmabuf: BorrowedFd<'_>,
-        size: u64,
-    ) -> io::Result<Box<dyn GpuBuffer>> {
-        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        if len == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // Our own file description, so the GEM handle lives in a namespace we control.
-        let render = render.try_clone_to_owned()?;
-        // SAFETY: `render` is a render node the caller opened; the dma-buf stays open for
-        // the call.
-        let handle = unsafe { kfd_sys::prime_fd_to_handle(render.as_fd(), dmabuf) }?;
-        // SAFETY: `render` is an amdgpu render node and `handle` one of its GEM handles.
-        let offset = match unsafe { kfd_sys::amdgpu_gem_mmap_offset(render.as_fd(), handle) } {
-            Ok(o) => o,
-            Err(e) => {
-                // SAFETY: the handle was just created by the import above.
-                let _ = unsafe { kfd_sys::gem_close(render.as_fd(), handle) };
-                if e.raw_os_error() == Some(libc::EPERM) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        "the BO has no CPU access (VRAM allocated without KFD's PUBLIC flag); \
-                         this build copies BO contents through CPU mappings only, the SDMA path \
-                         that can reach such BOs is not implemented",
-                    ));
-                }
-                return Err(e);
-            }
-        };
-        // SAFETY: mapping `len` bytes of the BO through its fake offset in the same render
-        // file; the kernel validates offset and size.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                render.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            // SAFETY: the handle was created by the import above.
-            let _ = unsafe { kfd_sys::gem_close(render.as_fd(), handle) };
-            return Err(e);
-        }
-        Ok(Box::new(MappedBo {
-            render,
-            handle,
-            ptr: NonNull::new(ptr.cast()).expect("mmap succeeded"),
-            size,
-        }))
     }
 
     fn buffer_key(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {

@@ -12,6 +12,7 @@ pub mod image;
 pub mod images;
 pub mod parallel;
 pub mod restore;
+pub mod sdma;
 pub mod settings;
 #[cfg(any(test, feature = "kfd-sim"))]
 pub mod sim;

@@ -24,13 +24,14 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 
 use super::copy;
 use super::criu_ext;
-use super::device::{self, Bytes, CriuBuffers, CriuLimits, GpuBuffer, KfdDevice, alloc_flags};
+use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
 use super::devinfo;
 use super::dump::check_kfd_version;
 use super::error::{Error, Result};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader, RenderNodeImage};
 use super::images::Images;
 use super::parallel::{FdStore, KeyTable, RestoreQueue};
+use super::sdma::{self, SdmaEngines};
 use super::settings::AmdgpuSettings;
 use super::topology::{GpuMap, Topology, map_gpus};
 
@@ -199,9 +200,9 @@ pub fn write_contents(
     dmabufs: &[Option<OwnedFd>],
 ) -> Result<copy::CopyStats> {
     let (readers, reader_of) = open_pages(images, id, image)?;
-    // The copy engine's own files, not the ones bound to the process's VMs.
-    let mut render: HashMap<u32, OwnedFd> = HashMap::new();
-    let mut buffers: Vec<Option<Box<dyn GpuBuffer>>> = Vec::with_capacity(image.bos.len());
+    // The SDMA engine's own render-node files, not the ones bound to the process's VMs.
+    let mut engines = SdmaEngines::new(dev);
+    let mut buffers: Vec<Option<sdma::BufferId>> = Vec::with_capacity(image.bos.len());
     let mut largest = 0;
     for (i, b) in image.bos.iter().enumerate() {
         if !b.has_contents() {
@@ -215,30 +216,16 @@ pub fn write_contents(
                 format!("BO {i} is on unmapped GPU {:#x}", b.gpu_id),
             )
         })?;
-        if let std::collections::hash_map::Entry::Vacant(v) = render.entry(minor) {
-            v.insert(
-                dev.open_render_node(minor).map_err(|e| {
-                    Error::io(&e, format!("cannot open render node renderD{minor}"))
-                })?,
-            );
-        }
         let dmabuf = dmabufs
             .get(i)
             .and_then(|d| d.as_ref())
             .ok_or_else(|| Error::new(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}")))?;
-        let buf = dev
-            .import_buffer(render[&minor].as_fd(), dmabuf.as_fd(), b.size)
-            .map_err(|e| {
-                Error::io(
-                    &e,
-                    format!(
-                        "cannot access restored {} BO {i} ({} at {:#x})",
-                        device::bo_kind(b.alloc_flags),
-                        Bytes(b.size),
-                        b.addr
-                    ),
-                )
-            })?;
+        let buf = engines.import(minor, dmabuf.as_fd(), b.size).map_err(|e| {
+            e.context(format!(
+                "cannot access restored {}",
+                device::describe_bo(b, i)
+            ))
+        })?;
         buffers.push(Some(buf));
     }
     let (chunk, threads) = settings.staging_plan(largest);
@@ -252,17 +239,16 @@ pub fn write_contents(
         &pieces,
         threads,
         chunk,
-        |p, dst| {
+        |staging| Ok(engines.lane(staging)),
+        |_, p, dst| {
             readers[reader_of[p.bo]]
                 .read_chunk(p.bo, p.offset, dst)
                 .map_err(|e| Error::from(e).context(format!("reading {}", describe(p.bo))))
         },
-        |p, src| {
-            buffers[p.bo]
-                .as_ref()
-                .expect("pieces only of BOs with contents")
-                .upload(p.offset, src)
-                .map_err(|e| Error::io(&e, format!("writing {}", describe(p.bo))))
+        |lane, p, src| {
+            let buf = buffers[p.bo].expect("pieces only of BOs with contents");
+            lane.upload(buf, p.offset, src)
+                .map_err(|e| e.context(format!("writing {}", describe(p.bo))))
         },
     )
 }

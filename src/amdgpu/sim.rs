@@ -57,8 +57,9 @@ use kfd_sys::{
 };
 
 use super::device::{
-    DRM_MAJOR, FileIdentity, GpuBuffer, KFD_MMAP_GPU_ID_SHIFT, KFD_MMAP_TYPE_DOORBELL,
-    KFD_MMAP_TYPE_EVENTS, KFD_MMAP_TYPE_MMIO, KfdDevice, alloc_flags,
+    AmdgpuRender, DRM_MAJOR, FileIdentity, HostMapping, KFD_MMAP_GPU_ID_SHIFT,
+    KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_EVENTS, KFD_MMAP_TYPE_MMIO, KfdDevice, RenderInfo,
+    alloc_flags,
 };
 use super::topology::Topology;
 
@@ -96,6 +97,8 @@ pub struct SimGpu {
     pub render_minor: u32,
     /// VRAM size in bytes.
     pub vram_size: u64,
+    /// `AMDGPU_FAMILY_*` (the SDMA packet encoding depends on it).
+    pub family: u32,
 }
 
 /// A one-shot or repeated injected failure.
@@ -151,10 +154,16 @@ pub struct Faults {
     pub restore: Option<Fault>,
     /// RESUME fails.
     pub resume: Option<Fault>,
-    /// Reading the contents of the BO at this GPU address fails with this errno.
+    /// SDMA work that reads the BO at this (process) GPU address faults with this errno.
     pub download_at: Option<(u64, i32)>,
-    /// Writing the contents of the BO at this GPU address fails with this errno.
+    /// SDMA work that writes the BO at this (process) GPU address faults with this errno.
     pub upload_at: Option<(u64, i32)>,
+    /// The command submission ioctl fails.
+    pub sdma_submit: Option<Fault>,
+    /// Submitted SDMA work never completes (its fence wait times out).
+    pub sdma_hang: bool,
+    /// Registering user memory (userptr) fails.
+    pub userptr: Option<Fault>,
     /// Opening this render minor fails with this errno.
     pub open_render: Option<(u32, i32)>,
 }
@@ -347,6 +356,8 @@ struct State {
     hidden: HashSet<u32>,
     handles: HashMap<(u64, usize), u32>,
     next_handle: HashMap<u64, u32>,
+    vms: HashMap<u64, SimVm>,
+    sdma: SdmaStats,
 }
 
 struct Inner {
@@ -528,14 +539,20 @@ impl SimKfd {
         Ok(Self::from_topology(&topo))
     }
 
-    /// A simulated machine with the GPUs of `topology`.
+    /// A simulated machine with the GPUs of `topology` (Vega-class SDMA: family AI).
     pub fn from_topology(topology: &Topology) -> SimKfd {
+        Self::from_topology_with_family(topology, kfd_sys::AMDGPU_FAMILY_AI)
+    }
+
+    /// A simulated machine with the GPUs of `topology`, all of GPU family `family`.
+    pub fn from_topology_with_family(topology: &Topology, family: u32) -> SimKfd {
         let gpus = topology
             .gpus()
             .map(|g| SimGpu {
                 gpu_id: g.gpu_id,
                 render_minor: g.drm_render_minor,
                 vram_size: g.vram_size,
+                family,
             })
             .collect();
         Self::with_gpus(gpus)
@@ -560,6 +577,8 @@ impl SimKfd {
                     hidden: HashSet::new(),
                     handles: HashMap::new(),
                     next_handle: HashMap::new(),
+                    vms: HashMap::new(),
+                    sdma: SdmaStats::default(),
                 }),
                 current_task: AtomicU32::new(1),
             }),
@@ -1448,44 +1467,475 @@ fn chr_stat(rdev: u64) -> libc::stat {
     st
 }
 
-struct SimBuffer {
-    mem: Arc<BoMem>,
-    sim: SimKfd,
+/// What the simulated SDMA engines did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SdmaStats {
+    /// Command submissions executed.
+    pub submissions: u64,
+    /// `COPY_LINEAR` packets executed.
+    pub packets: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Submission contexts created.
+    pub contexts: u64,
+    /// User memory registrations.
+    pub userptrs: u64,
 }
 
-impl GpuBuffer for SimBuffer {
+/// Memory behind a GEM handle of a simulated render-node file.
+#[derive(Clone)]
+enum GemMem {
+    /// A KFD BO of this file's GPU, imported through its dma-buf.
+    Bo(Arc<BoMem>),
+    /// A BO of another GPU: not reachable by this GPU's SDMA engine here.
+    Foreign,
+    /// A GTT BO created in the file (command buffers).
+    Local(Arc<BoMem>),
+    /// User memory (userptr) of the calling process.
+    User { addr: usize, size: u64 },
+}
+
+impl GemMem {
     fn size(&self) -> u64 {
-        self.mem.size
+        match self {
+            GemMem::Bo(m) | GemMem::Local(m) => m.size,
+            GemMem::Foreign => 0,
+            GemMem::User { size, .. } => *size,
+        }
     }
+}
 
-    fn download(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        if let Some((addr, errno)) = self.sim.state().faults.download_at {
-            if addr == self.mem.addr {
-                return Err(err(errno));
+/// Outcome of a submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    Done,
+    Failed(i32),
+    Hung,
+}
+
+/// The GPU VM and submission state of one render-node file.
+#[derive(Default)]
+struct SimVm {
+    objects: HashMap<u32, GemMem>,
+    /// VA → (handle, size).
+    maps: BTreeMap<u64, (u32, u64)>,
+    contexts: HashMap<u32, u64>,
+    next_ctx: u32,
+    jobs: HashMap<(u32, u64), Job>,
+}
+
+/// Start and end of the VA range simulated render files offer.
+const SIM_VA_START: u64 = 0x80_0000;
+const SIM_VA_END: u64 = 1 << 47;
+
+impl SimVm {
+    /// The memory and offset behind `len` bytes at `va`, which must lie in one mapping of a
+    /// BO in `allowed` (the submission's BO list); otherwise a GPU page fault.
+    fn resolve(&self, va: u64, len: u64, allowed: &[u32]) -> Result<(GemMem, u64, u32), i32> {
+        let (&start, &(handle, size)) = self.maps.range(..=va).next_back().ok_or(libc::EFAULT)?;
+        let end = va.checked_add(len).ok_or(libc::EFAULT)?;
+        if end > start + size {
+            return Err(libc::EFAULT);
+        }
+        if !allowed.contains(&handle) {
+            return Err(libc::EFAULT);
+        }
+        let mem = self.objects.get(&handle).ok_or(libc::EFAULT)?;
+        Ok((mem.clone(), va - start, handle))
+    }
+}
+
+/// One decoded copy.
+struct CopyOp {
+    src: (GemMem, u64),
+    dst: (GemMem, u64),
+    len: u64,
+}
+
+/// Decodes an IB as the SDMA engine of `family` reads it: `NOP` (with its count of extra
+/// dwords) and `COPY_LINEAR` (count − 1 from family AI on, the count itself before).
+/// Anything else is an illegal packet.
+fn decode_ib(ib: &[u32], family: u32) -> Result<Vec<(u64, u64, u64)>, i32> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < ib.len() {
+        let h = ib[i];
+        let (op, sub) = (h & 0xff, (h >> 8) & 0xff);
+        match (op, sub) {
+            (0, _) => i += 1 + ((h >> 16) & 0x3fff) as usize,
+            (1, 0) => {
+                let p = ib.get(i..i + 7).ok_or(libc::EPROTO)?;
+                let len = if family >= kfd_sys::AMDGPU_FAMILY_AI {
+                    u64::from(p[1] & 0x3f_ffff) + 1
+                } else {
+                    u64::from(p[1] & 0x1f_ffff)
+                };
+                let src = u64::from(p[3]) | (u64::from(p[4]) << 32);
+                let dst = u64::from(p[5]) | (u64::from(p[6]) << 32);
+                out.push((src, dst, len));
+                i += 7;
+            }
+            _ => return Err(libc::EPROTO),
+        }
+    }
+    Ok(out)
+}
+
+/// Runs one copy; the SDMA engine's view of memory is the BO's contents or user memory.
+///
+/// # Safety
+///
+/// User memory in `op` must be registered (its handle open in the VM), per the contract of
+/// [`AmdgpuRender::gem_userptr`].
+unsafe fn run_copy(op: &CopyOp) -> io::Result<()> {
+    let len = usize::try_from(op.len).map_err(|_| einval())?;
+    match (&op.src, &op.dst) {
+        ((GemMem::Bo(m) | GemMem::Local(m), so), (GemMem::User { addr, .. }, doff)) => {
+            // SAFETY: registered user memory of `len` bytes at `addr + doff` (resolved inside
+            // its registration), per this function's contract.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut((*addr + *doff as usize) as *mut u8, len) };
+            m.file.read_exact_at(dst, *so)
+        }
+        ((GemMem::User { addr, .. }, soff), (GemMem::Bo(m) | GemMem::Local(m), doff)) => {
+            // SAFETY: as above, for reading.
+            let src =
+                unsafe { std::slice::from_raw_parts((*addr + *soff as usize) as *const u8, len) };
+            m.file.write_all_at(src, *doff)
+        }
+        _ => {
+            let mut tmp = vec![0u8; len];
+            match &op.src {
+                (GemMem::Bo(m) | GemMem::Local(m), o) => m.file.read_exact_at(&mut tmp, *o)?,
+                (GemMem::User { addr, .. }, o) => {
+                    // SAFETY: as above.
+                    let src = unsafe {
+                        std::slice::from_raw_parts((*addr + *o as usize) as *const u8, len)
+                    };
+                    tmp.copy_from_slice(src);
+                }
+                (GemMem::Foreign, _) => return Err(err(libc::ENODEV)),
+            }
+            match &op.dst {
+                (GemMem::Bo(m) | GemMem::Local(m), o) => m.file.write_all_at(&tmp, *o),
+                (GemMem::User { addr, .. }, o) => {
+                    // SAFETY: as above.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut((*addr + *o as usize) as *mut u8, len)
+                    };
+                    dst.copy_from_slice(&tmp);
+                    Ok(())
+                }
+                (GemMem::Foreign, _) => Err(err(libc::ENODEV)),
             }
         }
-        if offset
-            .checked_add(dst.len() as u64)
-            .is_none_or(|e| e > self.mem.size)
+    }
+}
+
+impl SimKfd {
+    /// What the simulated SDMA engines have done so far.
+    pub fn sdma_stats(&self) -> SdmaStats {
+        self.state().sdma
+    }
+
+    /// GEM objects the copy engine holds in simulated render files (imported BOs, userptr
+    /// registrations and command buffers whose handles are not closed yet).
+    pub fn gem_objects(&self) -> usize {
+        self.state().vms.values().map(|vm| vm.objects.len()).sum()
+    }
+
+    fn render_vm<'s>(
+        &self,
+        st: &'s mut State,
+        render: BorrowedFd<'_>,
+    ) -> io::Result<(u64, u32, &'s mut SimVm)> {
+        let (n, obj) = self.file(st, render.as_raw_fd())?;
+        let FileObj::Render { gpu_id, .. } = obj else {
+            return Err(err(libc::ENOTTY));
+        };
+        Ok((n, gpu_id, st.vms.entry(n).or_default()))
+    }
+
+    fn new_handle(st: &mut State, rn: u64) -> u32 {
+        let next = st.next_handle.entry(rn).or_insert(1);
+        let h = *next;
+        *next += 1;
+        h
+    }
+
+    /// PRIME import: one handle per (file, BO); a BO of another GPU is an object of its own.
+    fn prime_import(
+        &self,
+        st: &mut State,
+        render: BorrowedFd<'_>,
+        dmabuf: BorrowedFd<'_>,
+    ) -> io::Result<(u64, u32, GemMem)> {
+        let (rn, r) = self.file(st, render.as_raw_fd())?;
+        let (_, d) = self.file(st, dmabuf.as_raw_fd())?;
+        let (FileObj::Render { gpu_id: rg, .. }, FileObj::DmaBuf { mem, gpu_id }) = (r, d) else {
+            return Err(einval());
+        };
+        let (key, gem) = if rg == gpu_id {
+            (Arc::as_ptr(&mem) as usize, GemMem::Bo(mem))
+        } else {
+            (usize::MAX - st.handles.len(), GemMem::Foreign)
+        };
+        if let Some(h) = st.handles.get(&(rn, key)) {
+            return Ok((rn, *h, gem));
+        }
+        let h = Self::new_handle(st, rn);
+        st.handles.insert((rn, key), h);
+        Ok((rn, h, gem))
+    }
+}
+
+impl AmdgpuRender for SimKfd {
+    fn render_info(&self, render: BorrowedFd<'_>) -> io::Result<RenderInfo> {
+        let mut st = self.state();
+        let (_, gpu_id, _) = self.render_vm(&mut st, render)?;
+        let family = self
+            .gpu(gpu_id)
+            .map(|g| g.family)
+            .ok_or_else(|| err(libc::ENODEV))?;
+        Ok(RenderInfo {
+            family,
+            va_start: SIM_VA_START,
+            va_end: SIM_VA_END,
+        })
+    }
+
+    fn gem_import(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {
+        let mut st = self.state();
+        let (rn, h, gem) = self.prime_import(&mut st, render, dmabuf)?;
+        st.vms.entry(rn).or_default().objects.insert(h, gem);
+        Ok(h)
+    }
+
+    unsafe fn gem_userptr(
+        &self,
+        render: BorrowedFd<'_>,
+        addr: *mut u8,
+        size: u64,
+    ) -> io::Result<u32> {
+        let mut st = self.state();
+        fire(&mut st.faults.userptr)?;
+        if (addr as u64 | size) % PAGE != 0 || size == 0 || addr.is_null() {
+            return Err(einval());
+        }
+        let (rn, _, _) = self.render_vm(&mut st, render)?;
+        let h = Self::new_handle(&mut st, rn);
+        let vm = st.vms.entry(rn).or_default();
+        vm.objects.insert(
+            h,
+            GemMem::User {
+                addr: addr as usize,
+                size,
+            },
+        );
+        st.sdma.userptrs += 1;
+        Ok(h)
+    }
+
+    fn gem_create_mapped(
+        &self,
+        render: BorrowedFd<'_>,
+        size: u64,
+    ) -> io::Result<(u32, HostMapping)> {
+        if size == 0 || size % PAGE != 0 {
+            return Err(einval());
+        }
+        let mem = Arc::new(BoMem::new("kfdsim-gtt", size, 0)?);
+        // SAFETY: a memfd of `size` bytes, mapped shared; the simulator only reads it with
+        // `pread` while executing submissions.
+        let mapping =
+            unsafe { HostMapping::map(std::os::fd::AsFd::as_fd(&mem.file), 0, size as usize) }?;
+        let mut st = self.state();
+        let (rn, _, _) = self.render_vm(&mut st, render)?;
+        let h = Self::new_handle(&mut st, rn);
+        st.vms
+            .entry(rn)
+            .or_default()
+            .objects
+            .insert(h, GemMem::Local(mem));
+        Ok((h, mapping))
+    }
+
+    fn gem_close(&self, render: BorrowedFd<'_>, handle: u32) -> io::Result<()> {
+        let mut st = self.state();
+        let (rn, _, vm) = self.render_vm(&mut st, render)?;
+        vm.objects.remove(&handle).ok_or_else(einval)?;
+        vm.maps.retain(|_, (h, _)| *h != handle);
+        st.handles.retain(|(f, _), h| !(*f == rn && *h == handle));
+        Ok(())
+    }
+
+    fn gem_va(
+        &self,
+        render: BorrowedFd<'_>,
+        handle: u32,
+        va: u64,
+        size: u64,
+        map: bool,
+    ) -> io::Result<()> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        let obj = vm.objects.get(&handle).ok_or_else(|| err(libc::ENOENT))?;
+        if !map {
+            return match vm.maps.get(&va) {
+                Some(&(h, s)) if h == handle && s == size => {
+                    vm.maps.remove(&va);
+                    Ok(())
+                }
+                _ => Err(einval()),
+            };
+        }
+        if (va | size) % PAGE != 0
+            || size == 0
+            || va < SIM_VA_START
+            || va.checked_add(size).is_none_or(|e| e > SIM_VA_END)
+            || (!matches!(obj, GemMem::Foreign) && size > obj.size().next_multiple_of(PAGE))
         {
             return Err(einval());
         }
-        self.mem.file.read_exact_at(dst, offset)
-    }
-
-    fn upload(&self, offset: u64, src: &[u8]) -> io::Result<()> {
-        if let Some((addr, errno)) = self.sim.state().faults.upload_at {
-            if addr == self.mem.addr {
-                return Err(err(errno));
-            }
-        }
-        if offset
-            .checked_add(src.len() as u64)
-            .is_none_or(|e| e > self.mem.size)
-        {
+        let overlaps = vm
+            .maps
+            .range(..va + size)
+            .next_back()
+            .is_some_and(|(&s, &(_, len))| s + len > va);
+        if overlaps {
             return Err(einval());
         }
-        self.mem.file.write_all_at(src, offset)
+        vm.maps.insert(va, (handle, size));
+        Ok(())
+    }
+
+    fn ctx_create(&self, render: BorrowedFd<'_>) -> io::Result<u32> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        vm.next_ctx += 1;
+        let id = vm.next_ctx;
+        vm.contexts.insert(id, 0);
+        st.sdma.contexts += 1;
+        Ok(id)
+    }
+
+    fn ctx_free(&self, render: BorrowedFd<'_>, ctx: u32) -> io::Result<()> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        vm.contexts.remove(&ctx).ok_or_else(einval)?;
+        vm.jobs.retain(|(c, _), _| *c != ctx);
+        Ok(())
+    }
+
+    fn submit_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        bos: &[u32],
+        ib_va: u64,
+        ib_bytes: u32,
+    ) -> io::Result<u64> {
+        let mut st = self.state();
+        fire(&mut st.faults.sdma_submit)?;
+        let hang = st.faults.sdma_hang;
+        let (download_at, upload_at) = (st.faults.download_at, st.faults.upload_at);
+        let (rn, gpu_id, vm) = self.render_vm(&mut st, render)?;
+        if !vm.contexts.contains_key(&ctx) {
+            return Err(einval());
+        }
+        if bos.iter().any(|h| !vm.objects.contains_key(h)) {
+            return Err(err(libc::ENOENT));
+        }
+        if ib_bytes == 0 || ib_bytes % 4 != 0 || ib_va % 32 != 0 {
+            return Err(einval());
+        }
+        // The kernel checks the IB's address when it parses the submission.
+        let (ib_mem, ib_off, _) = vm
+            .resolve(ib_va, u64::from(ib_bytes), bos)
+            .map_err(|_| einval())?;
+        let GemMem::Local(ib_mem) = ib_mem else {
+            return Err(einval());
+        };
+        let mut raw = vec![0u8; ib_bytes as usize];
+        ib_mem.file.read_exact_at(&mut raw, ib_off)?;
+        let ib: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let family = self.gpu(gpu_id).map(|g| g.family).unwrap_or(0);
+        // The GPU's part: decode and resolve every packet, then copy outside the lock.
+        let plan = decode_ib(&ib, family).and_then(|packets| {
+            packets
+                .into_iter()
+                .map(|(src, dst, len)| {
+                    let (sm, so, _) = vm.resolve(src, len, bos)?;
+                    let (dm, doff, _) = vm.resolve(dst, len, bos)?;
+                    for (m, fault) in [(&sm, download_at), (&dm, upload_at)] {
+                        if let (GemMem::Bo(b), Some((addr, errno))) = (m, fault) {
+                            if b.addr == addr {
+                                return Err(errno);
+                            }
+                        }
+                    }
+                    if matches!(sm, GemMem::Foreign) || matches!(dm, GemMem::Foreign) {
+                        return Err(libc::EFAULT);
+                    }
+                    Ok(CopyOp {
+                        src: (sm, so),
+                        dst: (dm, doff),
+                        len,
+                    })
+                })
+                .collect::<Result<Vec<CopyOp>, i32>>()
+        });
+        let seq = {
+            let s = vm.contexts.get_mut(&ctx).expect("checked above");
+            *s += 1;
+            *s
+        };
+        st.sdma.submissions += 1;
+        drop(st);
+        let job = match plan {
+            _ if hang => Job::Hung,
+            Err(errno) => Job::Failed(errno),
+            Ok(ops) => {
+                let mut job = Job::Done;
+                for op in &ops {
+                    // SAFETY: user memory in `ops` was resolved through open registrations of
+                    // this VM, whose owner keeps them open while it waits for this job.
+                    if let Err(e) = unsafe { run_copy(op) } {
+                        job = Job::Failed(e.raw_os_error().unwrap_or(libc::EIO));
+                        break;
+                    }
+                }
+                let mut st = self.state();
+                st.sdma.packets += ops.len() as u64;
+                st.sdma.bytes += ops.iter().map(|o| o.len).sum::<u64>();
+                job
+            }
+        };
+        let mut st = self.state();
+        if let Some(vm) = st.vms.get_mut(&rn) {
+            vm.jobs.insert((ctx, seq), job);
+        }
+        Ok(seq)
+    }
+
+    fn wait_dma(
+        &self,
+        render: BorrowedFd<'_>,
+        ctx: u32,
+        seq: u64,
+        _timeout: std::time::Duration,
+    ) -> io::Result<bool> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        match vm.jobs.get(&(ctx, seq)) {
+            Some(Job::Done) => Ok(true),
+            Some(Job::Hung) => Ok(false),
+            Some(Job::Failed(errno)) => Err(err(*errno)),
+            None => Err(einval()),
+        }
     }
 }
 
@@ -1628,49 +2078,11 @@ impl KfdDevice for SimKfd {
         )
     }
 
-    fn import_buffer(
-        &self,
-        render: BorrowedFd<'_>,
-        dmabuf: BorrowedFd<'_>,
-        size: u64,
-    ) -> io::Result<Box<dyn GpuBuffer>> {
-        let st = self.state();
-        let (_, r) = self.file(&st, render.as_raw_fd())?;
-        let (_, d) = self.file(&st, dmabuf.as_raw_fd())?;
-        let (FileObj::Render { gpu_id: rg, .. }, FileObj::DmaBuf { mem, gpu_id }) = (r, d) else {
-            return Err(einval());
-        };
-        // Copies go through the BO's own GPU (its SDMA engine on hardware).
-        if rg != gpu_id || mem.size != size {
-            return Err(einval());
-        }
-        Ok(Box::new(SimBuffer {
-            mem,
-            sim: self.clone(),
-        }))
-    }
-
     fn buffer_key(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {
+        // The same import; the handle is only a key and the simulator tracks no object for
+        // it, so that `gem_objects` counts the copy engine's objects alone.
         let mut st = self.state();
-        let (rn, r) = self.file(&st, render.as_raw_fd())?;
-        let (_, d) = self.file(&st, dmabuf.as_raw_fd())?;
-        let (FileObj::Render { gpu_id: rg, .. }, FileObj::DmaBuf { mem, gpu_id }) = (r, d) else {
-            return Err(einval());
-        };
-        // Another device's BO is imported as an object of its own.
-        let bo = if rg == gpu_id {
-            Arc::as_ptr(&mem) as usize
-        } else {
-            usize::MAX - st.handles.len()
-        };
-        if let Some(h) = st.handles.get(&(rn, bo)) {
-            return Ok(*h);
-        }
-        let next = st.next_handle.entry(rn).or_insert(1);
-        let h = *next;
-        *next += 1;
-        st.handles.insert((rn, bo), h);
-        Ok(h)
+        Ok(self.prime_import(&mut st, render, dmabuf)?.1)
     }
 
     fn hsakmt_shared_mem(&self) -> io::Result<Option<(u64, u32)>> {

@@ -336,8 +336,9 @@ pub fn assert_same_process(original: &SimKfd, restored: &SimKfd, pid: u32) {
 }
 
 /// Nothing of `sim` left open in this process: no dma-buf fds, no render or KFD fds beyond
-/// `keep_render`/`keep_kfd` (the test's own).
+/// `keep_render`/`keep_kfd` (the test's own), no GEM handle of the SDMA copy engine.
 pub fn assert_no_leaks(sim: &SimKfd, keep_render: usize, keep_kfd: usize) {
+    assert_eq!(sim.gem_objects(), 0, "SDMA engine GEM objects leaked");
     assert_eq!(sim.open_fds("dmabuf"), 0, "dma-buf fds leaked");
     assert_eq!(sim.open_fds("render"), keep_render, "render fds leaked");
     assert_eq!(sim.open_fds("kfd"), keep_kfd, "KFD fds leaked");

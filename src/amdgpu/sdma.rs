@@ -1,0 +1,859 @@
+//! BO contents through the GPU's system DMA engine (SDMA), as CRIU's C plugin copies them,
+//! but from several copy threads at once.
+//!
+//! Every copy is GPU work: the BO (imported from the dma-buf KFD exported for it) and the
+//! copy thread's staging memory (registered as a userptr BO) are mapped into the GPU
+//! virtual memory of a render-node file the engine opened itself, and an indirect buffer
+//! (IB) of `COPY_LINEAR` packets is submitted to the DMA ring. This reaches every VRAM BO,
+//! including those without CPU access (most `hipMalloc` memory), which a CPU mapping cannot.
+//!
+//! # Packets
+//!
+//! `COPY_LINEAR`, 7 dwords:
+//!
+//! | dword | contents |
+//! |---|---|
+//! | 0 | header: op `SDMA_OP_COPY` (1) in bits 7:0, sub-op `COPY_LINEAR` (0) in bits 15:8 |
+//! | 1 | byte count: **count − 1** on SDMA 4 and later (family ≥ `AMDGPU_FAMILY_AI`, Vega), the count itself on SDMA 2/3 (CIK, VI) |
+//! | 2 | parameters (endian swap): 0 |
+//! | 3, 4 | source address, low and high 32 bits |
+//! | 5, 6 | destination address, low and high 32 bits |
+//!
+//! A `NOP` is one zero dword; the IB is padded with them to a multiple of 8 dwords. The C
+//! plugin writes the count itself on every family (its B9): the kernel's own copies
+//! (`sdma_v4_0_emit_copy_buffer` and later) write count − 1, so on Vega and later each of
+//! its packets copies one byte more than asked. A packet carries at most 2 MiB (2 MiB − 1
+//! before Vega, the field's width there). SI's DMA engine has other packets and KFD does not
+//! support it: it is refused.
+//!
+//! # Engine, lanes and buffers
+//!
+//! [`SdmaEngines`] holds one render-node file per GPU, opened for the copy only: its VM is
+//! the engine's own, so the VAs it hands out cannot collide with the process's (the C
+//! plugin maps staging into the process's own VM through libdrm's allocator, which knows
+//! nothing of KFD's: B25). [`SdmaEngines::import`] maps a BO into that VM. Each copy thread
+//! gets a [`Lane`] over its staging buffer: per GPU it touches, a submission context, a
+//! command buffer and the staging buffer registered as a userptr BO, all created once and
+//! reused for every piece (the C plugin creates a context per chunk and registers staging
+//! per BO). A piece is one submission and one fence wait; the threads' submissions go to
+//! ring 0 of the DMA IP through contexts of their own, which the kernel's scheduler spreads
+//! over the GPU's SDMA engines. A submission that does not complete within
+//! [`FENCE_TIMEOUT`] fails the copy instead of hanging CRIU.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kfd_sys::{AMDGPU_FAMILY_AI, AMDGPU_FAMILY_CI};
+
+use super::copy::StagingRegion;
+use super::device::{Bytes, HostMapping, KfdDevice};
+use super::error::{Error, Result};
+
+/// `COPY_LINEAR` header: op 1, sub-op 0.
+pub const HEADER_COPY_LINEAR: u32 = 0x0000_0001;
+/// A one-dword `NOP`.
+pub const NOP: u32 = 0;
+/// Dwords of a `COPY_LINEAR` packet.
+pub const PACKET_DWORDS: usize = 7;
+/// IBs are padded to a multiple of this many dwords.
+pub const IB_ALIGN_DWORDS: usize = 8;
+/// Longest wait for one submission.
+pub const FENCE_TIMEOUT: Duration = Duration::from_secs(60);
+
+const PAGE: u64 = 4096;
+/// Alignment of the VAs the engine hands out for large mappings (the GPU's large pages).
+const VA_ALIGN_LARGE: u64 = 2 << 20;
+
+/// How a GPU family encodes `COPY_LINEAR`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketFormat {
+    /// Whether the count field holds the byte count minus one (SDMA 4 and later).
+    pub count_minus_one: bool,
+    /// Most bytes one packet copies.
+    pub max_bytes: u32,
+}
+
+impl PacketFormat {
+    /// The encoding of family `family` (`AMDGPU_FAMILY_*`).
+    pub fn for_family(family: u32) -> Result<PacketFormat> {
+        if family >= AMDGPU_FAMILY_AI {
+            Ok(PacketFormat {
+                count_minus_one: true,
+                max_bytes: 1 << 21,
+            })
+        } else if family >= AMDGPU_FAMILY_CI {
+            Ok(PacketFormat {
+                count_minus_one: false,
+                max_bytes: (1 << 21) - 1,
+            })
+        } else {
+            Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "GPU family {family} has no SDMA engine this plugin drives (CIK or later needed)"
+                ),
+            ))
+        }
+    }
+
+    /// Dwords of an IB that copies `len` bytes, padding included.
+    pub fn ib_dwords(&self, len: u64) -> usize {
+        let packets = len.div_ceil(u64::from(self.max_bytes)) as usize;
+        (packets * PACKET_DWORDS).div_ceil(IB_ALIGN_DWORDS) * IB_ALIGN_DWORDS
+    }
+}
+
+/// Appends `COPY_LINEAR` packets that copy `len` bytes from GPU address `src` to `dst`.
+pub fn push_copy(ib: &mut Vec<u32>, format: PacketFormat, src: u64, dst: u64, len: u64) {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(u64::from(format.max_bytes)) as u32;
+        let count = if format.count_minus_one { n - 1 } else { n };
+        let (s, d) = (src + done, dst + done);
+        ib.extend_from_slice(&[
+            HEADER_COPY_LINEAR,
+            count,
+            0,
+            s as u32,
+            (s >> 32) as u32,
+            d as u32,
+            (d >> 32) as u32,
+        ]);
+        done += u64::from(n);
+    }
+}
+
+/// Pads `ib` with `NOP`s to a multiple of [`IB_ALIGN_DWORDS`].
+pub fn pad(ib: &mut Vec<u32>) {
+    while ib.len() % IB_ALIGN_DWORDS != 0 {
+        ib.push(NOP);
+    }
+}
+
+fn round_up(v: u64, to: u64) -> Option<u64> {
+    v.checked_next_multiple_of(to)
+}
+
+/// A bump allocator over a GPU VM range: VAs are never reused while the engine lives.
+#[derive(Debug)]
+struct VaSpace {
+    next: u64,
+    end: u64,
+}
+
+impl VaSpace {
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        let align = if size >= VA_ALIGN_LARGE {
+            VA_ALIGN_LARGE
+        } else {
+            PAGE
+        };
+        let va = round_up(self.next, align)?;
+        let end = va.checked_add(size)?;
+        if end > self.end {
+            return None;
+        }
+        self.next = end;
+        Some(va)
+    }
+}
+
+/// The engine of one GPU: a render-node file of the engine's own and its VM.
+struct GpuEngine {
+    minor: u32,
+    render: OwnedFd,
+    format: PacketFormat,
+    va: Mutex<VaSpace>,
+}
+
+impl GpuEngine {
+    fn alloc_va(&self, size: u64) -> Result<u64> {
+        let mut va = self.va.lock().unwrap_or_else(|e| e.into_inner());
+        va.alloc(size).ok_or_else(|| {
+            Error::new(
+                libc::ENOSPC,
+                format!(
+                    "no GPU address space left for {} in the copy engine's VM of renderD{}",
+                    Bytes(size),
+                    self.minor
+                ),
+            )
+        })
+    }
+}
+
+/// A BO mapped into an engine's VM.
+#[derive(Debug)]
+struct MappedBo {
+    gpu: usize,
+    handle: u32,
+    va: u64,
+    size: u64,
+    mapped: u64,
+}
+
+/// A BO that [`SdmaEngines::import`] made reachable by the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferId(usize);
+
+/// The SDMA engines of the GPUs one copy uses, and the BOs it reaches.
+pub struct SdmaEngines<'d> {
+    dev: &'d dyn KfdDevice,
+    gpus: Vec<GpuEngine>,
+    by_minor: HashMap<u32, usize>,
+    bos: Vec<MappedBo>,
+    timeout: Duration,
+}
+
+impl<'d> SdmaEngines<'d> {
+    /// No GPU yet; render nodes are opened by the first [`SdmaEngines::import`] of each.
+    pub fn new(dev: &'d dyn KfdDevice) -> SdmaEngines<'d> {
+        SdmaEngines {
+            dev,
+            gpus: Vec::new(),
+            by_minor: HashMap::new(),
+            bos: Vec::new(),
+            timeout: FENCE_TIMEOUT,
+        }
+    }
+
+    /// Changes the longest wait for one submission.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    fn gpu(&mut self, minor: u32) -> Result<usize> {
+        if let Some(&i) = self.by_minor.get(&minor) {
+            return Ok(i);
+        }
+        let render = self
+            .dev
+            .open_render_node(minor)
+            .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))?;
+        let info = self
+            .dev
+            .render_info(render.as_fd())
+            .map_err(|e| Error::io(&e, format!("cannot query the GPU of renderD{minor}")))?;
+        let format = PacketFormat::for_family(info.family)
+            .map_err(|e| e.context(format!("renderD{minor}")))?;
+        let start = round_up(info.va_start.max(PAGE), VA_ALIGN_LARGE).unwrap_or(u64::MAX);
+        self.gpus.push(GpuEngine {
+            minor,
+            render,
+            format,
+            va: Mutex::new(VaSpace {
+                next: start,
+                end: info.va_end,
+            }),
+        });
+        self.by_minor.insert(minor, self.gpus.len() - 1);
+        Ok(self.gpus.len() - 1)
+    }
+
+    /// Makes the BO behind `dmabuf` (`size` bytes) reachable through the SDMA engine of
+    /// render node `minor` (the BO's own GPU). The dma-buf fd may be closed afterwards.
+    pub fn import(&mut self, minor: u32, dmabuf: BorrowedFd<'_>, size: u64) -> Result<BufferId> {
+        let gpu = self.gpu(minor)?;
+        let g = &self.gpus[gpu];
+        let mapped = round_up(size, PAGE)
+            .filter(|&m| m > 0)
+            .ok_or_else(|| Error::new(libc::EINVAL, format!("BO size {size} cannot be mapped")))?;
+        let handle = self.dev.gem_import(g.render.as_fd(), dmabuf).map_err(|e| {
+            Error::io(
+                &e,
+                format!("cannot import the BO's dma-buf into renderD{minor}"),
+            )
+        })?;
+        let mapped_at = g.alloc_va(mapped).and_then(|va| {
+            self.dev
+                .gem_va(g.render.as_fd(), handle, va, mapped, true)
+                .map(|()| va)
+                .map_err(|e| {
+                    Error::io(
+                        &e,
+                        format!("cannot map the BO at GPU address {va:#x} of renderD{minor}"),
+                    )
+                })
+        });
+        let va = match mapped_at {
+            Ok(va) => va,
+            Err(e) => {
+                let _ = self.dev.gem_close(g.render.as_fd(), handle);
+                return Err(e);
+            }
+        };
+        self.bos.push(MappedBo {
+            gpu,
+            handle,
+            va,
+            size,
+            mapped,
+        });
+        Ok(BufferId(self.bos.len() - 1))
+    }
+
+    /// A copy thread's lane over its staging memory `staging`.
+    pub fn lane(&self, staging: StagingRegion) -> Lane<'_, 'd> {
+        Lane {
+            engines: self,
+            staging,
+            gpus: (0..self.gpus.len()).map(|_| None).collect(),
+            ib: Vec::new(),
+        }
+    }
+}
+
+impl Drop for SdmaEngines<'_> {
+    fn drop(&mut self) {
+        // Closing the render files would release all of it too; this leaves nothing behind
+        // even while a file is shared.
+        for bo in self.bos.drain(..).rev() {
+            let g = &self.gpus[bo.gpu];
+            let r = g.render.as_fd();
+            if let Err(e) = self.dev.gem_va(r, bo.handle, bo.va, bo.mapped, false) {
+                log::debug!(
+                    "amdgpu: unmapping BO at {:#x} of renderD{}: {e}",
+                    bo.va,
+                    g.minor
+                );
+            }
+            // The same BO imported twice has one handle: the second close fails harmlessly.
+            let _ = self.dev.gem_close(r, bo.handle);
+        }
+    }
+}
+
+/// What a lane holds on one GPU: context, command buffer and staging registration.
+struct LaneGpu {
+    ctx: u32,
+    ib_handle: u32,
+    ib_va: u64,
+    ib_size: u64,
+    ib: HostMapping,
+    staging_handle: u32,
+    staging_va: u64,
+    staging_size: u64,
+}
+
+/// One copy thread's access to the engines: see the module documentation.
+pub struct Lane<'e, 'd> {
+    engines: &'e SdmaEngines<'d>,
+    staging: StagingRegion,
+    gpus: Vec<Option<LaneGpu>>,
+    ib: Vec<u32>,
+}
+
+enum Direction {
+    ToHost,
+    ToGpu,
+}
+
+impl Lane<'_, '_> {
+    /// Copies `dst.len()` bytes at `offset` of BO `bo` into `dst`, which lies in this lane's
+    /// staging memory.
+    pub fn download(&mut self, bo: BufferId, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.copy(
+            bo,
+            offset,
+            dst.as_mut_ptr() as usize,
+            dst.len(),
+            Direction::ToHost,
+        )
+    }
+
+    /// Copies `src`, which lies in this lane's staging memory, to `offset` of BO `bo`.
+    pub fn upload(&mut self, bo: BufferId, offset: u64, src: &[u8]) -> Result<()> {
+        self.copy(
+            bo,
+            offset,
+            src.as_ptr() as usize,
+            src.len(),
+            Direction::ToGpu,
+        )
+    }
+
+    fn gpu(&mut self, gpu: usize) -> Result<&mut LaneGpu> {
+        if self.gpus[gpu].is_none() {
+            let lg = self.setup(gpu)?;
+            self.gpus[gpu] = Some(lg);
+        }
+        Ok(self.gpus[gpu].as_mut().expect("set above"))
+    }
+
+    fn setup(&self, gpu: usize) -> Result<LaneGpu> {
+        let dev = self.engines.dev;
+        let g = &self.engines.gpus[gpu];
+        let r = g.render.as_fd();
+        let fail = |what: &str, e: std::io::Error| {
+            Error::io(&e, format!("SDMA on renderD{}: cannot {what}", g.minor))
+        };
+        let ib_size = round_up(g.format.ib_dwords(self.staging.len as u64) as u64 * 4, PAGE)
+            .ok_or_else(|| Error::new(libc::EINVAL, "staging buffer too large"))?;
+        let ctx = dev.ctx_create(r).map_err(|e| fail("create a context", e))?;
+        let mut lg = PartialLane {
+            dev,
+            render: r,
+            ctx: Some(ctx),
+            bos: Vec::new(),
+        };
+        let (ib_handle, ib) = dev
+            .gem_create_mapped(r, ib_size)
+            .map_err(|e| fail("allocate a command buffer", e))?;
+        lg.bos.push((ib_handle, None));
+        let ib_va = g.alloc_va(ib_size)?;
+        dev.gem_va(r, ib_handle, ib_va, ib_size, true)
+            .map_err(|e| fail("map the command buffer", e))?;
+        lg.bos.last_mut().expect("pushed").1 = Some((ib_va, ib_size));
+        let staging_size = self.staging.len as u64;
+        // SAFETY: the staging region is page-aligned anonymous memory owned by the copy
+        // thread, which drops this lane (closing the handle) before freeing it.
+        let staging_handle = unsafe { dev.gem_userptr(r, self.staging.base, staging_size) }
+            .map_err(|e| {
+                fail(
+                    &format!("register {} of staging memory", Bytes(staging_size)),
+                    e,
+                )
+            })?;
+        lg.bos.push((staging_handle, None));
+        let staging_va = g.alloc_va(staging_size)?;
+        dev.gem_va(r, staging_handle, staging_va, staging_size, true)
+            .map_err(|e| fail("map the staging memory", e))?;
+        lg.bos.last_mut().expect("pushed").1 = Some((staging_va, staging_size));
+        lg.disarm();
+        Ok(LaneGpu {
+            ctx,
+            ib_handle,
+            ib_va,
+            ib_size,
+            ib,
+            staging_handle,
+            staging_va,
+            staging_size,
+        })
+    }
+
+    fn copy(
+        &mut self,
+        bo: BufferId,
+        offset: u64,
+        host: usize,
+        len: usize,
+        dir: Direction,
+    ) -> Result<()> {
+        let engines = self.engines;
+        let b = engines
+            .bos
+            .get(bo.0)
+            .ok_or_else(|| Error::new(libc::EINVAL, "unknown BO"))?;
+        let len64 = len as u64;
+        if offset.checked_add(len64).is_none_or(|end| end > b.size) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "copy of {len} bytes at {offset:#x} exceeds the BO ({} bytes)",
+                    b.size
+                ),
+            ));
+        }
+        let base = self.staging.base as usize;
+        let within = host
+            .checked_sub(base)
+            .filter(|&o| o.checked_add(len).is_some_and(|e| e <= self.staging.len));
+        let Some(host_offset) = within else {
+            return Err(Error::new(
+                libc::EINVAL,
+                "host memory of an SDMA copy is outside the lane's staging buffer",
+            ));
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let g = &engines.gpus[b.gpu];
+        let timeout = engines.timeout;
+        let mut ib = std::mem::take(&mut self.ib);
+        let lg = self.gpu(b.gpu)?;
+        let host_va = lg.staging_va + host_offset as u64;
+        let bo_va = b.va + offset;
+        let (src, dst) = match dir {
+            Direction::ToHost => (bo_va, host_va),
+            Direction::ToGpu => (host_va, bo_va),
+        };
+        ib.clear();
+        push_copy(&mut ib, g.format, src, dst, len64);
+        pad(&mut ib);
+        let result = submit(engines.dev, g, lg, &ib, b.handle, timeout);
+        self.ib = ib;
+        result
+    }
+}
+
+fn submit(
+    dev: &dyn KfdDevice,
+    g: &GpuEngine,
+    lg: &mut LaneGpu,
+    ib: &[u32],
+    bo: u32,
+    timeout: Duration,
+) -> Result<()> {
+    let r = g.render.as_fd();
+    let bytes = ib.len() * 4;
+    if bytes as u64 > lg.ib_size {
+        return Err(Error::new(
+            libc::EOVERFLOW,
+            format!(
+                "SDMA command buffer of {bytes} bytes exceeds its {} bytes",
+                lg.ib_size
+            ),
+        ));
+    }
+    lg.ib
+        .write_dwords(ib)
+        .map_err(|e| Error::io(&e, "writing the SDMA command buffer"))?;
+    let seq = dev
+        .submit_dma(
+            r,
+            lg.ctx,
+            &[bo, lg.staging_handle, lg.ib_handle],
+            lg.ib_va,
+            bytes as u32,
+        )
+        .map_err(|e| Error::io(&e, format!("SDMA submission on renderD{} failed", g.minor)))?;
+    match dev.wait_dma(r, lg.ctx, seq, timeout) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::new(
+            libc::ETIMEDOUT,
+            format!(
+                "SDMA copy on renderD{} did not complete within {} s",
+                g.minor,
+                timeout.as_secs()
+            ),
+        )),
+        Err(e) => Err(Error::io(
+            &e,
+            format!("SDMA copy on renderD{} failed", g.minor),
+        )),
+    }
+}
+
+/// Undoes a lane's half-made set-up on a GPU when a step fails.
+struct PartialLane<'a> {
+    dev: &'a dyn KfdDevice,
+    render: BorrowedFd<'a>,
+    ctx: Option<u32>,
+    bos: Vec<(u32, Option<(u64, u64)>)>,
+}
+
+impl PartialLane<'_> {
+    fn disarm(mut self) {
+        self.ctx = None;
+        self.bos.clear();
+    }
+}
+
+impl Drop for PartialLane<'_> {
+    fn drop(&mut self) {
+        release(self.dev, self.render, self.ctx.take(), &self.bos);
+    }
+}
+
+fn release(
+    dev: &dyn KfdDevice,
+    render: BorrowedFd<'_>,
+    ctx: Option<u32>,
+    bos: &[(u32, Option<(u64, u64)>)],
+) {
+    if let Some(ctx) = ctx {
+        if let Err(e) = dev.ctx_free(render, ctx) {
+            log::debug!("amdgpu: freeing SDMA context {ctx}: {e}");
+        }
+    }
+    for &(handle, mapping) in bos.iter().rev() {
+        if let Some((va, size)) = mapping {
+            if let Err(e) = dev.gem_va(render, handle, va, size, false) {
+                log::debug!("amdgpu: unmapping {va:#x}: {e}");
+            }
+        }
+        if let Err(e) = dev.gem_close(render, handle) {
+            log::debug!("amdgpu: closing GEM handle {handle}: {e}");
+        }
+    }
+}
+
+impl Drop for Lane<'_, '_> {
+    fn drop(&mut self) {
+        for (gpu, lg) in self.gpus.iter_mut().enumerate() {
+            let Some(lg) = lg.take() else { continue };
+            let g = &self.engines.gpus[gpu];
+            // The context goes first: no work of this lane is queued once it is freed.
+            let bos = [
+                (lg.ib_handle, Some((lg.ib_va, lg.ib_size))),
+                (lg.staging_handle, Some((lg.staging_va, lg.staging_size))),
+            ];
+            release(self.engines.dev, g.render.as_fd(), Some(lg.ctx), &bos);
+            drop(lg.ib);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AI: PacketFormat = PacketFormat {
+        count_minus_one: true,
+        max_bytes: 1 << 21,
+    };
+
+    #[test]
+    fn formats_follow_the_family() {
+        assert_eq!(PacketFormat::for_family(AMDGPU_FAMILY_AI).unwrap(), AI);
+        assert_eq!(
+            PacketFormat::for_family(kfd_sys::AMDGPU_FAMILY_NV).unwrap(),
+            AI
+        );
+        let vi = PacketFormat::for_family(kfd_sys::AMDGPU_FAMILY_VI).unwrap();
+        assert!(!vi.count_minus_one);
+        assert_eq!(vi.max_bytes, 0x1F_FFFF);
+        assert_eq!(PacketFormat::for_family(AMDGPU_FAMILY_CI).unwrap(), vi);
+        let e = PacketFormat::for_family(kfd_sys::AMDGPU_FAMILY_SI).unwrap_err();
+        assert_eq!(e.errno, libc::EOPNOTSUPP);
+    }
+
+    #[test]
+    fn packets_cover_the_range_with_the_family_count() {
+        let mut ib = Vec::new();
+        let len = (5 << 20) + 12;
+        push_copy(&mut ib, AI, 0x1_0000_1000, 0x2_0000_0000, len);
+        assert_eq!(ib.len(), 3 * PACKET_DWORDS);
+        let mut covered = 0u64;
+        for p in ib.chunks(PACKET_DWORDS) {
+            assert_eq!(p[0], 0x0000_0001);
+            assert_eq!(p[2], 0);
+            let n = u64::from(p[1]) + 1;
+            let src = u64::from(p[3]) | (u64::from(p[4]) << 32);
+            let dst = u64::from(p[5]) | (u64::from(p[6]) << 32);
+            assert_eq!(src, 0x1_0000_1000 + covered);
+            assert_eq!(dst, 0x2_0000_0000 + covered);
+            covered += n;
+        }
+        assert_eq!(covered, len);
+        assert_eq!(ib[1], (1 << 21) - 1);
+        assert_eq!(ib[2 * PACKET_DWORDS + 1], (1 << 20) + 11);
+
+        let vi = PacketFormat::for_family(kfd_sys::AMDGPU_FAMILY_VI).unwrap();
+        let mut ib = Vec::new();
+        push_copy(&mut ib, vi, 0, 1 << 40, 1 << 21);
+        assert_eq!(ib.len(), 2 * PACKET_DWORDS);
+        assert_eq!(ib[1], 0x1F_FFFF);
+        assert_eq!(ib[PACKET_DWORDS + 1], 1);
+        assert_eq!(ib[PACKET_DWORDS + 6], 1 << 8);
+    }
+
+    #[test]
+    fn ibs_are_padded_and_sized_ahead() {
+        let mut ib = Vec::new();
+        push_copy(&mut ib, AI, 0, 4096, 4096);
+        pad(&mut ib);
+        assert_eq!(ib.len(), 8);
+        assert_eq!(ib[7], NOP);
+        for len in [1u64, 4096, 1 << 21, (1 << 21) + 1, 64 << 20, (64 << 20) - 3] {
+            let mut ib = Vec::new();
+            push_copy(&mut ib, AI, 0, 1 << 30, len);
+            pad(&mut ib);
+            assert_eq!(ib.len(), AI.ib_dwords(len), "{len}");
+            assert_eq!(ib.len() % IB_ALIGN_DWORDS, 0);
+        }
+    }
+
+    #[test]
+    fn vas_are_aligned_bounded_and_never_reused() {
+        let mut va = VaSpace {
+            next: 0x20_0000,
+            end: 0x20_0000 + (8 << 20),
+        };
+        let a = va.alloc(4096).unwrap();
+        let b = va.alloc(2 << 20).unwrap();
+        assert_eq!(a, 0x20_0000);
+        assert_eq!(b % VA_ALIGN_LARGE, 0);
+        assert!(b >= a + 4096);
+        let c = va.alloc(4096).unwrap();
+        assert!(c >= b + (2 << 20));
+        assert!(va.alloc(8 << 20).is_none());
+        assert!(va.alloc(u64::MAX).is_none());
+    }
+}
+
+/// The engine against the simulator's SDMA model, which executes IBs as the hardware of each
+/// family reads them.
+#[cfg(test)]
+mod sim_tests {
+    use std::alloc::{Layout, alloc_zeroed, dealloc};
+    use std::os::fd::OwnedFd;
+
+    use super::*;
+    use crate::amdgpu::device::{AmdgpuRender, alloc_flags};
+    use crate::amdgpu::sim::{BoSpec, ProcessSpec, SimGpu, SimKfd};
+
+    const BO_SIZE: u64 = (3 << 20) + 4096;
+
+    /// Page-aligned memory standing in for a copy thread's staging buffer.
+    struct Staging(*mut u8, Layout);
+
+    impl Staging {
+        fn new(len: usize) -> Staging {
+            let layout = Layout::from_size_align(len, 4096).unwrap();
+            // SAFETY: non-zero size.
+            Staging(unsafe { alloc_zeroed(layout) }, layout)
+        }
+        fn region(&self) -> StagingRegion {
+            StagingRegion {
+                base: self.0,
+                len: self.1.size(),
+            }
+        }
+        fn bytes(&mut self) -> &mut [u8] {
+            // SAFETY: the whole allocation, zeroed, exclusively borrowed.
+            unsafe { std::slice::from_raw_parts_mut(self.0, self.1.size()) }
+        }
+    }
+
+    impl Drop for Staging {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.0, self.1) };
+        }
+    }
+
+    /// A machine of `family` with one process holding one VRAM BO filled with a pattern;
+    /// returns the simulator, the BO's dma-buf and the pattern.
+    fn machine(family: u32) -> (SimKfd, OwnedFd, Vec<u8>) {
+        let sim = SimKfd::with_gpus(vec![SimGpu {
+            gpu_id: 0x1000,
+            render_minor: 128,
+            vram_size: 1 << 30,
+            family,
+        }]);
+        let mut spec = ProcessSpec::new(7, &[0x1000]);
+        spec.bos.push(BoSpec {
+            gpu: 0,
+            size: BO_SIZE,
+            flags: alloc_flags::VRAM | alloc_flags::WRITABLE,
+        });
+        drop(sim.spawn(&spec).unwrap());
+        let v = sim.process(7).unwrap();
+        let addr = v
+            .bos
+            .iter()
+            .find(|b| b.2 & alloc_flags::VRAM != 0)
+            .unwrap()
+            .0;
+        let pattern: Vec<u8> = (0..BO_SIZE).map(|i| (i * 7 + i / 4099) as u8).collect();
+        sim.scribble(7, addr, 0, &pattern).unwrap();
+        let dmabuf = sim.export_dmabuf(7, addr).unwrap();
+        (sim, dmabuf, pattern)
+    }
+
+    #[test]
+    fn lanes_copy_exact_ranges_both_ways_on_every_family() {
+        for family in [
+            kfd_sys::AMDGPU_FAMILY_CI,
+            kfd_sys::AMDGPU_FAMILY_VI,
+            AMDGPU_FAMILY_AI,
+            kfd_sys::AMDGPU_FAMILY_NV,
+        ] {
+            let (sim, dmabuf, pattern) = machine(family);
+            let mut engines = SdmaEngines::new(&sim);
+            let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+            let mut staging = Staging::new(4 << 20);
+            let region = staging.region();
+            let mut lane = engines.lane(region);
+            // A download into the middle of the staging buffer, with guard bytes around it.
+            let (at, off, len) = (100usize, 4093u64, (2 << 20) + 5);
+            staging.bytes().fill(0xAA);
+            lane.download(bo, off, &mut staging.bytes()[at..at + len])
+                .unwrap();
+            let got = staging.bytes();
+            assert_eq!(
+                &got[at..at + len],
+                &pattern[off as usize..off as usize + len]
+            );
+            assert_eq!(
+                got[at - 1],
+                0xAA,
+                "family {family}: byte before overwritten"
+            );
+            assert_eq!(
+                got[at + len],
+                0xAA,
+                "family {family}: byte after overwritten"
+            );
+            // An upload of the tail of the BO, up to its last byte.
+            let tail = 4096 + 3;
+            got[..tail].fill(0x5C);
+            lane.upload(bo, BO_SIZE - tail as u64, &staging.bytes()[..tail])
+                .unwrap();
+            staging.bytes().fill(0);
+            lane.download(bo, 0, &mut staging.bytes()[..BO_SIZE as usize])
+                .unwrap();
+            let got = &staging.bytes()[..BO_SIZE as usize];
+            let cut = BO_SIZE as usize - tail;
+            assert_eq!(&got[..cut], &pattern[..cut], "family {family}");
+            assert!(got[cut..].iter().all(|&b| b == 0x5C), "family {family}");
+            // Outside the staging buffer or the BO: refused before any GPU work.
+            let mut elsewhere = vec![0u8; 16];
+            assert!(lane.download(bo, 0, &mut elsewhere).is_err());
+            assert!(
+                lane.download(bo, BO_SIZE - 8, &mut staging.bytes()[..16])
+                    .is_err()
+            );
+            drop(lane);
+            drop(engines);
+            assert_eq!(sim.gem_objects(), 0);
+        }
+    }
+
+    #[test]
+    fn the_simulated_engine_catches_a_count_off_by_one() {
+        // The C plugin's encoding (the byte count itself) on a Vega-class GPU, copying the
+        // last 4 KiB of the BO out: the extra byte lies past the BO's mapping, a GPU fault.
+        let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
+        let mut engines = SdmaEngines::new(&sim);
+        let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+        let render = engines.gpus[0].render.as_fd();
+        let b = &engines.bos[bo.0];
+        let (ib_handle, mut ib_map) = sim.gem_create_mapped(render, 4096).unwrap();
+        let ib_va = 0x4000_0000;
+        sim.gem_va(render, ib_handle, ib_va, 4096, true).unwrap();
+        let ctx = sim.ctx_create(render).unwrap();
+        let run = |count_minus_one: bool, ib_map: &mut HostMapping| {
+            let mut ib = Vec::new();
+            let format = PacketFormat {
+                count_minus_one,
+                max_bytes: 1 << 21,
+            };
+            // BO to BO: its last page onto its first.
+            push_copy(&mut ib, format, b.va + BO_SIZE - 4096, b.va, 4096);
+            pad(&mut ib);
+            ib_map.write_dwords(&ib).unwrap();
+            let seq = sim
+                .submit_dma(
+                    render,
+                    ctx,
+                    &[b.handle, ib_handle],
+                    ib_va,
+                    (ib.len() * 4) as u32,
+                )
+                .unwrap();
+            sim.wait_dma(render, ctx, seq, FENCE_TIMEOUT)
+        };
+        assert!(run(true, &mut ib_map).unwrap());
+        let e = run(false, &mut ib_map).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+        sim.ctx_free(render, ctx).unwrap();
+        sim.gem_va(render, ib_handle, ib_va, 4096, false).unwrap();
+        sim.gem_close(render, ib_handle).unwrap();
+    }
+}
