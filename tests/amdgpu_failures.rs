@@ -5,7 +5,7 @@
 #[path = "amdgpu_support/mod.rs"]
 mod support;
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use criu_gpu_plugin::amdgpu::device::alloc_flags;
@@ -585,4 +585,38 @@ fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
     assert_eq!(sim.process(420).unwrap().resumed, 1);
     b.finish(Stage::Restore, 0);
     assert_no_leaks(&sim, 0, 0);
+}
+
+#[test]
+fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let pid = 120;
+    let p = spawn(&sim, &spec(pid));
+    // A buffer allocated through the process's render node, not through KFD.
+    sim.alloc_render_bo(p.render[1].1.as_fd(), 1 << 20).unwrap();
+    let images = TempDir::new("gem");
+    let cfg = config(&topo, "");
+    let mut b = backend(&sim, images.path());
+    assert_eq!(
+        b.init(
+            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
+            Stage::Dump
+        ),
+        Ok(true)
+    );
+    let r = dump_files(&mut b, &sim, &[&p], 1);
+    assert_eq!(r.err(), Some(HookError::Errno(libc::EOPNOTSUPP)));
+    b.finish(Stage::Dump, -1);
+    assert!(!sim.process(pid).unwrap().paused);
+    assert_eq!(sim.open_fds("dmabuf"), 0);
+
+    // A kernel that cannot list them (before 6.18): the dump goes on, as it must there.
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    sim.update_faults(|f| f.no_gem_list = true);
+    let p = spawn(&sim, &spec(pid));
+    sim.alloc_render_bo(p.render[1].1.as_fd(), 1 << 20).unwrap();
+    let images = TempDir::new("gem-old");
+    dump(&sim, &[&p], images.path(), &cfg);
+    assert!(!sim.process(pid).unwrap().paused);
 }

@@ -566,7 +566,7 @@ impl GpuBackend for AmdgpuBackend {
             }
             FileKind::RenderNode { minor } => {
                 let mut state = std::mem::take(&mut run.dump);
-                let r = dump::dump_render_node(&run.dump_ctx(), &mut state, id, minor);
+                let r = dump::dump_render_node(&run.dump_ctx(), &mut state, borrowed, id, minor);
                 run.dump = state;
                 match r {
                     Ok(Some(user)) => {

@@ -158,6 +158,15 @@ pub struct RenderInfo {
     pub va_end: u64,
 }
 
+/// The GEM BOs a render-node file holds (`DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemCensus {
+    /// BOs with a handle in the file.
+    pub bos: usize,
+    /// Of those, BOs imported from a dma-buf.
+    pub imported: usize,
+}
+
 /// Memory of this process mapped from a file (a GEM BO through its render node, or a
 /// simulator's memfd); unmapped when dropped.
 pub struct HostMapping {
@@ -250,6 +259,11 @@ impl fmt::Debug for HostMapping {
 pub trait AmdgpuRender {
     /// `AMDGPU_INFO` / `AMDGPU_INFO_DEV_INFO`: family and usable VA range.
     fn render_info(&self, render: BorrowedFd<'_>) -> io::Result<RenderInfo>;
+
+    /// `DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES` (Linux 6.18) on a process's render-node file:
+    /// the GEM BOs allocated or imported through it; `None` when the kernel lacks the ioctl
+    /// (older kernels cannot say).
+    fn gem_census(&self, render: BorrowedFd<'_>) -> io::Result<Option<GemCensus>>;
 
     /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: the GEM handle of the BO behind `dmabuf` in file
     /// `render` (the same handle every time for the same BO and file).

@@ -474,11 +474,17 @@ pub fn unpause(dev: &dyn KfdDevice, p: &mut PausedKfd) -> Result<()> {
     Ok(())
 }
 
-/// Dumps render node `minor` opened by the process as file `id`. `None` when the node is
-/// not a KFD GPU's (another driver's render node is not this backend's).
+/// Dumps render node `minor` opened by the process as file `id` (`fd`, drained from the
+/// process). `None` when the node is not a KFD GPU's (another driver's render node is not
+/// this backend's).
+///
+/// GEM BOs allocated or imported through the render node itself (not through KFD) are not
+/// dumped by this backend; rather than lose them silently (the process would be restored
+/// without them), a file holding any fails the dump. Kernels before 6.18 cannot list them.
 pub fn dump_render_node(
     ctx: &DumpCtx<'_>,
     state: &mut DumpState,
+    fd: BorrowedFd<'_>,
     id: u32,
     minor: u32,
 ) -> Result<Option<u32>> {
@@ -486,6 +492,27 @@ pub fn dump_render_node(
     let Some(gpu) = topo.gpu_by_render_minor(minor) else {
         return Ok(None);
     };
+    match ctx.dev.gem_census(fd) {
+        Ok(Some(c)) if c.bos > 0 => {
+            return Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "renderD{minor} holds {} GEM BO(s) of the process's own ({} imported from dma-bufs), allocated through the render node rather than KFD; dumping those is not supported, and leaving them out would restore a process without them",
+                    c.bos, c.imported
+                ),
+            ));
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => log::debug!(
+            "amdgpu: renderD{minor}: the kernel cannot list GEM BOs (before Linux 6.18); assuming none"
+        ),
+        Err(e) => {
+            return Err(Error::io(
+                &e,
+                format!("cannot list the GEM BOs of renderD{minor}"),
+            ));
+        }
+    }
     let actual = gpu.gpu_id;
     // The process's own id for the GPU when a KFD file told it; otherwise the GPU was never
     // migrated for this process and the ids agree (the C plugin failed here, B5).

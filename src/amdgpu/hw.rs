@@ -30,7 +30,7 @@ use kfd_sys::{
     kfd_ioctl_criu_args,
 };
 
-use super::device::{AmdgpuRender, FileIdentity, HostMapping, KfdDevice, RenderInfo};
+use super::device::{AmdgpuRender, FileIdentity, GemCensus, HostMapping, KfdDevice, RenderInfo};
 
 /// Path of libhsakmt's shared memory file.
 const HSAKMT_SHM_PATH: &str = "/dev/shm/hsakmt_shared_mem";
@@ -84,6 +84,35 @@ impl AmdgpuRender for HwDevice {
             va_start: info.virtual_address_offset,
             va_end: info.virtual_address_max,
         })
+    }
+
+    fn gem_census(&self, render: BorrowedFd<'_>) -> io::Result<Option<GemCensus>> {
+        let mut entries = vec![kfd_sys::v6_18::drm_amdgpu_gem_list_handles_entry::default(); 64];
+        // The list may grow between calls; a few rounds, each with room for what was there.
+        for _ in 0..4 {
+            // SAFETY: a render node CRIU drained from the process; the call only lists.
+            let n = match unsafe { kfd_sys::amdgpu_gem_list_handles(render, &mut entries) } {
+                Ok(n) => n,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            if n <= entries.len() {
+                let imported = entries[..n]
+                    .iter()
+                    .filter(|e| {
+                        e.flags & kfd_sys::v6_18::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT != 0
+                    })
+                    .count();
+                return Ok(Some(GemCensus { bos: n, imported }));
+            }
+            if n > 1 << 22 {
+                return Err(io::Error::from_raw_os_error(libc::E2BIG));
+            }
+            entries.resize(n + 16, Default::default());
+        }
+        Err(io::Error::from_raw_os_error(libc::EAGAIN))
     }
 
     fn gem_import(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {

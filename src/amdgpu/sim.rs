@@ -29,16 +29,26 @@
 //!   new one for another GPU's BO.
 //! * GPUs hidden from processes (a container's device list, [`SimKfd::hide_gpu`]): sysfs
 //!   still lists them, new KFD processes do not get them.
-//! * Fault injection at every operation, at the copy of a chosen BO, and at opening a render
-//!   node.
+//! * The render-node side of the SDMA copy engine: per render file a GEM handle table
+//!   (imported dma-bufs, userptr registrations of page-aligned user memory, GTT command
+//!   buffers backed by memfds the caller maps), a GPU VM (page-aligned, non-overlapping
+//!   mappings within a VA range), contexts, and submissions to the DMA ring that run the IB
+//!   as the SDMA engine of the GPU's family reads it: `NOP`s with their dword count and
+//!   `COPY_LINEAR` with the count − 1 from family AI on (the count itself before), every
+//!   address resolved in the VM and required to lie in one mapping of a BO of the
+//!   submission's list (anything else is a GPU fault reported by the fence wait), copies done
+//!   for real between BO memfds and user memory. A BO of another GPU is not reachable.
+//! * Fault injection at every operation, at the SDMA copy of a chosen BO, at submission, at
+//!   userptr registration, a submission that never completes, and at opening a render node.
 //!
 //! # What it does not model
 //!
 //! Permissions (ptrace parenthood, `CAP_CHECKPOINT_RESTORE`), pid namespaces beyond a
 //! distinct in-namespace pid, mmap of files (CPU mappings are checked with
-//! [`SimKfd::check_vma`] instead), SVM migration, XNACK semantics, GPU work, render-node
-//! (DRM, non-KFD) BOs, the cost of GPU copies (downloads and uploads are CPU copies of
-//! memfds), and the real layout of KFD's private data.
+//! [`SimKfd::check_vma`] instead), SVM migration, XNACK semantics, GPU work other than SDMA copies,
+//! render-node (DRM, non-KFD) BOs of the process, the cost and asynchrony of GPU copies (a
+//! submission is executed before the ioctl returns, as CPU copies), userptr pinning limits,
+//! and the real layout of KFD's private data.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -57,7 +67,7 @@ use kfd_sys::{
 };
 
 use super::device::{
-    AmdgpuRender, DRM_MAJOR, FileIdentity, HostMapping, KFD_MMAP_GPU_ID_SHIFT,
+    AmdgpuRender, DRM_MAJOR, FileIdentity, GemCensus, HostMapping, KFD_MMAP_GPU_ID_SHIFT,
     KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_EVENTS, KFD_MMAP_TYPE_MMIO, KfdDevice, RenderInfo,
     alloc_flags,
 };
@@ -164,6 +174,8 @@ pub struct Faults {
     pub sdma_hang: bool,
     /// Registering user memory (userptr) fails.
     pub userptr: Option<Fault>,
+    /// The kernel lacks `GEM_LIST_HANDLES` (before Linux 6.18).
+    pub no_gem_list: bool,
     /// Opening this render minor fails with this errno.
     pub open_render: Option<(u32, i32)>,
 }
@@ -1633,6 +1645,21 @@ unsafe fn run_copy(op: &CopyOp) -> io::Result<()> {
 }
 
 impl SimKfd {
+    /// Allocates a GTT BO of `size` bytes through render-node file `render` (not through
+    /// KFD), as a process using render-node allocation does; returns its GEM handle.
+    pub fn alloc_render_bo(&self, render: BorrowedFd<'_>, size: u64) -> io::Result<u32> {
+        let mem = Arc::new(BoMem::new("kfdsim-render-bo", size, 0)?);
+        let mut st = self.state();
+        let (rn, _, _) = self.render_vm(&mut st, render)?;
+        let h = Self::new_handle(&mut st, rn);
+        st.vms
+            .entry(rn)
+            .or_default()
+            .objects
+            .insert(h, GemMem::Local(mem));
+        Ok(h)
+    }
+
     /// What the simulated SDMA engines have done so far.
     pub fn sdma_stats(&self) -> SdmaStats {
         self.state().sdma
@@ -1702,6 +1729,22 @@ impl AmdgpuRender for SimKfd {
             va_start: SIM_VA_START,
             va_end: SIM_VA_END,
         })
+    }
+
+    fn gem_census(&self, render: BorrowedFd<'_>) -> io::Result<Option<GemCensus>> {
+        let mut st = self.state();
+        if st.faults.no_gem_list {
+            return Ok(None);
+        }
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        Ok(Some(GemCensus {
+            bos: vm.objects.len(),
+            imported: vm
+                .objects
+                .values()
+                .filter(|m| matches!(m, GemMem::Bo(_) | GemMem::Foreign))
+                .count(),
+        }))
     }
 
     fn gem_import(&self, render: BorrowedFd<'_>, dmabuf: BorrowedFd<'_>) -> io::Result<u32> {
