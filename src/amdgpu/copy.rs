@@ -20,15 +20,14 @@
 //! piece is started, every thread is joined before [`run`] returns, and that error is
 //! returned.
 
-use std::alloc::{self, Layout};
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Alignment of staging allocations: a page, so they can be registered with the GPU
-/// (userptr).
+/// Alignment and granule of staging mappings: a page, so they can be registered with the
+/// GPU (userptr).
 const STAGING_ALIGN: usize = 4096;
 
 /// Where the data starts in a staging allocation. Pages files put BO bytes 8 bytes into
@@ -126,52 +125,69 @@ pub struct StagingRegion {
     pub len: usize,
 }
 
-/// A page-aligned heap buffer.
+/// A staging buffer: an anonymous mapping of its own, page aligned and zero-filled.
+///
+/// Not heap memory: a device may write into it (a userptr registration), and the mapping is
+/// unmapped when dropped, so that no allocation reuses these pages while GPU work that was
+/// given up on (a timed-out fence) could still write them; unmapping waits for that work
+/// through the registration's MMU notifier.
 struct Staging {
     ptr: NonNull<u8>,
+    /// Usable bytes after `STAGING_DATA_OFFSET`.
     len: usize,
+    /// Bytes mapped.
+    mapped: usize,
 }
 
-// SAFETY: the buffer is plain owned memory; only the thread holding the `Staging` touches it.
+// SAFETY: the mapping is owned memory; only the thread holding the `Staging` touches it.
 unsafe impl Send for Staging {}
 
 impl Staging {
-    fn layout(len: usize) -> Option<Layout> {
-        let size = (len.max(1).checked_add(STAGING_DATA_OFFSET)?)
-            .checked_next_multiple_of(STAGING_ALIGN)?;
-        Layout::from_size_align(size, STAGING_ALIGN).ok()
-    }
-
     fn new(len: usize) -> io::Result<Staging> {
-        let layout = Self::layout(len).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: the layout has a non-zero size. Zeroed memory keeps every byte of the
-        // buffer initialised, so handing out slices of it is sound.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        Ok(Staging { ptr, len })
+        let mapped = len
+            .max(1)
+            .checked_add(STAGING_DATA_OFFSET)
+            .and_then(|n| n.checked_next_multiple_of(STAGING_ALIGN))
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new private anonymous mapping chosen by the kernel; it is zero-filled,
+        // so every byte handed out later is initialised.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(Staging { ptr, len, mapped })
     }
 
     fn region(&self) -> StagingRegion {
         StagingRegion {
             base: self.ptr.as_ptr(),
-            len: Self::layout(self.len).expect("valid at allocation").size(),
+            len: self.mapped,
         }
     }
 
     fn slice(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.len, "piece larger than its staging buffer");
-        // SAFETY: the allocation holds `STAGING_DATA_OFFSET + self.len` initialised bytes
-        // (zeroed at allocation) and is exclusively owned by this `Staging`, borrowed
-        // mutably here.
+        // SAFETY: the mapping holds `STAGING_DATA_OFFSET + self.len` initialised bytes and is
+        // exclusively owned by this `Staging`, borrowed mutably here.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(STAGING_DATA_OFFSET), len) }
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let layout = Self::layout(self.len).expect("layout was valid at allocation");
-        // SAFETY: allocated in `new` with this very layout and not freed since.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
     }
 }
 

@@ -35,7 +35,6 @@ use super::copy;
 use super::device::{
     self, Bytes, CriuBuffers, CriuLimits, KfdDevice, MIN_KFD_VERSION, alloc_flags,
 };
-use super::devinfo;
 use super::error::{Error, Result};
 use super::image::{BoEntry, KfdCheckpoint, PagesLayout, RenderNodeDrm, RenderNodeImage};
 use super::images::{Images, PagesOut};
@@ -212,11 +211,7 @@ pub fn checkpoint(
             ));
         }
     }
-    let devices: Vec<_> = topo
-        .to_device_infos(|actual| user_of.get(&actual).copied())
-        .iter()
-        .map(devinfo::to_entry)
-        .collect();
+    let devices = topo.to_device_entries(|actual| user_of.get(&actual).copied());
     let num_of_gpus = devices.iter().filter(|d| d.gpu_id != 0).count() as u32;
     let num_of_cpus = devices.len() as u32 - num_of_gpus;
 

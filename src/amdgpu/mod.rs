@@ -4,7 +4,6 @@ pub mod backend;
 pub mod copy;
 pub mod criu_ext;
 pub mod device;
-pub mod devinfo;
 pub mod dump;
 pub mod error;
 pub mod hw;

@@ -25,7 +25,6 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 use super::copy;
 use super::criu_ext;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
-use super::devinfo;
 use super::dump::check_kfd_version;
 use super::error::{Error, Result};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader, RenderNodeImage};
@@ -122,8 +121,7 @@ pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
 
 /// Computes the GPU map of `image` onto this machine.
 pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
-    let infos: Vec<_> = image.devices.iter().map(devinfo::to_info).collect();
-    let src = Topology::from_device_infos(&infos).map_err(|e| {
+    let src = Topology::from_device_entries(&image.devices).map_err(|e| {
         Error::new(
             libc::EINVAL,
             format!("the image's topology is invalid: {e}"),

@@ -12,8 +12,8 @@
 //!   be able to use (for example a container whose device list lacks their
 //!   render node); [`present_render_minors`] lists the render nodes under a
 //!   `/dev/dri` directory to build such a filter.
-//! * [`Topology::to_device_infos`] / [`Topology::from_device_infos`] convert to
-//!   and from [`DeviceInfo`], the plain form of the image's `kfd_device_entry`.
+//! * [`Topology::to_device_entries`] / [`Topology::from_device_entries`] convert to
+//!   and from the image's device entries ([`DeviceEntry`], `kfd_device_entry`).
 //! * [`map_gpus`] maps every checkpointed GPU to a distinct restore GPU and
 //!   returns a [`GpuMap`] (gpu ids and render minors), under the seven
 //!   `KFD_*_CHECK` switches held in [`CompatChecks`].
@@ -34,7 +34,7 @@
 //!
 //! # Defects fixed and deliberate deviations
 //!
-//! * **B3**: [`Topology::to_device_infos`] leaves out GPUs that KFD did not
+//! * **B3**: [`Topology::to_device_entries`] leaves out GPUs that KFD did not
 //!   report for the process (cgroup or device-list limits) instead of failing
 //!   the dump, and drops the links that pointed at them.
 //! * **B7**: the mapping never picks a GPU that [`Topology::retain_accessible`]
@@ -71,6 +71,9 @@ use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+pub use super::image::DeviceEntry;
+use super::image::IoLink as EntryLink;
 
 /// Where amdkfd exposes its topology.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys/class/kfd/kfd/topology";
@@ -269,91 +272,11 @@ pub struct Topology {
 // Image form
 // ---------------------------------------------------------------------------
 
-/// One link of a [`DeviceInfo`] (the image's `dev_iolink`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DevIoLink {
-    /// Raw link type (2 = PCIe, 11 = XGMI).
-    pub r#type: u32,
-    /// Node id of the other end.
-    pub node_to_id: u32,
-}
-
-/// Plain form of the image's `kfd_device_entry` message (field numbers in
-/// the comments). CPU entries carry only `node_id`, `cpu_cores_count` and
-/// links; GPU entries carry everything else and the *user* gpu id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// 1
-    pub node_id: u32,
-    /// 2: 0 for a CPU, else the user gpu id.
-    pub gpu_id: u32,
-    /// 3: set only for CPU entries.
-    pub cpu_cores_count: u32,
-    /// 4
-    pub simd_count: u32,
-    /// 5
-    pub mem_banks_count: u32,
-    /// 6
-    pub caches_count: u32,
-    /// 7
-    pub io_links_count: u32,
-    /// 8
-    pub max_waves_per_simd: u32,
-    /// 9
-    pub lds_size_in_kb: u32,
-    /// 10: never filled upstream, always 0.
-    pub gds_size_in_kb: u32,
-    /// 11
-    pub num_gws: u32,
-    /// 12
-    pub wave_front_size: u32,
-    /// 13
-    pub array_count: u32,
-    /// 14
-    pub simd_arrays_per_engine: u32,
-    /// 15
-    pub cu_per_simd_array: u32,
-    /// 16
-    pub simd_per_cu: u32,
-    /// 17
-    pub max_slots_scratch_cu: u32,
-    /// 18
-    pub vendor_id: u32,
-    /// 19
-    pub device_id: u32,
-    /// 20
-    pub domain: u32,
-    /// 21
-    pub drm_render_minor: u32,
-    /// 22
-    pub hive_id: u64,
-    /// 23
-    pub num_sdma_engines: u32,
-    /// 24
-    pub num_sdma_xgmi_engines: u32,
-    /// 25
-    pub num_sdma_queues_per_engine: u32,
-    /// 26
-    pub num_cp_queues: u32,
-    /// 27
-    pub fw_version: u32,
-    /// 28
-    pub capability: u32,
-    /// 29
-    pub sdma_fw_version: u32,
-    /// 30: 1 when the VRAM bank is public.
-    pub vram_public: u32,
-    /// 31
-    pub vram_size: u64,
-    /// 32: valid links only.
-    pub iolinks: Vec<DevIoLink>,
-}
-
-fn dev_links(links: &[IoLink]) -> Vec<DevIoLink> {
+fn dev_links(links: &[IoLink]) -> Vec<EntryLink> {
     links
         .iter()
-        .map(|l| DevIoLink {
-            r#type: l.link_type.raw(),
+        .map(|l| EntryLink {
+            link_type: l.link_type.raw(),
             node_to_id: l.node_to,
         })
         .collect()
@@ -362,8 +285,8 @@ fn dev_links(links: &[IoLink]) -> Vec<DevIoLink> {
 impl GpuNode {
     /// The image entry for this GPU, recorded under `image_gpu_id` (the user
     /// gpu id KFD reported for the process). Links are copied as they are.
-    pub fn to_device_info(&self, image_gpu_id: u32) -> DeviceInfo {
-        DeviceInfo {
+    pub fn to_device_entry(&self, image_gpu_id: u32) -> DeviceEntry {
+        DeviceEntry {
             node_id: self.node_id,
             gpu_id: image_gpu_id,
             cpu_cores_count: 0,
@@ -402,26 +325,26 @@ impl GpuNode {
 
 impl CpuNode {
     /// The image entry for this CPU node. Links are copied as they are.
-    pub fn to_device_info(&self) -> DeviceInfo {
-        DeviceInfo {
+    pub fn to_device_entry(&self) -> DeviceEntry {
+        DeviceEntry {
             node_id: self.node_id,
             cpu_cores_count: self.cpu_cores_count,
             iolinks: dev_links(&self.io_links),
-            ..DeviceInfo::default()
+            ..DeviceEntry::default()
         }
     }
 }
 
-impl From<&DeviceInfo> for TopologyNode {
+impl From<&DeviceEntry> for TopologyNode {
     /// An entry with a non-zero gpu id is a GPU, otherwise a CPU. (Upstream
     /// tests `cpu_cores_count`; for entries the plugin writes the two agree.)
     /// Links of unknown types are dropped.
-    fn from(d: &DeviceInfo) -> Self {
+    fn from(d: &DeviceEntry) -> Self {
         let io_links = d
             .iolinks
             .iter()
             .filter_map(|l| {
-                IoLinkType::from_raw(l.r#type).map(|link_type| IoLink {
+                IoLinkType::from_raw(l.link_type).map(|link_type| IoLink {
                     link_type,
                     node_to: l.node_to_id,
                 })
@@ -610,7 +533,7 @@ impl Topology {
     }
 
     /// Rebuilds the checkpointed topology from the image's device entries.
-    pub fn from_device_infos(entries: &[DeviceInfo]) -> Result<Self, TopologyError> {
+    pub fn from_device_entries(entries: &[DeviceEntry]) -> Result<Self, TopologyError> {
         Self::from_nodes(entries.iter().map(TopologyNode::from).collect())
     }
 
@@ -621,10 +544,10 @@ impl Topology {
     /// reported by KFD (hidden by cgroups or a device list) and are left out
     /// (fix for B3, where the dump failed instead). Only valid links are
     /// written: links to nodes that are absent or left out are dropped.
-    pub fn to_device_infos(
+    pub fn to_device_entries(
         &self,
         mut image_gpu_id: impl FnMut(u32) -> Option<u32>,
-    ) -> Vec<DeviceInfo> {
+    ) -> Vec<DeviceEntry> {
         let mut kept: Vec<(&TopologyNode, u32)> = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
             match node {
@@ -643,8 +566,8 @@ impl Topology {
         kept.iter()
             .map(|&(node, user)| {
                 let mut info = match node {
-                    TopologyNode::Cpu(c) => c.to_device_info(),
-                    TopologyNode::Gpu(g) => g.to_device_info(user),
+                    TopologyNode::Cpu(c) => c.to_device_entry(),
+                    TopologyNode::Gpu(g) => g.to_device_entry(user),
                 };
                 info.iolinks.retain(|l| present.contains(&l.node_to_id));
                 info
@@ -1898,7 +1821,7 @@ fn unplaceable_hive(can: &[Vec<bool>], restore_hives: usize) -> Option<usize> {
 }
 
 /// Maps every GPU of the checkpointed topology (rebuilt from the image with
-/// [`Topology::from_device_infos`]) to a distinct GPU of `restore` (parsed
+/// [`Topology::from_device_entries`]) to a distinct GPU of `restore` (parsed
 /// from sysfs and filtered with [`Topology::retain_accessible`]).
 ///
 /// The GPU counts must be equal and the restore host must have at least as
@@ -2840,7 +2763,7 @@ mod tests {
     }
 
     fn identity_image(t: &Topology) -> Topology {
-        Topology::from_device_infos(&t.to_device_infos(Some)).expect("image round trip")
+        Topology::from_device_entries(&t.to_device_entries(Some)).expect("image round trip")
     }
 
     #[test]
@@ -2922,7 +2845,7 @@ mod tests {
     #[test]
     fn device_info_round_trip() {
         let host = Topology::from_sysfs(&fixture("8gpu-2hives")).unwrap();
-        let infos = host.to_device_infos(|actual| Some(actual ^ 0x8000));
+        let infos = host.to_device_entries(|actual| Some(actual ^ 0x8000));
         assert_eq!(infos.len(), 10);
         let cpu = &infos[0];
         assert_eq!(
@@ -2935,12 +2858,12 @@ mod tests {
         assert_eq!(gpu.gds_size_in_kb, 0);
         assert_eq!(gpu.vram_public, 1);
         assert_eq!(gpu.iolinks.len(), 4);
-        assert!(gpu.iolinks.contains(&DevIoLink {
-            r#type: 11,
+        assert!(gpu.iolinks.contains(&EntryLink {
+            link_type: 11,
             node_to_id: 3
         }));
 
-        let back = Topology::from_device_infos(&infos).unwrap();
+        let back = Topology::from_device_entries(&infos).unwrap();
         assert_eq!(back.gpu_count(), 8);
         for (a, b) in host.gpus().zip(back.gpus()) {
             assert_eq!(
@@ -2963,15 +2886,15 @@ mod tests {
     #[test]
     fn b3_gpus_not_reported_by_kfd_are_left_out_of_the_image() {
         let host = Topology::from_sysfs(&fixture("2gpu")).unwrap();
-        let infos = host.to_device_infos(|actual| (actual == 1266).then_some(0x4242));
+        let infos = host.to_device_entries(|actual| (actual == 1266).then_some(0x4242));
         assert_eq!(infos.len(), 2, "CPU and the reported GPU");
         assert_eq!(infos[1].gpu_id, 0x4242);
         assert_eq!(infos[1].node_id, 2);
         // The CPU's link to the left-out GPU (node 1) is dropped.
         assert_eq!(
             infos[0].iolinks,
-            vec![DevIoLink {
-                r#type: 2,
+            vec![EntryLink {
+                link_type: 2,
                 node_to_id: 2
             }]
         );
@@ -2979,39 +2902,39 @@ mod tests {
 
     #[test]
     fn device_infos_are_validated() {
-        let gpu = DeviceInfo {
+        let gpu = DeviceEntry {
             node_id: 1,
             gpu_id: 0x10,
-            ..DeviceInfo::default()
+            ..DeviceEntry::default()
         };
-        let err = Topology::from_device_infos(&[gpu.clone(), gpu.clone()]).unwrap_err();
+        let err = Topology::from_device_entries(&[gpu.clone(), gpu.clone()]).unwrap_err();
         assert!(err.to_string().contains("node id 1 appears twice"), "{err}");
-        let other = DeviceInfo {
+        let other = DeviceEntry {
             node_id: 2,
             ..gpu.clone()
         };
-        let err = Topology::from_device_infos(&[gpu.clone(), other]).unwrap_err();
+        let err = Topology::from_device_entries(&[gpu.clone(), other]).unwrap_err();
         assert!(
             err.to_string().contains("gpu id 0x0010 appears twice"),
             "{err}"
         );
         // Unknown link types are dropped, links to absent nodes are invalid.
-        let cpu = DeviceInfo {
+        let cpu = DeviceEntry {
             node_id: 0,
             cpu_cores_count: 8,
             iolinks: vec![
-                DevIoLink {
-                    r#type: 1,
+                EntryLink {
+                    link_type: 1,
                     node_to_id: 1,
                 },
-                DevIoLink {
-                    r#type: 2,
+                EntryLink {
+                    link_type: 2,
                     node_to_id: 7,
                 },
             ],
-            ..DeviceInfo::default()
+            ..DeviceEntry::default()
         };
-        let t = Topology::from_device_infos(&[cpu, gpu]).unwrap();
+        let t = Topology::from_device_entries(&[cpu, gpu]).unwrap();
         assert_eq!(
             t.nodes()[0].io_links(),
             &[IoLink {
