@@ -8,6 +8,7 @@
 //!   before CRIU checks the descriptor, so one binary loads in every CRIU from 3.17 to criu-dev;
 //! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
 //!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
+//! - [`stream`]: whether CRIU streams its images (`--stream`), for plugins that write files;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
 //! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
 //!   contain panics and map errors to negative errno, and [`export_plugin!`].
@@ -22,6 +23,7 @@ pub mod abi;
 pub mod host;
 pub mod log;
 pub mod plugin;
+pub mod stream;
 pub mod symbols;
 
 pub use abi::{HookId, PluginDesc, Stage};

@@ -108,6 +108,8 @@ struct Run {
     tasks: HashMap<u32, TaskState>,
     resume_kfd: Option<OwnedFd>,
     copies: Vec<CopyRecord>,
+    /// CRIU's image stream (`--stream`), looked up on first need.
+    stream: std::cell::OnceCell<Option<criu_plugin::stream::ImageStream>>,
 }
 
 impl Drop for Run {
@@ -255,6 +257,7 @@ impl AmdgpuBackend {
             kfd_rdev,
             limits: CriuLimits::default(),
             inventory_added: false,
+            stream: std::cell::OnceCell::new(),
             dump: DumpState::default(),
             queue,
             fdstore,
@@ -311,6 +314,21 @@ impl Run {
             .topology
             .as_ref()
             .is_some_and(|t| t.gpu_by_render_minor(minor).is_some())
+    }
+
+    /// Fails when CRIU streams its images: this backend writes its images as files of the
+    /// images directory, which a stream would leave out (the dump would look complete and
+    /// could not be restored).
+    fn refuse_stream(&self) -> HookResult {
+        match self.stream.get_or_init(criu_plugin::stream::image_stream) {
+            None => Ok(()),
+            Some(s) => Err(fail(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "CRIU streams its images ({s:?}); the AMD GPU backend writes its images as files and does not support --stream, so the process's GPU state would be missing from the stream"
+                ),
+            ))),
+        }
     }
 
     fn dump_kfd(&mut self, fd: RawFd, id: u32) -> HookResult {
@@ -545,8 +563,10 @@ impl GpuBackend for AmdgpuBackend {
             dmabuf: false,
         };
         match classify(&id, run.kfd_rdev) {
-            FileKind::Kfd => run.add_inventory(),
-            FileKind::RenderNode { minor } if run.is_kfd_render_node(minor) => run.add_inventory(),
+            FileKind::Kfd => run.refuse_stream().and_then(|()| run.add_inventory()),
+            FileKind::RenderNode { minor } if run.is_kfd_render_node(minor) => {
+                run.refuse_stream().and_then(|()| run.add_inventory())
+            }
             _ => Err(HookError::NotMine),
         }
     }
@@ -561,10 +581,14 @@ impl GpuBackend for AmdgpuBackend {
             .map_err(|e| fail(Error::io(&e, format!("cannot inspect file {id}"))))?;
         match classify(&ident, run.kfd_rdev) {
             FileKind::Kfd => {
+                run.refuse_stream()?;
                 run.add_inventory()?;
                 run.dump_kfd(fd, id)
             }
             FileKind::RenderNode { minor } => {
+                if run.is_kfd_render_node(minor) {
+                    run.refuse_stream()?;
+                }
                 let mut state = std::mem::take(&mut run.dump);
                 let r = dump::dump_render_node(&run.dump_ctx(), &mut state, borrowed, id, minor);
                 run.dump = state;

@@ -578,6 +578,16 @@ impl CudaBackend {
     }
 
     fn write_metadata(&self) -> std::io::Result<()> {
+        // With `--stream` a file in the images directory would not be part of the stream.
+        // The metadata is optional at restore (images of CRIU's C plugin have none), so the
+        // checkpoint stays complete without it; only the early GPU checks are lost.
+        if let Some(s) = criu_plugin::stream::image_stream() {
+            log::info!(
+                "cuda: CRIU streams its images ({s:?}); {} is not written, so restore skips the early GPU checks",
+                metadata::FILE_NAME
+            );
+            return Ok(());
+        }
         let md = CudaMetadata {
             driver_version: self.driver_version,
             driver_release: read_driver_release(&self.settings().nvidia_proc),

@@ -1,0 +1,54 @@
+//! `criu dump --stream` with an AMD process: the backend refuses before touching the GPU,
+//! instead of writing its images as files that the stream would leave out. A test binary of
+//! its own: the streamer connection it opens is seen process-wide.
+
+#[path = "amdgpu_support/mod.rs"]
+mod support;
+
+use std::os::unix::net::{UnixListener, UnixStream};
+
+use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
+use criu_gpu_plugin::backend::GpuBackend;
+use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
+use support::*;
+
+#[test]
+fn a_streamed_dump_is_refused_before_the_gpu_is_touched() {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let p = spawn(
+        &sim,
+        &ProcessSpec::new(300, &[53109, 1266]).with_mixed_bos(8, 1 << 20),
+    );
+    let images = TempDir::new("stream");
+    // CRIU's connection to criu-image-streamer, as `--stream` makes it.
+    let sock = images.path().join(criu_plugin::stream::CAPTURE_SOCKET);
+    let _streamer = UnixListener::bind(&sock).unwrap();
+    let _criu = UnixStream::connect(&sock).unwrap();
+    let cfg = config(&topo, "");
+    let mut b = backend(&sim, images.path());
+    assert_eq!(
+        b.init(
+            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
+            Stage::Dump
+        ),
+        Ok(true)
+    );
+    let r = dump_files(&mut b, &sim, &[&p], 1);
+    assert_eq!(r.err(), Some(HookError::Errno(libc::EOPNOTSUPP)));
+    b.finish(Stage::Dump, -1);
+    let v = sim.process(300).unwrap();
+    assert!(!v.paused && v.evictions == 0, "{v:?}");
+    let written: Vec<_> = std::fs::read_dir(images.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("amdgpu-"))
+        .collect();
+    assert!(written.is_empty(), "{written:?}");
+
+    // Without the stream, the same dump goes through.
+    drop((_criu, _streamer));
+    let images2 = TempDir::new("nostream");
+    dump(&sim, &[&p], images2.path(), &cfg);
+}
