@@ -417,6 +417,29 @@ pub unsafe fn amdgpu_query_device_info(fd: BorrowedFd<'_>) -> io::Result<drm_amd
     Ok(dev)
 }
 
+/// `AMDGPU_INFO_GPUVM_FAULT` through [`amdgpu_info`] (Linux ≥ 6.10): the last
+/// GPU page fault in this file's VM, all zero if none. Older kernels fail
+/// with `EINVAL`.
+///
+/// # Safety
+///
+/// `fd` must be an amdgpu render node.
+pub unsafe fn amdgpu_query_gpuvm_fault(
+    fd: BorrowedFd<'_>,
+) -> io::Result<v6_18::drm_amdgpu_info_gpuvm_fault> {
+    let mut fault = v6_18::drm_amdgpu_info_gpuvm_fault::default();
+    let args = drm_amdgpu_info {
+        return_pointer: (&raw mut fault) as u64,
+        return_size: core::mem::size_of::<v6_18::drm_amdgpu_info_gpuvm_fault>() as u32,
+        query: v6_18::AMDGPU_INFO_GPUVM_FAULT,
+        ..Default::default()
+    };
+    // SAFETY: `return_pointer` points to `fault`, writable for `return_size`
+    // bytes and alive for the call.
+    unsafe { amdgpu_info(fd, &args) }?;
+    Ok(fault)
+}
+
 /// `DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES` (Linux ≥ 6.18): fills `entries` and
 /// returns the number of BOs in the file. When the result exceeds
 /// `entries.len()` nothing was written; call again with more room. Kernels

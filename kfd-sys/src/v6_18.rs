@@ -17,6 +17,10 @@
 //!   another handle number in the same file.
 //! - `DRM_IOCTL_AMDGPU_GEM_VA` grew VM-timeline syncobj fields (64 bytes
 //!   instead of 40); the spec's request number 0x40406448 is this size.
+//! - `AMDGPU_INFO_GPUVM_FAULT` (Linux 6.10, older than the rest but also
+//!   newer than the headers): the last GPU page fault in the calling file's
+//!   VM. A faulting DMA job still completes (the access goes to a dummy
+//!   page), so this is how a copy engine learns that a copy went wrong.
 //!
 //! The DRM core looks ioctls up by command number, copies in the size the
 //! request number encodes and zero-fills up to the kernel's own size, so the
@@ -40,6 +44,22 @@ pub const AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT: u32 = 1 << 0;
 /// `drm_amdgpu_gem_op.op`: return the BO's GPU VA mappings in this file's VM
 /// as an array of [`drm_amdgpu_gem_vm_entry`] at `value`.
 pub const AMDGPU_GEM_OP_GET_MAPPING_INFO: u32 = 2;
+
+/// `drm_amdgpu_info.query`: the last GPU page fault of this file's VM, as a
+/// [`drm_amdgpu_info_gpuvm_fault`]. Older kernels answer `EINVAL`.
+pub const AMDGPU_INFO_GPUVM_FAULT: u32 = 0x23;
+
+/// Answer to `AMDGPU_INFO_GPUVM_FAULT`; all zero while the VM never faulted.
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct drm_amdgpu_info_gpuvm_fault {
+    /// Faulting GPU virtual address (page granular).
+    pub addr: __u64,
+    /// The VM hub's fault status register.
+    pub status: __u32,
+    /// `AMDGPU_VMHUB_TYPE_*` and index of the hub that faulted.
+    pub vmhub: __u32,
+}
 
 /// Command number of the generic `DRM_IOCTL_GEM_CHANGE_HANDLE`.
 pub const DRM_GEM_CHANGE_HANDLE_NR: u32 = 0xD2;
@@ -200,6 +220,8 @@ const _: () = {
     assert!(offset_of!(drm_amdgpu_gem_op, num_entries) == 16);
     assert!(size_of::<drm_amdgpu_gem_vm_entry>() == 32);
     assert!(size_of::<drm_gem_change_handle>() == 8);
+    assert!(size_of::<drm_amdgpu_info_gpuvm_fault>() == 16);
+    assert!(offset_of!(drm_amdgpu_info_gpuvm_fault, vmhub) == 12);
     assert!(size_of::<drm_amdgpu_gem_va>() == 64);
     assert!(offset_of!(drm_amdgpu_gem_va, vm_timeline_point) == 40);
     assert!(offset_of!(drm_amdgpu_gem_va, vm_timeline_syncobj_out) == 48);

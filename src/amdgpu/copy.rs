@@ -26,9 +26,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Alignment and granule of staging mappings: a page, so they can be registered with the
-/// GPU (userptr).
-const STAGING_ALIGN: usize = 4096;
+/// The CPU page size (staging mappings are whole pages, so the GPU can register them).
+pub fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n >= 4096)
+            .unwrap_or(4096)
+    })
+}
 
 /// Where the data starts in a staging allocation. Pages files put BO bytes 8 bytes into
 /// every page (their size header), while BOs and memory are page aligned; a page-aligned
@@ -123,20 +132,39 @@ pub struct StagingRegion {
     pub base: *mut u8,
     /// Length in bytes (a multiple of the page size).
     pub len: usize,
+    keep: *const AtomicBool,
+}
+
+impl StagingRegion {
+    /// A region over memory the caller owns, kept or not through `keep` (tests of lanes).
+    #[cfg(test)]
+    pub(crate) fn for_test(base: *mut u8, len: usize, keep: &'static AtomicBool) -> Self {
+        StagingRegion { base, len, keep }
+    }
+
+    /// Never unmaps this memory: a device may still write it after its user gave up (a GPU
+    /// copy whose fence wait timed out). The pages are leaked, with a warning in the log.
+    pub fn keep_after_use(&self) {
+        // SAFETY: `keep` points into the `Staging` this region describes, which outlives
+        // every lane made from the region (`run` drops the lane first).
+        unsafe { (*self.keep).store(true, Ordering::SeqCst) };
+    }
 }
 
 /// A staging buffer: an anonymous mapping of its own, page aligned and zero-filled.
 ///
-/// Not heap memory: a device may write into it (a userptr registration), and the mapping is
-/// unmapped when dropped, so that no allocation reuses these pages while GPU work that was
-/// given up on (a timed-out fence) could still write them; unmapping waits for that work
-/// through the registration's MMU notifier.
+/// Not heap memory: a device may write into it (a userptr registration, whose pages the
+/// kernel does not pin). It is unmapped when dropped, so no later allocation of this process
+/// gets these pages; when a device may still be writing them (a GPU copy given up on), the
+/// owner of the lane marks it kept and it is never unmapped.
 struct Staging {
     ptr: NonNull<u8>,
     /// Usable bytes after `STAGING_DATA_OFFSET`.
     len: usize,
     /// Bytes mapped.
     mapped: usize,
+    /// Set by [`StagingRegion::keep_after_use`]: leak instead of unmapping.
+    keep: Box<AtomicBool>,
 }
 
 // SAFETY: the mapping is owned memory; only the thread holding the `Staging` touches it.
@@ -147,7 +175,7 @@ impl Staging {
         let mapped = len
             .max(1)
             .checked_add(STAGING_DATA_OFFSET)
-            .and_then(|n| n.checked_next_multiple_of(STAGING_ALIGN))
+            .and_then(|n| n.checked_next_multiple_of(page_size()))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: a new private anonymous mapping chosen by the kernel; it is zero-filled,
         // so every byte handed out later is initialised.
@@ -166,13 +194,19 @@ impl Staging {
         }
         let ptr =
             NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        Ok(Staging { ptr, len, mapped })
+        Ok(Staging {
+            ptr,
+            len,
+            mapped,
+            keep: Box::new(AtomicBool::new(false)),
+        })
     }
 
     fn region(&self) -> StagingRegion {
         StagingRegion {
             base: self.ptr.as_ptr(),
             len: self.mapped,
+            keep: &*self.keep,
         }
     }
 
@@ -186,6 +220,14 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        if self.keep.load(Ordering::SeqCst) {
+            log::warn!(
+                "amdgpu: {} bytes of staging memory at {:p} stay mapped: a GPU copy that did not complete may still write them",
+                self.mapped,
+                self.ptr
+            );
+            return;
+        }
         // SAFETY: the mapping made in `new`, unmapped once.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
     }
@@ -474,6 +516,57 @@ mod tests {
                     .contains(if fail_in_fill { "device" } else { "disk" })
             );
             assert!(drained.load(Ordering::SeqCst) < pieces.len());
+        }
+    }
+
+    /// Whether `addr` lies in a mapping of this process (adjacent anonymous mappings merge, so
+    /// the region need not start a line of the maps file).
+    fn mapped(addr: usize) -> bool {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let range = l.split(' ').next()?;
+                let (a, b) = range.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            })
+            .any(|(a, b)| a <= addr && addr < b)
+    }
+
+    #[test]
+    fn staging_is_unmapped_after_the_copy_unless_a_lane_keeps_it() {
+        let pieces = plan([(0, 8192)], 4096);
+        for keep in [false, true] {
+            let bases = Mutex::new(Vec::new());
+            let r = run::<io::Error, StagingRegion, _, _, _>(
+                &pieces,
+                1,
+                4096,
+                |region| {
+                    lock(&bases).push(region.base as usize);
+                    assert_eq!(region.len % page_size(), 0);
+                    assert_eq!(region.base as usize % page_size(), 0);
+                    Ok(region)
+                },
+                |region, _, _| {
+                    if keep {
+                        region.keep_after_use();
+                        return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                    }
+                    Ok(())
+                },
+                |_, _, _| Ok(()),
+            );
+            assert_eq!(r.is_err(), keep);
+            let base = lock(&bases)[0];
+            // (That an unkept region is gone cannot be checked without racing other test
+            // threads that may map the same addresses right away.)
+            if keep {
+                assert!(mapped(base), "a kept staging region was unmapped");
+            }
         }
     }
 

@@ -158,12 +158,29 @@ pub struct RenderInfo {
     pub va_end: u64,
 }
 
+/// What a render-node file's VM says about GPU page faults (`AMDGPU_INFO_GPUVM_FAULT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmFaultState {
+    /// The kernel cannot tell (before Linux 6.10).
+    Unknown,
+    /// No fault since the file was opened.
+    Clean,
+    /// The last fault.
+    Faulted {
+        /// Faulting GPU address (page granular).
+        addr: u64,
+        /// The VM hub's fault status.
+        status: u32,
+    },
+}
+
 /// The GEM BOs a render-node file holds (`DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GemCensus {
     /// BOs with a handle in the file.
     pub bos: usize,
-    /// Of those, BOs imported from a dma-buf.
+    /// Of those, BOs the kernel flags as imports: dma-bufs of other devices (a dma-buf of
+    /// the same GPU imported into the file is the same BO and is not flagged).
     pub imported: usize,
 }
 
@@ -322,6 +339,11 @@ pub trait AmdgpuRender {
         ib_va: u64,
         ib_bytes: u32,
     ) -> io::Result<u64>;
+
+    /// `AMDGPU_INFO_GPUVM_FAULT`: the last GPU page fault in the file's VM. A DMA job whose
+    /// addresses fault still completes (reads return a dummy page, writes are dropped), so
+    /// its fence says nothing about it.
+    fn vm_fault(&self, render: BorrowedFd<'_>) -> io::Result<VmFaultState>;
 
     /// `DRM_IOCTL_AMDGPU_WAIT_CS`: waits up to `timeout` for submission `seq`; `Ok(true)`
     /// when it completed, `Ok(false)` when still running, an error when it failed.

@@ -492,7 +492,7 @@ pub fn dump_render_node(
             return Err(Error::new(
                 libc::EOPNOTSUPP,
                 format!(
-                    "renderD{minor} holds {} GEM BO(s) of the process's own ({} imported from dma-bufs), allocated through the render node rather than KFD; dumping those is not supported, and leaving them out would restore a process without them",
+                    "renderD{minor} holds {} GEM BO(s) the process allocated or imported through the render node rather than KFD ({} of them imports from other devices); dumping those is not supported, and leaving them out would restore the process without them",
                     c.bos, c.imported
                 ),
             ));

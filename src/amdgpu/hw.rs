@@ -30,7 +30,9 @@ use kfd_sys::{
     kfd_ioctl_criu_args,
 };
 
-use super::device::{AmdgpuRender, FileIdentity, GemCensus, HostMapping, KfdDevice, RenderInfo};
+use super::device::{
+    AmdgpuRender, FileIdentity, GemCensus, HostMapping, KfdDevice, RenderInfo, VmFaultState,
+};
 
 /// Path of libhsakmt's shared memory file.
 const HSAKMT_SHM_PATH: &str = "/dev/shm/hsakmt_shared_mem";
@@ -93,9 +95,8 @@ impl AmdgpuRender for HwDevice {
             // SAFETY: a render node CRIU drained from the process; the call only lists.
             let n = match unsafe { kfd_sys::amdgpu_gem_list_handles(render, &mut entries) } {
                 Ok(n) => n,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) => {
-                    return Ok(None);
-                }
+                // DRM answers EINVAL for an amdgpu ioctl it does not know.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
                 Err(e) => return Err(e),
             };
             if n <= entries.len() {
@@ -279,6 +280,19 @@ impl AmdgpuRender for HwDevice {
         unsafe { kfd_sys::amdgpu_cs(render, &mut args) }?;
         // SAFETY: a successful CS wrote the `out` member.
         Ok(unsafe { args.out.handle })
+    }
+
+    fn vm_fault(&self, render: BorrowedFd<'_>) -> io::Result<VmFaultState> {
+        // SAFETY: a render node the engine opened; the query only reads kernel state.
+        match unsafe { kfd_sys::amdgpu_query_gpuvm_fault(render) } {
+            Ok(f) if f.addr == 0 && f.status == 0 => Ok(VmFaultState::Clean),
+            Ok(f) => Ok(VmFaultState::Faulted {
+                addr: f.addr,
+                status: f.status,
+            }),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(VmFaultState::Unknown),
+            Err(e) => Err(e),
+        }
     }
 
     fn wait_dma(

@@ -23,8 +23,13 @@
 //! plugin writes the count itself on every family (its B9): the kernel's own copies
 //! (`sdma_v4_0_emit_copy_buffer` and later) write count − 1, so on Vega and later each of
 //! its packets copies one byte more than asked. A packet carries at most 2 MiB (2 MiB − 1
-//! before Vega, the field's width there). SI's DMA engine has other packets and KFD does not
-//! support it: it is refused.
+//! before Vega), within every kernel's own limit. SI's DMA engine has other packets and KFD
+//! does not support it: it is refused.
+//!
+//! A job whose addresses fault still completes on amdgpu (reads hit a dummy page, writes are
+//! dropped), so after each fence the engine asks the VM for page faults
+//! (`AMDGPU_INFO_GPUVM_FAULT`, Linux 6.10): its VM holds only its own mappings, so any fault
+//! is a failed copy. Older kernels cannot tell; a line in the log says so.
 //!
 //! # Engine, lanes and buffers
 //!
@@ -38,7 +43,8 @@
 //! per BO). A piece is one submission and one fence wait; the threads' submissions go to
 //! ring 0 of the DMA IP through contexts of their own, which the kernel's scheduler spreads
 //! over the GPU's SDMA engines. A submission that does not complete within
-//! [`FENCE_TIMEOUT`] fails the copy instead of hanging CRIU.
+//! [`FENCE_TIMEOUT`] fails the copy instead of hanging CRIU; the lane's staging memory is
+//! then never unmapped (see [`StagingRegion::keep_after_use`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -48,7 +54,7 @@ use std::time::Duration;
 use kfd_sys::{AMDGPU_FAMILY_AI, AMDGPU_FAMILY_CI};
 
 use super::copy::StagingRegion;
-use super::device::{Bytes, HostMapping, KfdDevice};
+use super::device::{Bytes, HostMapping, KfdDevice, VmFaultState};
 use super::error::{Error, Result};
 
 /// `COPY_LINEAR` header: op 1, sub-op 0.
@@ -62,7 +68,10 @@ pub const IB_ALIGN_DWORDS: usize = 8;
 /// Longest wait for one submission.
 pub const FENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
-const PAGE: u64 = 4096;
+/// The CPU page size: userptr ranges and GPU VA mappings must be aligned to it.
+fn page() -> u64 {
+    super::copy::page_size() as u64
+}
 /// Alignment of the VAs the engine hands out for large mappings (the GPU's large pages).
 const VA_ALIGN_LARGE: u64 = 2 << 20;
 
@@ -148,7 +157,7 @@ impl VaSpace {
         let align = if size >= VA_ALIGN_LARGE {
             VA_ALIGN_LARGE
         } else {
-            PAGE
+            page()
         };
         let va = round_up(self.next, align)?;
         let end = va.checked_add(size)?;
@@ -166,6 +175,8 @@ struct GpuEngine {
     render: OwnedFd,
     format: PacketFormat,
     va: Mutex<VaSpace>,
+    /// Whether the kernel reports the VM's page faults (Linux 6.10 and later).
+    faults_reported: bool,
 }
 
 impl GpuEngine {
@@ -239,7 +250,30 @@ impl<'d> SdmaEngines<'d> {
             .map_err(|e| Error::io(&e, format!("cannot query the GPU of renderD{minor}")))?;
         let format = PacketFormat::for_family(info.family)
             .map_err(|e| e.context(format!("renderD{minor}")))?;
-        let start = round_up(info.va_start.max(PAGE), VA_ALIGN_LARGE).unwrap_or(u64::MAX);
+        let start = round_up(info.va_start.max(page()), VA_ALIGN_LARGE).unwrap_or(u64::MAX);
+        let faults_reported = match self.dev.vm_fault(render.as_fd()) {
+            Ok(VmFaultState::Clean) => true,
+            Ok(VmFaultState::Unknown) => {
+                log::info!(
+                    "amdgpu: renderD{minor}: the kernel does not report GPU page faults (before Linux 6.10); SDMA copies are checked by their fences only"
+                );
+                false
+            }
+            Ok(VmFaultState::Faulted { addr, .. }) => {
+                return Err(Error::new(
+                    libc::EFAULT,
+                    format!(
+                        "renderD{minor}: a new VM already reports a GPU page fault at {addr:#x}"
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    &e,
+                    format!("cannot query GPU page faults of renderD{minor}"),
+                ));
+            }
+        };
         self.gpus.push(GpuEngine {
             minor,
             render,
@@ -248,6 +282,7 @@ impl<'d> SdmaEngines<'d> {
                 next: start,
                 end: info.va_end,
             }),
+            faults_reported,
         });
         self.by_minor.insert(minor, self.gpus.len() - 1);
         Ok(self.gpus.len() - 1)
@@ -258,7 +293,7 @@ impl<'d> SdmaEngines<'d> {
     pub fn import(&mut self, minor: u32, dmabuf: BorrowedFd<'_>, size: u64) -> Result<BufferId> {
         let gpu = self.gpu(minor)?;
         let g = &self.gpus[gpu];
-        let mapped = round_up(size, PAGE)
+        let mapped = round_up(size, page())
             .filter(|&m| m > 0)
             .ok_or_else(|| Error::new(libc::EINVAL, format!("BO size {size} cannot be mapped")))?;
         let handle = self.dev.gem_import(g.render.as_fd(), dmabuf).map_err(|e| {
@@ -267,6 +302,25 @@ impl<'d> SdmaEngines<'d> {
                 format!("cannot import the BO's dma-buf into renderD{minor}"),
             )
         })?;
+        // The same BO imported again has the same handle: reuse its mapping (and never close
+        // a handle an earlier import still uses).
+        if let Some(i) = self
+            .bos
+            .iter()
+            .position(|b| b.gpu == gpu && b.handle == handle)
+        {
+            if self.bos[i].size != size {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    format!(
+                        "a dma-buf of {} resolves to a BO already imported with {}",
+                        Bytes(size),
+                        Bytes(self.bos[i].size)
+                    ),
+                ));
+            }
+            return Ok(BufferId(i));
+        }
         let mapped_at = g.alloc_va(mapped).and_then(|va| {
             self.dev
                 .gem_va(g.render.as_fd(), handle, va, mapped, true)
@@ -320,8 +374,13 @@ impl Drop for SdmaEngines<'_> {
                     g.minor
                 );
             }
-            // The same BO imported twice has one handle: the second close fails harmlessly.
-            let _ = self.dev.gem_close(r, bo.handle);
+            if let Err(e) = self.dev.gem_close(r, bo.handle) {
+                log::debug!(
+                    "amdgpu: closing GEM handle {} of renderD{}: {e}",
+                    bo.handle,
+                    g.minor
+                );
+            }
         }
     }
 }
@@ -390,8 +449,11 @@ impl Lane<'_, '_> {
         let fail = |what: &str, e: std::io::Error| {
             Error::io(&e, format!("SDMA on renderD{}: cannot {what}", g.minor))
         };
-        let ib_size = round_up(g.format.ib_dwords(self.staging.len as u64) as u64 * 4, PAGE)
-            .ok_or_else(|| Error::new(libc::EINVAL, "staging buffer too large"))?;
+        let ib_size = round_up(
+            g.format.ib_dwords(self.staging.len as u64) as u64 * 4,
+            page(),
+        )
+        .ok_or_else(|| Error::new(libc::EINVAL, "staging buffer too large"))?;
         let ctx = dev.ctx_create(r).map_err(|e| fail("create a context", e))?;
         let mut lg = PartialLane {
             dev,
@@ -486,6 +548,11 @@ impl Lane<'_, '_> {
         pad(&mut ib);
         let result = submit(engines.dev, g, lg, &ib, b.handle, timeout);
         self.ib = ib;
+        if matches!(&result, Err(e) if e.errno == libc::ETIMEDOUT) {
+            // The copy may still be running and writing the staging memory, which the kernel
+            // does not keep for it (userptr pages are not pinned): it must never be reused.
+            self.staging.keep_after_use();
+        }
         result
     }
 }
@@ -522,7 +589,21 @@ fn submit(
         )
         .map_err(|e| Error::io(&e, format!("SDMA submission on renderD{} failed", g.minor)))?;
     match dev.wait_dma(r, lg.ctx, seq, timeout) {
-        Ok(true) => Ok(()),
+        Ok(true) if !g.faults_reported => Ok(()),
+        Ok(true) => match dev.vm_fault(r) {
+            Ok(VmFaultState::Faulted { addr, status }) => Err(Error::new(
+                libc::EFAULT,
+                format!(
+                    "GPU page fault at {addr:#x} (status {status:#x}) during an SDMA copy on renderD{}: the copied data cannot be trusted",
+                    g.minor
+                ),
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::io(
+                &e,
+                format!("cannot query GPU page faults of renderD{}", g.minor),
+            )),
+        },
         Ok(false) => Err(Error::new(
             libc::ETIMEDOUT,
             format!(
@@ -694,7 +775,7 @@ mod sim_tests {
     use std::os::fd::OwnedFd;
 
     use super::*;
-    use crate::amdgpu::device::{AmdgpuRender, alloc_flags};
+    use crate::amdgpu::device::alloc_flags;
     use crate::amdgpu::sim::{BoSpec, ProcessSpec, SimGpu, SimKfd};
 
     const BO_SIZE: u64 = (3 << 20) + 4096;
@@ -709,10 +790,8 @@ mod sim_tests {
             Staging(unsafe { alloc_zeroed(layout) }, layout)
         }
         fn region(&self) -> StagingRegion {
-            StagingRegion {
-                base: self.0,
-                len: self.1.size(),
-            }
+            let keep = Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
+            StagingRegion::for_test(self.0, self.1.size(), keep)
         }
         fn bytes(&mut self) -> &mut [u8] {
             // SAFETY: the whole allocation, zeroed, exclusively borrowed.
@@ -816,44 +895,57 @@ mod sim_tests {
     }
 
     #[test]
-    fn the_simulated_engine_catches_a_count_off_by_one() {
+    fn a_count_off_by_one_is_a_page_fault_the_engine_reports() {
         // The C plugin's encoding (the byte count itself) on a Vega-class GPU, copying the
-        // last 4 KiB of the BO out: the extra byte lies past the BO's mapping, a GPU fault.
+        // last piece of the BO out: the extra byte lies past the BO's mapping. As on hardware,
+        // the job completes and only the VM's fault query tells.
         let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
         let mut engines = SdmaEngines::new(&sim);
         let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
-        let render = engines.gpus[0].render.as_fd();
-        let b = &engines.bos[bo.0];
-        let (ib_handle, mut ib_map) = sim.gem_create_mapped(render, 4096).unwrap();
-        let ib_va = 0x4000_0000;
-        sim.gem_va(render, ib_handle, ib_va, 4096, true).unwrap();
-        let ctx = sim.ctx_create(render).unwrap();
-        let run = |count_minus_one: bool, ib_map: &mut HostMapping| {
-            let mut ib = Vec::new();
-            let format = PacketFormat {
-                count_minus_one,
-                max_bytes: 1 << 21,
-            };
-            // BO to BO: its last page onto its first.
-            push_copy(&mut ib, format, b.va + BO_SIZE - 4096, b.va, 4096);
-            pad(&mut ib);
-            ib_map.write_dwords(&ib).unwrap();
-            let seq = sim
-                .submit_dma(
-                    render,
-                    ctx,
-                    &[b.handle, ib_handle],
-                    ib_va,
-                    (ib.len() * 4) as u32,
-                )
-                .unwrap();
-            sim.wait_dma(render, ctx, seq, FENCE_TIMEOUT)
-        };
-        assert!(run(true, &mut ib_map).unwrap());
-        let e = run(false, &mut ib_map).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
-        sim.ctx_free(render, ctx).unwrap();
-        sim.gem_va(render, ib_handle, ib_va, 4096, false).unwrap();
-        sim.gem_close(render, ib_handle).unwrap();
+        engines.gpus[0].format.count_minus_one = false;
+        let mut staging = Staging::new(1 << 20);
+        let mut lane = engines.lane(staging.region());
+        // Inside the BO: the extra byte lands in the staging buffer, unnoticed (B9's
+        // "harmless between chunks").
+        lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
+        let e = lane
+            .download(bo, BO_SIZE - 4096, &mut staging.bytes()[..4096])
+            .unwrap_err();
+        assert_eq!(e.errno, libc::EFAULT);
+        assert!(e.msg.contains("page fault"), "{e}");
+        drop(lane);
+        drop(engines);
+        assert_eq!(sim.gem_objects(), 0);
+    }
+
+    #[test]
+    fn a_timed_out_copy_keeps_the_staging_memory_and_fails() {
+        let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
+        let mut engines = SdmaEngines::new(&sim);
+        let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+        let mut staging = Staging::new(1 << 20);
+        let keep = Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
+        let region = StagingRegion::for_test(staging.0, staging.1.size(), keep);
+        let mut lane = engines.lane(region);
+        lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
+        assert!(!keep.load(std::sync::atomic::Ordering::SeqCst));
+        sim.update_faults(|f| f.sdma_hang = true);
+        let e = lane
+            .download(bo, 0, &mut staging.bytes()[..4096])
+            .unwrap_err();
+        assert_eq!(e.errno, libc::ETIMEDOUT);
+        assert!(keep.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn the_same_bo_imported_twice_is_one_mapping() {
+        let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
+        let mut engines = SdmaEngines::new(&sim);
+        let a = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+        let b = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+        assert_eq!(a, b);
+        assert!(engines.import(128, dmabuf.as_fd(), 4096).is_err());
+        drop(engines);
+        assert_eq!(sim.gem_objects(), 0);
     }
 }

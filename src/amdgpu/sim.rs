@@ -36,8 +36,10 @@
 //!   as the SDMA engine of the GPU's family reads it: `NOP`s with their dword count and
 //!   `COPY_LINEAR` with the count − 1 from family AI on (the count itself before), every
 //!   address resolved in the VM and required to lie in one mapping of a BO of the
-//!   submission's list (anything else is a GPU fault reported by the fence wait), copies done
-//!   for real between BO memfds and user memory. A BO of another GPU is not reachable.
+//!   submission's list; anything else is a GPU page fault that, as on hardware, leaves that
+//!   packet undone and the job completing, and is reported only by the VM's fault query
+//!   (`AMDGPU_INFO_GPUVM_FAULT`). Copies are done for real between BO memfds and user
+//!   memory. A BO of another GPU is not reachable. An illegal packet fails the job.
 //! * Fault injection at every operation, at the SDMA copy of a chosen BO, at submission, at
 //!   userptr registration, a submission that never completes, and at opening a render node.
 //!
@@ -69,7 +71,7 @@ use kfd_sys::{
 use super::device::{
     AmdgpuRender, DRM_MAJOR, FileIdentity, GemCensus, HostMapping, KFD_MMAP_GPU_ID_SHIFT,
     KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_EVENTS, KFD_MMAP_TYPE_MMIO, KfdDevice, RenderInfo,
-    alloc_flags,
+    VmFaultState, alloc_flags,
 };
 use super::topology::Topology;
 
@@ -1534,6 +1536,8 @@ struct SimVm {
     contexts: HashMap<u32, u64>,
     next_ctx: u32,
     jobs: HashMap<(u32, u64), Job>,
+    /// Last GPU page fault: (page address, status).
+    fault: Option<(u64, u32)>,
 }
 
 /// Start and end of the VA range simulated render files offer.
@@ -1906,31 +1910,48 @@ impl AmdgpuRender for SimKfd {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         let family = self.gpu(gpu_id).map(|g| g.family).unwrap_or(0);
-        // The GPU's part: decode and resolve every packet, then copy outside the lock.
+        // The GPU's part: decode and resolve every packet, then copy outside the lock. As on
+        // hardware, a packet whose addresses do not resolve is a page fault: recorded in the
+        // VM, its copy not done, the job still completes. An illegal packet or an injected
+        // device error fails the job (its fence carries the error).
+        let mut page_fault = None;
         let plan = decode_ib(&ib, family).and_then(|packets| {
-            packets
-                .into_iter()
-                .map(|(src, dst, len)| {
-                    let (sm, so, _) = vm.resolve(src, len, bos)?;
-                    let (dm, doff, _) = vm.resolve(dst, len, bos)?;
-                    for (m, fault) in [(&sm, download_at), (&dm, upload_at)] {
-                        if let (GemMem::Bo(b), Some((addr, errno))) = (m, fault) {
-                            if b.addr == addr {
-                                return Err(errno);
-                            }
+            let mut ops = Vec::with_capacity(packets.len());
+            for (src, dst, len) in packets {
+                let (sm, so) = match vm.resolve(src, len, bos) {
+                    Ok((m, o, _)) if !matches!(m, GemMem::Foreign) => (m, o),
+                    _ => {
+                        page_fault.get_or_insert(src);
+                        continue;
+                    }
+                };
+                let (dm, doff) = match vm.resolve(dst, len, bos) {
+                    Ok((m, o, _)) if !matches!(m, GemMem::Foreign) => (m, o),
+                    _ => {
+                        page_fault.get_or_insert(dst);
+                        continue;
+                    }
+                };
+                for (m, fault) in [(&sm, download_at), (&dm, upload_at)] {
+                    if let (GemMem::Bo(b), Some((addr, errno))) = (m, fault) {
+                        if b.addr == addr {
+                            return Err(errno);
                         }
                     }
-                    if matches!(sm, GemMem::Foreign) || matches!(dm, GemMem::Foreign) {
-                        return Err(libc::EFAULT);
-                    }
-                    Ok(CopyOp {
-                        src: (sm, so),
-                        dst: (dm, doff),
-                        len,
-                    })
-                })
-                .collect::<Result<Vec<CopyOp>, i32>>()
+                }
+                ops.push(CopyOp {
+                    src: (sm, so),
+                    dst: (dm, doff),
+                    len,
+                });
+            }
+            Ok(ops)
         });
+        if let Some(va) = page_fault {
+            // The address of the first page the copy could not reach, as the VM hub reports.
+            let page_of = |v: u64| v & !(PAGE - 1);
+            vm.fault = Some((page_of(va), 1));
+        }
         let seq = {
             let s = vm.contexts.get_mut(&ctx).expect("checked above");
             *s += 1;
@@ -1962,6 +1983,15 @@ impl AmdgpuRender for SimKfd {
             vm.jobs.insert((ctx, seq), job);
         }
         Ok(seq)
+    }
+
+    fn vm_fault(&self, render: BorrowedFd<'_>) -> io::Result<VmFaultState> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        Ok(match vm.fault {
+            None => VmFaultState::Clean,
+            Some((addr, status)) => VmFaultState::Faulted { addr, status },
+        })
     }
 
     fn wait_dma(
