@@ -653,18 +653,8 @@ fn a_gpu_without_a_supported_sdma_engine_fails_the_dump_clearly() {
         &ProcessSpec::new(901, &[53109]).with_mixed_bos(6, 1 << 20),
     );
     let images = TempDir::new("si");
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
-    let r = dump_files(&mut b, &sim, &[&p], 1);
-    assert_eq!(r.err(), Some(HookError::Errno(libc::EOPNOTSUPP)));
-    b.finish(Stage::Dump, -1);
+    let e = refused_dump(&sim, &[&p], images.path(), &config(&topo, ""));
+    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
     assert!(!sim.process(901).unwrap().paused);
     assert_no_leaks(&sim, p.render.len(), 1);
 }

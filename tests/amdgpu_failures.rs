@@ -120,34 +120,36 @@ fn a_bo_read_failure_mid_copy_unpauses_and_closes_everything() {
 
 #[test]
 fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
-    // The command submission refused by the kernel.
-    let (r, _) = failing_dump(
-        Faults {
-            sdma_submit: Some(Fault::once(libc::ENOMEM)),
-            ..Default::default()
-        },
-        None,
-    );
-    assert_eq!(r, Err(HookError::Errno(libc::ENOMEM)));
-    // Staging memory that cannot be registered with the GPU (#1927's "Device or resource
-    // busy").
-    let (r, _) = failing_dump(
-        Faults {
-            userptr: Some(Fault::always(libc::EBUSY)),
-            ..Default::default()
-        },
-        None,
-    );
-    assert_eq!(r, Err(HookError::Errno(libc::EBUSY)));
-    // GPU work that never completes: the wait gives up instead of hanging CRIU.
-    let (r, _) = failing_dump(
-        Faults {
-            sdma_hang: true,
-            ..Default::default()
-        },
-        None,
-    );
-    assert_eq!(r, Err(HookError::Errno(libc::ETIMEDOUT)));
+    for (faults, errno) in [
+        // The command submission refused by the kernel.
+        (
+            Faults {
+                sdma_submit: Some(Fault::once(libc::ENOMEM)),
+                ..Default::default()
+            },
+            libc::ENOMEM,
+        ),
+        // Staging memory that cannot be registered with the GPU (#1927's "Device or
+        // resource busy").
+        (
+            Faults {
+                userptr: Some(Fault::always(libc::EBUSY)),
+                ..Default::default()
+            },
+            libc::EBUSY,
+        ),
+        // GPU work that never completes: the wait gives up instead of hanging CRIU.
+        (
+            Faults {
+                sdma_hang: true,
+                ..Default::default()
+            },
+            libc::ETIMEDOUT,
+        ),
+    ] {
+        let (r, _) = failing_dump(faults, None);
+        assert_eq!(r, Err(HookError::Errno(errno)));
+    }
 }
 
 #[test]
@@ -597,17 +599,8 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
     sim.alloc_render_bo(p.render[1].1.as_fd(), 1 << 20).unwrap();
     let images = TempDir::new("gem");
     let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
-    let r = dump_files(&mut b, &sim, &[&p], 1);
-    assert_eq!(r.err(), Some(HookError::Errno(libc::EOPNOTSUPP)));
-    b.finish(Stage::Dump, -1);
+    let e = refused_dump(&sim, &[&p], images.path(), &cfg);
+    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
     assert!(!sim.process(pid).unwrap().paused);
     assert_eq!(sim.open_fds("dmabuf"), 0);
 

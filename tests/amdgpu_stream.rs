@@ -8,8 +8,7 @@ mod support;
 use std::os::unix::net::{UnixListener, UnixStream};
 
 use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
-use criu_gpu_plugin::backend::GpuBackend;
-use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
+use criu_plugin::HookError;
 use support::*;
 
 #[test]
@@ -26,17 +25,8 @@ fn a_streamed_dump_is_refused_before_the_gpu_is_touched() {
     let _streamer = UnixListener::bind(&sock).unwrap();
     let _criu = UnixStream::connect(&sock).unwrap();
     let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
-    let r = dump_files(&mut b, &sim, &[&p], 1);
-    assert_eq!(r.err(), Some(HookError::Errno(libc::EOPNOTSUPP)));
-    b.finish(Stage::Dump, -1);
+    let e = refused_dump(&sim, &[&p], images.path(), &cfg);
+    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
     let v = sim.process(300).unwrap();
     assert!(!v.paused && v.evictions == 0, "{v:?}");
     let written: Vec<_> = std::fs::read_dir(images.path())

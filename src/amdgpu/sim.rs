@@ -1653,14 +1653,14 @@ impl SimKfd {
     /// KFD), as a process using render-node allocation does; returns its GEM handle.
     pub fn alloc_render_bo(&self, render: BorrowedFd<'_>, size: u64) -> io::Result<u32> {
         let mem = Arc::new(BoMem::new("kfdsim-render-bo", size, 0)?);
-        let mut st = self.state();
-        let (rn, _, _) = self.render_vm(&mut st, render)?;
-        let h = Self::new_handle(&mut st, rn);
-        st.vms
-            .entry(rn)
-            .or_default()
-            .objects
-            .insert(h, GemMem::Local(mem));
+        self.add_object(&mut self.state(), render, GemMem::Local(mem))
+    }
+
+    /// A new GEM handle in render file `render` for `gem`.
+    fn add_object(&self, st: &mut State, render: BorrowedFd<'_>, gem: GemMem) -> io::Result<u32> {
+        let (rn, _, _) = self.render_vm(st, render)?;
+        let h = Self::new_handle(st, rn);
+        st.vms.entry(rn).or_default().objects.insert(h, gem);
         Ok(h)
     }
 
@@ -1769,16 +1769,11 @@ impl AmdgpuRender for SimKfd {
         if (addr as u64 | size) % PAGE != 0 || size == 0 || addr.is_null() {
             return Err(einval());
         }
-        let (rn, _, _) = self.render_vm(&mut st, render)?;
-        let h = Self::new_handle(&mut st, rn);
-        let vm = st.vms.entry(rn).or_default();
-        vm.objects.insert(
-            h,
-            GemMem::User {
-                addr: addr as usize,
-                size,
-            },
-        );
+        let user = GemMem::User {
+            addr: addr as usize,
+            size,
+        };
+        let h = self.add_object(&mut st, render, user)?;
         st.sdma.userptrs += 1;
         Ok(h)
     }
@@ -1796,14 +1791,7 @@ impl AmdgpuRender for SimKfd {
         // `pread` while executing submissions.
         let mapping =
             unsafe { HostMapping::map(std::os::fd::AsFd::as_fd(&mem.file), 0, size as usize) }?;
-        let mut st = self.state();
-        let (rn, _, _) = self.render_vm(&mut st, render)?;
-        let h = Self::new_handle(&mut st, rn);
-        st.vms
-            .entry(rn)
-            .or_default()
-            .objects
-            .insert(h, GemMem::Local(mem));
+        let h = self.add_object(&mut self.state(), render, GemMem::Local(mem))?;
         Ok((h, mapping))
     }
 

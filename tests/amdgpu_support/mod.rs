@@ -223,8 +223,8 @@ pub fn dump_files(
     Ok(out)
 }
 
-/// A whole dump on a criu-dev host: init, the files, DUMP_DEVICES_LATE, exit.
-pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<Dumped> {
+/// A backend initialised for a dump on a criu-dev host.
+pub fn dump_backend(sim: &SimKfd, images: &Path, cfg: &Config) -> AmdgpuBackend {
     let mut b = backend(sim, images);
     assert_eq!(
         b.init(
@@ -233,6 +233,23 @@ pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<D
         ),
         Ok(true)
     );
+    b
+}
+
+/// A dump on a criu-dev host that a file of `procs` makes fail: init, the files up to the
+/// failing one, exit with the failure. Returns the hook's error.
+pub fn refused_dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> HookError {
+    let mut b = dump_backend(sim, images, cfg);
+    let Err(e) = dump_files(&mut b, sim, procs, 1) else {
+        panic!("the dump should fail");
+    };
+    b.finish(Stage::Dump, -1);
+    e
+}
+
+/// A whole dump on a criu-dev host: init, the files, DUMP_DEVICES_LATE, exit.
+pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<Dumped> {
+    let mut b = dump_backend(sim, images, cfg);
     let d = dump_files(&mut b, sim, procs, 10).expect("dump");
     b.dump_late(procs[0].pid as i32).expect("DUMP_DEVICES_LATE");
     b.finish(Stage::Dump, 0);
