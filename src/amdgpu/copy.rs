@@ -23,7 +23,7 @@
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The CPU page size (staging mappings are whole pages, so the GPU can register them).
@@ -126,37 +126,62 @@ impl CopyStats {
 
 /// A copy thread's whole staging allocation: page aligned and a whole number of pages, so
 /// that a device can register it (userptr). The thread's pieces lie inside it.
-#[derive(Clone, Copy, Debug)]
+///
+/// Only [`run`] makes regions, one per thread, over memory that stays mapped until the
+/// thread's lane is dropped (and for good once [`StagingRegion::keep_after_use`] is called).
+#[derive(Debug)]
 pub struct StagingRegion {
-    /// First byte.
-    pub base: *mut u8,
-    /// Length in bytes (a multiple of the page size).
-    pub len: usize,
-    keep: *const AtomicBool,
+    base: *mut u8,
+    len: usize,
+    keep: Arc<AtomicBool>,
 }
 
 impl StagingRegion {
-    /// A region over memory the caller owns, kept or not through `keep` (tests of lanes).
+    /// A region over memory the caller owns (tests of lanes).
     #[cfg(test)]
-    pub(crate) fn for_test(base: *mut u8, len: usize, keep: &'static AtomicBool) -> Self {
-        StagingRegion { base, len, keep }
+    pub(crate) fn for_test(base: *mut u8, len: usize) -> Self {
+        StagingRegion {
+            base,
+            len,
+            keep: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// First byte.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty (never: it holds at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Never unmaps this memory: a device may still write it after its user gave up (a GPU
-    /// copy whose fence wait timed out). The pages are leaked, with a warning in the log.
+    /// copy whose completion was not seen). The pages are leaked, with a warning in the log.
     pub fn keep_after_use(&self) {
-        // SAFETY: `keep` points into the `Staging` this region describes, which outlives
-        // every lane made from the region (`run` drops the lane first).
-        unsafe { (*self.keep).store(true, Ordering::SeqCst) };
+        self.keep.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`StagingRegion::keep_after_use`] was called.
+    pub fn kept(&self) -> bool {
+        self.keep.load(Ordering::SeqCst)
     }
 }
 
 /// A staging buffer: an anonymous mapping of its own, page aligned and zero-filled.
 ///
-/// Not heap memory: a device may write into it (a userptr registration, whose pages the
-/// kernel does not pin). It is unmapped when dropped, so no later allocation of this process
-/// gets these pages; when a device may still be writing them (a GPU copy given up on), the
-/// owner of the lane marks it kept and it is never unmapped.
+/// Not heap memory: a device may write into it (a userptr registration). It is unmapped when
+/// dropped, so no later allocation of this process gets these pages; when a device may still
+/// be writing them (a GPU copy whose completion was not seen: the lane has already closed its
+/// registration, after which nothing makes the kernel wait for the copy before the pages are
+/// freed), the lane marks it kept and it is never unmapped. Not inherited by children, so a
+/// fork of CRIU's during a copy neither copies nor waits on these pages.
 struct Staging {
     ptr: NonNull<u8>,
     /// Usable bytes after `STAGING_DATA_OFFSET`.
@@ -164,7 +189,7 @@ struct Staging {
     /// Bytes mapped.
     mapped: usize,
     /// Set by [`StagingRegion::keep_after_use`]: leak instead of unmapping.
-    keep: Box<AtomicBool>,
+    keep: Arc<AtomicBool>,
 }
 
 // SAFETY: the mapping is owned memory; only the thread holding the `Staging` touches it.
@@ -192,13 +217,16 @@ impl Staging {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr =
-            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: advice on the mapping just made; failure only means children would inherit
+        // it, which is harmless for correctness.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), mapped, libc::MADV_DONTFORK) };
         Ok(Staging {
             ptr,
             len,
             mapped,
-            keep: Box::new(AtomicBool::new(false)),
+            keep: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -206,7 +234,7 @@ impl Staging {
         StagingRegion {
             base: self.ptr.as_ptr(),
             len: self.mapped,
-            keep: &*self.keep,
+            keep: Arc::clone(&self.keep),
         }
     }
 
@@ -537,37 +565,32 @@ mod tests {
     }
 
     #[test]
-    fn staging_is_unmapped_after_the_copy_unless_a_lane_keeps_it() {
+    fn kept_staging_stays_mapped() {
         let pieces = plan([(0, 8192)], 4096);
-        for keep in [false, true] {
-            let bases = Mutex::new(Vec::new());
-            let r = run::<io::Error, StagingRegion, _, _, _>(
-                &pieces,
-                1,
-                4096,
-                |region| {
-                    lock(&bases).push(region.base as usize);
-                    assert_eq!(region.len % page_size(), 0);
-                    assert_eq!(region.base as usize % page_size(), 0);
-                    Ok(region)
-                },
-                |region, _, _| {
-                    if keep {
-                        region.keep_after_use();
-                        return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
-                    }
-                    Ok(())
-                },
-                |_, _, _| Ok(()),
-            );
-            assert_eq!(r.is_err(), keep);
-            let base = lock(&bases)[0];
-            // (That an unkept region is gone cannot be checked without racing other test
-            // threads that may map the same addresses right away.)
-            if keep {
-                assert!(mapped(base), "a kept staging region was unmapped");
-            }
-        }
+        let bases = Mutex::new(Vec::new());
+        let r = run::<io::Error, StagingRegion, _, _, _>(
+            &pieces,
+            1,
+            4096,
+            |region| {
+                lock(&bases).push(region.base() as usize);
+                assert_eq!(region.len() % page_size(), 0);
+                assert_eq!(region.base() as usize % page_size(), 0);
+                Ok(region)
+            },
+            |region, _, _| {
+                region.keep_after_use();
+                Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
+            },
+            |_, _, _| Ok(()),
+        );
+        assert!(r.is_err());
+        // (That an unkept region is unmapped cannot be checked without racing other test
+        // threads, which may map the same addresses right away.)
+        assert!(
+            mapped(lock(&bases)[0]),
+            "a kept staging region was unmapped"
+        );
     }
 
     #[test]

@@ -366,7 +366,9 @@ fn save_contents(
         &pieces,
         threads,
         chunk,
-        |staging| Ok(engines.lane(staging)),
+        // SAFETY: `run` hands each thread's own staging mapping, unmapped only after the
+        // thread's lane is dropped, and never once the lane keeps it.
+        |staging| Ok(unsafe { engines.lane(staging) }),
         |lane, p, dst| {
             let buf = buffers[p.bo].expect("pieces only of BOs with contents");
             lane.download(buf, p.offset, dst)
@@ -378,6 +380,9 @@ fn save_contents(
                 .map_err(|e| e.context(format!("saving {}", describe(p.bo))))
         },
     )?;
+    engines
+        .finish()
+        .map_err(|e| e.context("after the BO copies"))?;
     for w in writers {
         w.finish()?;
     }

@@ -130,8 +130,8 @@ impl AmdgpuRender for HwDevice {
         let mut args = drm_amdgpu_gem_userptr {
             addr: addr as u64,
             size,
-            // Anonymous memory only, pinned and validated now (a bad range fails here, not
-            // in the middle of a copy), and followed by an MMU notifier.
+            // Anonymous memory only, its pages looked up now (a bad range fails here, not in
+            // the middle of a copy; they are not pinned), and followed by an MMU notifier.
             flags: AMDGPU_GEM_USERPTR_ANONONLY
                 | AMDGPU_GEM_USERPTR_VALIDATE
                 | AMDGPU_GEM_USERPTR_REGISTER,

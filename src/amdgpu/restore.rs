@@ -233,11 +233,13 @@ pub fn write_contents(
         .collect();
     let pieces = copy::plan_interleaved(&streams, chunk);
     let describe = |i: usize| device::describe_bo(&image.bos[i], i);
-    copy::run(
+    let stats = copy::run(
         &pieces,
         threads,
         chunk,
-        |staging| Ok(engines.lane(staging)),
+        // SAFETY: `run` hands each thread's own staging mapping, unmapped only after the
+        // thread's lane is dropped, and never once the lane keeps it.
+        |staging| Ok(unsafe { engines.lane(staging) }),
         |_, p, dst| {
             readers[reader_of[p.bo]]
                 .read_chunk(p.bo, p.offset, dst)
@@ -248,7 +250,11 @@ pub fn write_contents(
             lane.upload(buf, p.offset, src)
                 .map_err(|e| e.context(format!("writing {}", describe(p.bo))))
         },
-    )
+    )?;
+    engines
+        .finish()
+        .map_err(|e| e.context("after the BO copies"))?;
+    Ok(stats)
 }
 
 /// Restores KFD file `id` (image already read) in the calling task; returns the new

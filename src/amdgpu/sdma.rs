@@ -27,9 +27,11 @@
 //! does not support it: it is refused.
 //!
 //! A job whose addresses fault still completes on amdgpu (reads hit a dummy page, writes are
-//! dropped), so after each fence the engine asks the VM for page faults
-//! (`AMDGPU_INFO_GPUVM_FAULT`, Linux 6.10): its VM holds only its own mappings, so any fault
-//! is a failed copy. Older kernels cannot tell; a line in the log says so.
+//! dropped), so after each fence, and once more after the last copy
+//! ([`SdmaEngines::finish`]: a fault's interrupt may be handled after the fence), the engine
+//! asks the VM for page faults (`AMDGPU_INFO_GPUVM_FAULT`, Linux 6.10): its VM holds only its
+//! own mappings, so any fault is a failed copy. Older kernels cannot tell; a line in the log
+//! says so.
 //!
 //! # Engine, lanes and buffers
 //!
@@ -43,8 +45,9 @@
 //! per BO). A piece is one submission and one fence wait; the threads' submissions go to
 //! ring 0 of the DMA IP through contexts of their own, which the kernel's scheduler spreads
 //! over the GPU's SDMA engines. A submission that does not complete within
-//! [`FENCE_TIMEOUT`] fails the copy instead of hanging CRIU; the lane's staging memory is
-//! then never unmapped (see [`StagingRegion::keep_after_use`]).
+//! [`FENCE_TIMEOUT`] fails the copy instead of hanging CRIU; as after any submission whose
+//! completion was not seen, the lane's staging memory is then never unmapped (see
+//! [`StagingRegion::keep_after_use`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -180,6 +183,27 @@ struct GpuEngine {
 }
 
 impl GpuEngine {
+    /// Fails when the engine's VM recorded a GPU page fault: one of its copies went wrong.
+    fn check_faults(&self, dev: &dyn KfdDevice) -> Result<()> {
+        if !self.faults_reported {
+            return Ok(());
+        }
+        match dev.vm_fault(self.render.as_fd()) {
+            Ok(VmFaultState::Faulted { addr, status }) => Err(Error::new(
+                libc::EFAULT,
+                format!(
+                    "GPU page fault at {addr:#x} (status {status:#x}) during an SDMA copy on renderD{}: the copied data cannot be trusted",
+                    self.minor
+                ),
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::io(
+                &e,
+                format!("cannot query GPU page faults of renderD{}", self.minor),
+            )),
+        }
+    }
+
     fn alloc_va(&self, size: u64) -> Result<u64> {
         let mut va = self.va.lock().unwrap_or_else(|e| e.into_inner());
         va.alloc(size).ok_or_else(|| {
@@ -349,8 +373,21 @@ impl<'d> SdmaEngines<'d> {
         Ok(BufferId(self.bos.len() - 1))
     }
 
+    /// Checks every GPU's VM once more for page faults, after the last copy: a fault's
+    /// interrupt may be handled after the fence of the copy that caused it has signalled.
+    pub fn finish(&self) -> Result<()> {
+        self.gpus.iter().try_for_each(|g| g.check_faults(self.dev))
+    }
+
     /// A copy thread's lane over its staging memory `staging`.
-    pub fn lane(&self, staging: StagingRegion) -> Lane<'_, 'd> {
+    ///
+    /// # Safety
+    ///
+    /// `staging` must describe anonymous memory of this process that stays mapped while the
+    /// lane lives, and for good once the lane calls [`StagingRegion::keep_after_use`]: the
+    /// lane registers it with the GPU, which writes it behind Rust's back. The regions
+    /// [`super::copy::run`] hands to its lane factory are such memory.
+    pub unsafe fn lane(&self, staging: StagingRegion) -> Lane<'_, 'd> {
         Lane {
             engines: self,
             staging,
@@ -450,7 +487,7 @@ impl Lane<'_, '_> {
             Error::io(&e, format!("SDMA on renderD{}: cannot {what}", g.minor))
         };
         let ib_size = round_up(
-            g.format.ib_dwords(self.staging.len as u64) as u64 * 4,
+            g.format.ib_dwords(self.staging.len() as u64) as u64 * 4,
             page(),
         )
         .ok_or_else(|| Error::new(libc::EINVAL, "staging buffer too large"))?;
@@ -469,10 +506,10 @@ impl Lane<'_, '_> {
         dev.gem_va(r, ib_handle, ib_va, ib_size, true)
             .map_err(|e| fail("map the command buffer", e))?;
         lg.bos.last_mut().expect("pushed").1 = Some((ib_va, ib_size));
-        let staging_size = self.staging.len as u64;
-        // SAFETY: the staging region is page-aligned anonymous memory owned by the copy
-        // thread, which drops this lane (closing the handle) before freeing it.
-        let staging_handle = unsafe { dev.gem_userptr(r, self.staging.base, staging_size) }
+        let staging_size = self.staging.len() as u64;
+        // SAFETY: the staging region is page-aligned anonymous memory that stays mapped while
+        // this lane (which closes the handle when dropped) lives: the contract of `lane`.
+        let staging_handle = unsafe { dev.gem_userptr(r, self.staging.base(), staging_size) }
             .map_err(|e| {
                 fail(
                     &format!("register {} of staging memory", Bytes(staging_size)),
@@ -520,10 +557,10 @@ impl Lane<'_, '_> {
                 ),
             ));
         }
-        let base = self.staging.base as usize;
+        let base = self.staging.base() as usize;
         let within = host
             .checked_sub(base)
-            .filter(|&o| o.checked_add(len).is_some_and(|e| e <= self.staging.len));
+            .filter(|&o| o.checked_add(len).is_some_and(|e| e <= self.staging.len()));
         let Some(host_offset) = within else {
             return Err(Error::new(
                 libc::EINVAL,
@@ -546,15 +583,30 @@ impl Lane<'_, '_> {
         ib.clear();
         push_copy(&mut ib, g.format, src, dst, len64);
         pad(&mut ib);
-        let result = submit(engines.dev, g, lg, &ib, b.handle, timeout);
+        let outcome = submit(engines.dev, g, lg, &ib, b.handle, timeout);
         self.ib = ib;
-        if matches!(&result, Err(e) if e.errno == libc::ETIMEDOUT) {
-            // The copy may still be running and writing the staging memory, which the kernel
-            // does not keep for it (userptr pages are not pinned): it must never be reused.
-            self.staging.keep_after_use();
+        match outcome {
+            Outcome::Done => Ok(()),
+            Outcome::Failed(e) => Err(e),
+            Outcome::Unfinished(e) => {
+                // The copy may still be writing the staging memory after this lane closes its
+                // registration: that memory must never be reused.
+                self.staging.keep_after_use();
+                Err(e)
+            }
         }
-        result
     }
+}
+
+/// How a submission ended.
+enum Outcome {
+    /// Completed, no page fault seen.
+    Done,
+    /// Failed before the GPU got it, or completed with an error or a page fault.
+    Failed(Error),
+    /// Submitted, but its completion was not seen (timeout, failed wait): the GPU may still
+    /// be copying.
+    Unfinished(Error),
 }
 
 fn submit(
@@ -564,11 +616,11 @@ fn submit(
     ib: &[u32],
     bo: u32,
     timeout: Duration,
-) -> Result<()> {
+) -> Outcome {
     let r = g.render.as_fd();
     let bytes = ib.len() * 4;
     if bytes as u64 > lg.ib_size {
-        return Err(Error::new(
+        return Outcome::Failed(Error::new(
             libc::EOVERFLOW,
             format!(
                 "SDMA command buffer of {bytes} bytes exceeds its {} bytes",
@@ -576,35 +628,30 @@ fn submit(
             ),
         ));
     }
-    lg.ib
-        .write_dwords(ib)
-        .map_err(|e| Error::io(&e, "writing the SDMA command buffer"))?;
-    let seq = dev
-        .submit_dma(
-            r,
-            lg.ctx,
-            &[bo, lg.staging_handle, lg.ib_handle],
-            lg.ib_va,
-            bytes as u32,
-        )
-        .map_err(|e| Error::io(&e, format!("SDMA submission on renderD{} failed", g.minor)))?;
-    match dev.wait_dma(r, lg.ctx, seq, timeout) {
-        Ok(true) if !g.faults_reported => Ok(()),
-        Ok(true) => match dev.vm_fault(r) {
-            Ok(VmFaultState::Faulted { addr, status }) => Err(Error::new(
-                libc::EFAULT,
-                format!(
-                    "GPU page fault at {addr:#x} (status {status:#x}) during an SDMA copy on renderD{}: the copied data cannot be trusted",
-                    g.minor
-                ),
-            )),
-            Ok(_) => Ok(()),
-            Err(e) => Err(Error::io(
+    if let Err(e) = lg.ib.write_dwords(ib) {
+        return Outcome::Failed(Error::io(&e, "writing the SDMA command buffer"));
+    }
+    let seq = match dev.submit_dma(
+        r,
+        lg.ctx,
+        &[bo, lg.staging_handle, lg.ib_handle],
+        lg.ib_va,
+        bytes as u32,
+    ) {
+        Ok(seq) => seq,
+        Err(e) => {
+            return Outcome::Failed(Error::io(
                 &e,
-                format!("cannot query GPU page faults of renderD{}", g.minor),
-            )),
+                format!("SDMA submission on renderD{} failed", g.minor),
+            ));
+        }
+    };
+    match dev.wait_dma(r, lg.ctx, seq, timeout) {
+        Ok(true) => match g.check_faults(dev) {
+            Ok(()) => Outcome::Done,
+            Err(e) => Outcome::Failed(e),
         },
-        Ok(false) => Err(Error::new(
+        Ok(false) => Outcome::Unfinished(Error::new(
             libc::ETIMEDOUT,
             format!(
                 "SDMA copy on renderD{} did not complete within {} s",
@@ -612,7 +659,9 @@ fn submit(
                 timeout.as_secs()
             ),
         )),
-        Err(e) => Err(Error::io(
+        // A job that ended with an error (a reset) and a wait that itself failed look the
+        // same here: assume the worst.
+        Err(e) => Outcome::Unfinished(Error::io(
             &e,
             format!("SDMA copy on renderD{} failed", g.minor),
         )),
@@ -790,8 +839,7 @@ mod sim_tests {
             Staging(unsafe { alloc_zeroed(layout) }, layout)
         }
         fn region(&self) -> StagingRegion {
-            let keep = Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
-            StagingRegion::for_test(self.0, self.1.size(), keep)
+            StagingRegion::for_test(self.0, self.1.size())
         }
         fn bytes(&mut self) -> &mut [u8] {
             // SAFETY: the whole allocation, zeroed, exclusively borrowed.
@@ -848,7 +896,8 @@ mod sim_tests {
             let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
             let mut staging = Staging::new(4 << 20);
             let region = staging.region();
-            let mut lane = engines.lane(region);
+            // SAFETY: `staging` outlives the lane.
+            let mut lane = unsafe { engines.lane(region) };
             // A download into the middle of the staging buffer, with guard bytes around it.
             let (at, off, len) = (100usize, 4093u64, (2 << 20) + 5);
             staging.bytes().fill(0xAA);
@@ -904,7 +953,8 @@ mod sim_tests {
         let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
         engines.gpus[0].format.count_minus_one = false;
         let mut staging = Staging::new(1 << 20);
-        let mut lane = engines.lane(staging.region());
+        // SAFETY: `staging` outlives the lane.
+        let mut lane = unsafe { engines.lane(staging.region()) };
         // Inside the BO: the extra byte lands in the staging buffer, unnoticed (B9's
         // "harmless between chunks").
         lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
@@ -924,17 +974,30 @@ mod sim_tests {
         let mut engines = SdmaEngines::new(&sim);
         let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
         let mut staging = Staging::new(1 << 20);
-        let keep = Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
-        let region = StagingRegion::for_test(staging.0, staging.1.size(), keep);
-        let mut lane = engines.lane(region);
+        // SAFETY: `staging` outlives the lane; the simulated engine does nothing after a
+        // wait that timed out, so freeing it at the end of the test is harmless.
+        let mut lane = unsafe { engines.lane(staging.region()) };
         lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
-        assert!(!keep.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(!lane.staging.kept());
         sim.update_faults(|f| f.sdma_hang = true);
         let e = lane
             .download(bo, 0, &mut staging.bytes()[..4096])
             .unwrap_err();
         assert_eq!(e.errno, libc::ETIMEDOUT);
-        assert!(keep.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(lane.staging.kept());
+    }
+
+    #[test]
+    fn a_fault_seen_only_after_the_last_fence_fails_the_copy() {
+        let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
+        let mut engines = SdmaEngines::new(&sim);
+        engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
+        engines.finish().unwrap();
+        sim.record_page_fault(engines.gpus[0].render.as_fd(), 0x1234_5000)
+            .unwrap();
+        let e = engines.finish().unwrap_err();
+        assert_eq!(e.errno, libc::EFAULT);
+        assert!(e.msg.contains("0x12345000"), "{e}");
     }
 
     #[test]

@@ -166,9 +166,10 @@ pub struct Faults {
     pub restore: Option<Fault>,
     /// RESUME fails.
     pub resume: Option<Fault>,
-    /// SDMA work that reads the BO at this (process) GPU address faults with this errno.
+    /// SDMA work that reads the BO at this (process) GPU address fails: its fence carries
+    /// this errno (a device error, not a page fault).
     pub download_at: Option<(u64, i32)>,
-    /// SDMA work that writes the BO at this (process) GPU address faults with this errno.
+    /// SDMA work that writes the BO at this (process) GPU address fails the same way.
     pub upload_at: Option<(u64, i32)>,
     /// The command submission ioctl fails.
     pub sdma_submit: Option<Fault>,
@@ -1664,13 +1665,22 @@ impl SimKfd {
         Ok(h)
     }
 
+    /// Records a GPU page fault at `addr` in the VM of render file `render`, as a fault whose
+    /// interrupt is handled after the fence of the job that caused it.
+    pub fn record_page_fault(&self, render: BorrowedFd<'_>, addr: u64) -> io::Result<()> {
+        let mut st = self.state();
+        let (_, _, vm) = self.render_vm(&mut st, render)?;
+        vm.fault = Some((addr, 1));
+        Ok(())
+    }
+
     /// What the simulated SDMA engines have done so far.
     pub fn sdma_stats(&self) -> SdmaStats {
         self.state().sdma
     }
 
-    /// GEM objects the copy engine holds in simulated render files (imported BOs, userptr
-    /// registrations and command buffers whose handles are not closed yet).
+    /// GEM objects open in simulated render files: the copy engine's (imported BOs, userptr
+    /// registrations, command buffers) and those made with [`SimKfd::alloc_render_bo`].
     pub fn gem_objects(&self) -> usize {
         self.state().vms.values().map(|vm| vm.objects.len()).sum()
     }
@@ -1743,10 +1753,12 @@ impl AmdgpuRender for SimKfd {
         let (_, _, vm) = self.render_vm(&mut st, render)?;
         Ok(Some(GemCensus {
             bos: vm.objects.len(),
+            // As the kernel: only dma-bufs of other devices are flagged; a BO of this GPU
+            // imported into the file is the same object.
             imported: vm
                 .objects
                 .values()
-                .filter(|m| matches!(m, GemMem::Bo(_) | GemMem::Foreign))
+                .filter(|m| matches!(m, GemMem::Foreign))
                 .count(),
         }))
     }
@@ -1828,7 +1840,8 @@ impl AmdgpuRender for SimKfd {
             || size == 0
             || va < SIM_VA_START
             || va.checked_add(size).is_none_or(|e| e > SIM_VA_END)
-            || (!matches!(obj, GemMem::Foreign) && size > obj.size().next_multiple_of(PAGE))
+            || (!matches!(obj, GemMem::Foreign)
+                && size > obj.size().next_multiple_of(super::copy::page_size() as u64))
         {
             return Err(einval());
         }
