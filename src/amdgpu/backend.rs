@@ -562,13 +562,16 @@ impl GpuBackend for AmdgpuBackend {
             rdev: st.st_rdev,
             dmabuf: false,
         };
-        match classify(&id, run.kfd_rdev) {
-            FileKind::Kfd => run.refuse_stream().and_then(|()| run.add_inventory()),
-            FileKind::RenderNode { minor } if run.is_kfd_render_node(minor) => {
-                run.refuse_stream().and_then(|()| run.add_inventory())
-            }
-            _ => Err(HookError::NotMine),
+        let ours = match classify(&id, run.kfd_rdev) {
+            FileKind::Kfd => true,
+            FileKind::RenderNode { minor } => run.is_kfd_render_node(minor),
+            _ => false,
+        };
+        if !ours {
+            return Err(HookError::NotMine);
         }
+        run.refuse_stream()?;
+        run.add_inventory()
     }
 
     fn dump_file(&mut self, fd: RawFd, id: u32) -> HookResult {

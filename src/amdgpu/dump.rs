@@ -38,7 +38,7 @@ use super::device::{
 use super::error::{Error, Result};
 use super::image::{BoEntry, KfdCheckpoint, PagesLayout, RenderNodeDrm, RenderNodeImage};
 use super::images::{Images, PagesOut};
-use super::sdma::{self, SdmaEngines};
+use super::sdma::SdmaEngines;
 use super::settings::AmdgpuSettings;
 use super::topology::Topology;
 
@@ -337,28 +337,19 @@ fn save_contents(
     }
     // The copies go through the SDMA engine of each BO's actual GPU, in render-node files
     // of the engine's own.
-    let mut engines = SdmaEngines::new(ctx.dev);
-    let mut buffers: Vec<Option<sdma::BufferId>> = Vec::with_capacity(image.bos.len());
-    let mut largest = 0;
-    for (i, b) in image.bos.iter().enumerate() {
-        if !b.has_contents() {
-            buffers.push(None);
-            continue;
-        }
-        largest = largest.max(b.size);
-        let actual = actual_of[&b.gpu_id];
+    let mut minor_of = HashMap::new();
+    for &user in &gpus {
+        let actual = actual_of[&user];
         let minor = topo
             .gpu_by_id(actual)
             .map(|g| g.drm_render_minor)
             .ok_or_else(|| {
                 Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
             })?;
-        let dmabuf = dmabufs[i].as_ref().expect("checked by the caller").as_fd();
-        let buf = engines
-            .import(minor, dmabuf, b.size)
-            .map_err(|e| e.context(format!("cannot access {}", device::describe_bo(b, i))))?;
-        buffers.push(Some(buf));
+        minor_of.insert(user, minor);
     }
+    let mut engines = SdmaEngines::new(ctx.dev);
+    let (buffers, largest) = engines.import_contents(&image.bos, dmabufs, &minor_of, "")?;
     let (chunk, threads) = ctx.settings.staging_plan(largest);
     let pieces = copy::plan_interleaved(&streams, chunk);
     let describe = |i: usize| device::describe_bo(&image.bos[i], i);

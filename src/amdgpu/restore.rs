@@ -30,7 +30,7 @@ use super::error::{Error, Result};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader, RenderNodeImage};
 use super::images::Images;
 use super::parallel::{FdStore, KeyTable, RestoreQueue};
-use super::sdma::{self, SdmaEngines};
+use super::sdma::SdmaEngines;
 use super::settings::AmdgpuSettings;
 use super::topology::{GpuMap, Topology, map_gpus};
 
@@ -200,32 +200,7 @@ pub fn write_contents(
     let (readers, reader_of) = open_pages(images, id, image)?;
     // The SDMA engine's own render-node files, not the ones bound to the process's VMs.
     let mut engines = SdmaEngines::new(dev);
-    let mut buffers: Vec<Option<sdma::BufferId>> = Vec::with_capacity(image.bos.len());
-    let mut largest = 0;
-    for (i, b) in image.bos.iter().enumerate() {
-        if !b.has_contents() {
-            buffers.push(None);
-            continue;
-        }
-        largest = largest.max(b.size);
-        let minor = *minor_of.get(&b.gpu_id).ok_or_else(|| {
-            Error::new(
-                libc::EINVAL,
-                format!("BO {i} is on unmapped GPU {:#x}", b.gpu_id),
-            )
-        })?;
-        let dmabuf = dmabufs
-            .get(i)
-            .and_then(|d| d.as_ref())
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}")))?;
-        let buf = engines.import(minor, dmabuf.as_fd(), b.size).map_err(|e| {
-            e.context(format!(
-                "cannot access restored {}",
-                device::describe_bo(b, i)
-            ))
-        })?;
-        buffers.push(Some(buf));
-    }
+    let (buffers, largest) = engines.import_contents(&image.bos, dmabufs, minor_of, "restored ")?;
     let (chunk, threads) = settings.staging_plan(largest);
     let streams: Vec<Vec<(usize, u64)>> = readers
         .iter()

@@ -57,8 +57,9 @@ use std::time::Duration;
 use kfd_sys::{AMDGPU_FAMILY_AI, AMDGPU_FAMILY_CI};
 
 use super::copy::StagingRegion;
-use super::device::{Bytes, HostMapping, KfdDevice, VmFaultState};
+use super::device::{Bytes, HostMapping, KfdDevice, VmFaultState, describe_bo};
 use super::error::{Error, Result};
+use super::image::BoEntry;
 
 /// `COPY_LINEAR` header: op 1, sub-op 0.
 pub const HEADER_COPY_LINEAR: u32 = 0x0000_0001;
@@ -254,12 +255,6 @@ impl<'d> SdmaEngines<'d> {
         }
     }
 
-    /// Changes the longest wait for one submission.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
     fn gpu(&mut self, minor: u32) -> Result<usize> {
         if let Some(&i) = self.by_minor.get(&minor) {
             return Ok(i);
@@ -373,6 +368,42 @@ impl<'d> SdmaEngines<'d> {
         Ok(BufferId(self.bos.len() - 1))
     }
 
+    /// Imports every BO of `bos` that has contents (VRAM/GTT), the BO behind `dmabufs[i]`
+    /// for entry `i`, through the engine of its GPU's render node (`minor_of`: image gpu id
+    /// → render minor); `what` names the BOs in errors ("", "restored "). Returns one slot per
+    /// entry and the largest size imported.
+    pub fn import_contents(
+        &mut self,
+        bos: &[BoEntry],
+        dmabufs: &[Option<OwnedFd>],
+        minor_of: &HashMap<u32, u32>,
+        what: &str,
+    ) -> Result<(Vec<Option<BufferId>>, u64)> {
+        let mut buffers = Vec::with_capacity(bos.len());
+        let mut largest = 0;
+        for (i, b) in bos.iter().enumerate() {
+            if !b.has_contents() {
+                buffers.push(None);
+                continue;
+            }
+            largest = largest.max(b.size);
+            let minor = *minor_of.get(&b.gpu_id).ok_or_else(|| {
+                Error::new(
+                    libc::EINVAL,
+                    format!("BO {i} is on unmapped GPU {:#x}", b.gpu_id),
+                )
+            })?;
+            let dmabuf = dmabufs.get(i).and_then(|d| d.as_ref()).ok_or_else(|| {
+                Error::new(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}"))
+            })?;
+            let buf = self
+                .import(minor, dmabuf.as_fd(), b.size)
+                .map_err(|e| e.context(format!("cannot access {what}{}", describe_bo(b, i))))?;
+            buffers.push(Some(buf));
+        }
+        Ok((buffers, largest))
+    }
+
     /// Checks every GPU's VM once more for page faults, after the last copy: a fault's
     /// interrupt may be handled after the fence of the copy that caused it has signalled.
     pub fn finish(&self) -> Result<()> {
@@ -403,21 +434,12 @@ impl Drop for SdmaEngines<'_> {
         // even while a file is shared.
         for bo in self.bos.drain(..).rev() {
             let g = &self.gpus[bo.gpu];
-            let r = g.render.as_fd();
-            if let Err(e) = self.dev.gem_va(r, bo.handle, bo.va, bo.mapped, false) {
-                log::debug!(
-                    "amdgpu: unmapping BO at {:#x} of renderD{}: {e}",
-                    bo.va,
-                    g.minor
-                );
-            }
-            if let Err(e) = self.dev.gem_close(r, bo.handle) {
-                log::debug!(
-                    "amdgpu: closing GEM handle {} of renderD{}: {e}",
-                    bo.handle,
-                    g.minor
-                );
-            }
+            release(
+                self.dev,
+                g.render.as_fd(),
+                None,
+                &[(bo.handle, Some((bo.va, bo.mapped)))],
+            );
         }
     }
 }
