@@ -1606,41 +1606,29 @@ fn decode_ib(ib: &[u32], family: u32) -> Result<Vec<(u64, u64, u64)>, i32> {
 /// [`AmdgpuRender::gem_userptr`].
 unsafe fn run_copy(op: &CopyOp) -> io::Result<()> {
     let len = usize::try_from(op.len).map_err(|_| einval())?;
+    let user = |addr: usize, offset: u64| {
+        // SAFETY: user memory of `len` bytes at `addr + offset`, resolved inside its
+        // registration, which this function's contract keeps alive.
+        unsafe { std::slice::from_raw_parts_mut((addr + offset as usize) as *mut u8, len) }
+    };
     match (&op.src, &op.dst) {
         ((GemMem::Bo(m) | GemMem::Local(m), so), (GemMem::User { addr, .. }, doff)) => {
-            // SAFETY: registered user memory of `len` bytes at `addr + doff` (resolved inside
-            // its registration), per this function's contract.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut((*addr + *doff as usize) as *mut u8, len) };
-            m.file.read_exact_at(dst, *so)
+            m.file.read_exact_at(user(*addr, *doff), *so)
         }
         ((GemMem::User { addr, .. }, soff), (GemMem::Bo(m) | GemMem::Local(m), doff)) => {
-            // SAFETY: as above, for reading.
-            let src =
-                unsafe { std::slice::from_raw_parts((*addr + *soff as usize) as *const u8, len) };
-            m.file.write_all_at(src, *doff)
+            m.file.write_all_at(user(*addr, *soff), *doff)
         }
         _ => {
             let mut tmp = vec![0u8; len];
             match &op.src {
                 (GemMem::Bo(m) | GemMem::Local(m), o) => m.file.read_exact_at(&mut tmp, *o)?,
-                (GemMem::User { addr, .. }, o) => {
-                    // SAFETY: as above.
-                    let src = unsafe {
-                        std::slice::from_raw_parts((*addr + *o as usize) as *const u8, len)
-                    };
-                    tmp.copy_from_slice(src);
-                }
+                (GemMem::User { addr, .. }, o) => tmp.copy_from_slice(user(*addr, *o)),
                 (GemMem::Foreign, _) => return Err(err(libc::ENODEV)),
             }
             match &op.dst {
                 (GemMem::Bo(m) | GemMem::Local(m), o) => m.file.write_all_at(&tmp, *o),
                 (GemMem::User { addr, .. }, o) => {
-                    // SAFETY: as above.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut((*addr + *o as usize) as *mut u8, len)
-                    };
-                    dst.copy_from_slice(&tmp);
+                    user(*addr, *o).copy_from_slice(&tmp);
                     Ok(())
                 }
                 (GemMem::Foreign, _) => Err(err(libc::ENODEV)),
