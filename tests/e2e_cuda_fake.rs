@@ -25,6 +25,8 @@ struct Fake {
     /// `FAKE_CUDA_DEVICE_DIR` of the workloads.
     dev: PathBuf,
     libcuda: PathBuf,
+    /// The stand-in NVML, whose `nvmlInit_v2` leaves a thread behind as NVIDIA's does.
+    nvml: PathBuf,
     workload: PathBuf,
     gpu_list: PathBuf,
 }
@@ -45,6 +47,15 @@ impl Fake {
                 "-shared".into(),
                 "-fPIC".into(),
                 fixture("fake-cuda/fake_libcuda.c"),
+                "-lpthread".into(),
+            ],
+        );
+        let nvml = cc(
+            "libnvidia-ml.so.1",
+            &[
+                "-shared".into(),
+                "-fPIC".into(),
+                fixture("fake-cuda/fake_nvml.c"),
                 "-lpthread".into(),
             ],
         );
@@ -72,6 +83,7 @@ impl Fake {
             e,
             dev,
             libcuda,
+            nvml,
             workload,
             gpu_list,
         })
@@ -128,6 +140,11 @@ impl Fake {
         vec![
             ("CRIU_GPU_LIBCUDA", self.libcuda.display().to_string()),
             ("CRIU_GPU_CUDA_NVIDIA_PROC", nv.display().to_string()),
+            ("CRIU_GPU_NVML", self.nvml.display().to_string()),
+            (
+                "FAKE_NVML_LOG",
+                self.e.dir().join("nvml.log").display().to_string(),
+            ),
             (
                 "FAKE_CUDA_LOG",
                 self.e.dir().join(calls).display().to_string(),
@@ -644,6 +661,63 @@ fn a_cuda_tree_is_dumped_and_restored() {
             f.device_files(p),
             files[&p],
             "pid {p}: device files not recreated"
+        );
+    }
+    w.assert_all_running("after the restore");
+    w.assert_continues(&marks);
+}
+
+/// NVML's lingering thread and libcuda's `cuInit` threads stay out of CRIU's process: every
+/// hook returns with CRIU single-threaded (the plugin's own check after each hook reports
+/// otherwise at ERROR), while NVML did answer and a restore that needs `cuInit` still works.
+#[test]
+fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
+    let Some(f) = Fake::start("cuda-one-thread") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let lib = lib();
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    dump.assert_no_plugin_errors();
+    assert!(!dump.has("left CRIU's process with"), "{dump:?}");
+    let nvml_log = std::fs::read_to_string(f.e.dir().join("nvml.log")).unwrap_or_default();
+    assert!(
+        nvml_log.lines().any(|l| l.contains("threads=2")),
+        "NVML was not asked, or its thread did not start: {nvml_log:?}"
+    );
+    let marks = w.marks();
+    let mut env = f.env(&nv, "restore.calls");
+    env.push(("FAKE_CUDA_RESTORE_NEEDS_INIT", "1".into()));
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &env,
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    assert!(!restore.has("left CRIU's process with"), "{restore:?}");
+    assert!(
+        restore.has("from a helper process that calls cuInit"),
+        "{restore:?}"
+    );
+    let calls = f.calls("restore.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=800", "restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
         );
     }
     w.assert_all_running("after the restore");

@@ -9,6 +9,9 @@
 //! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
 //!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
 //! - [`stream`]: whether CRIU streams its images (`--stream`), for plugins that write files;
+//! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
+//!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
+//!   killed;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
 //! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
 //!   contain panics and map errors to negative errno, and [`export_plugin!`].
@@ -20,6 +23,7 @@
 //! ```
 
 pub mod abi;
+pub mod child;
 pub mod host;
 pub mod log;
 pub mod plugin;

@@ -153,8 +153,14 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs a hook body: a panic is logged and returned as `-EIO`, never unwound into CRIU.
+///
+/// CRIU's process must be single-threaded whenever a hook returns (`setns(2)` into a
+/// container's namespaces fails otherwise): a hook entered with one thread that returns with
+/// more is reported at ERROR, naming the hook, so that the defect shows in CRIU's log rather
+/// than as a failed `setns` later.
 pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let single = crate::child::thread_count() == Some(1);
+    let rc = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(rc) => rc,
         Err(payload) => {
             let msg = format!(
@@ -164,7 +170,16 @@ pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
             P::logger().write(CriuLevel::Error, None, None, &msg);
             -libc::EIO
         }
+    };
+    if single {
+        if let Some(n @ 2..) = crate::child::thread_count() {
+            let msg = format!(
+                "{hook} left CRIU's process with {n} threads; CRIU cannot enter a container's namespaces now"
+            );
+            P::logger().write(CriuLevel::Error, None, None, &msg);
+        }
     }
+    rc
 }
 
 fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {

@@ -23,6 +23,7 @@
 //! The inventory name is `cuda_plugin`, the C plugin's, so images move between the two.
 
 pub mod gpus;
+pub mod helper;
 pub mod metadata;
 pub mod nvml;
 pub mod procfs;
@@ -34,7 +35,7 @@ use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criu_plugin::symbols::AlarmSuspended;
@@ -191,7 +192,7 @@ fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>>
 fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<cuda_ckpt_sys::GpuUuid, u64>> {
     let t = Instant::now();
     let uuids: Vec<_> = gpus.iter().map(|g| g.uuid).collect();
-    match nvml::query_memory(nvml, &uuids) {
+    match helper::query_memory(nvml, &uuids) {
         Ok(mem) => {
             for g in gpus.iter_mut() {
                 if let Some(m) = mem.get(&g.uuid) {
@@ -208,34 +209,82 @@ fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<cuda_ckpt_sys::G
     }
 }
 
-/// Restore, calling `cuInit` in this process first if the driver asks for it: restore needs
-/// persistence mode or an initialised driver in the caller, and says NOT_PERMITTED otherwise.
-fn restore_process(driver: &Driver, pid: i32, pairs: &[GpuPair]) -> Result<(), DriverError> {
-    match driver.restore(pid, pairs) {
-        Err(e) if e.cuda_code() == Some(CUresult::NOT_PERMITTED) => {
-            static INIT: Once = Once::new();
-            INIT.call_once(|| {
-                log::info!(
-                    "cuda: restore needs an initialised driver here (persistence mode is off): calling cuInit"
-                );
-                if let Err(e) = driver.init() {
-                    log::warn!("cuda: {e}");
-                }
-            });
-            driver.restore(pid, pairs)
+/// Whether the driver refused a restore because the caller has not called `cuInit` (needed
+/// when persistence mode is off).
+fn needs_init(r: &Result<(), DriverError>) -> bool {
+    matches!(r, Err(e) if e.cuda_code() == Some(CUresult::NOT_PERMITTED))
+}
+
+/// How long a restore helper may run for a batch (the C plugin's default timeout).
+const RESTORE_HELPER_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Restores (and unlocks) every job: in this process first, then, for the processes the driver
+/// refused for want of `cuInit`, from a helper process that calls it (`cuInit` starts threads,
+/// which must not stay in CRIU's process).
+fn restore_batch(
+    driver: &Driver,
+    jobs: &[helper::RestoreJob],
+    pairs: &[GpuPair],
+    parallel: bool,
+) -> Vec<(i32, Result<(), DriverError>, Duration)> {
+    let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
+    let mut results = run_each(&pids, parallel, |pid| {
+        let r = driver.restore(pid, pairs);
+        if needs_init(&r) {
+            return r;
         }
-        other => other,
+        r?;
+        if jobs.iter().any(|j| j.pid == pid && j.unlock) {
+            driver.unlock(pid)?;
+        }
+        Ok::<(), DriverError>(())
+    });
+    let retry: Vec<helper::RestoreJob> = results
+        .iter()
+        .filter(|(_, r, _)| needs_init(r))
+        .filter_map(|(pid, _, _)| jobs.iter().find(|j| j.pid == *pid).copied())
+        .collect();
+    if retry.is_empty() {
+        return results;
     }
+    log::info!(
+        "cuda: restore needs an initialised driver (persistence mode is off): restoring {} process(es) from a helper process that calls cuInit",
+        retry.len()
+    );
+    let t = Instant::now();
+    let redone =
+        helper::restore_with_init(driver, &retry, pairs, parallel, RESTORE_HELPER_DEADLINE)
+            .unwrap_or_else(|e| {
+                let why = DriverError::InvalidArgument(format!("restore helper: {e}"));
+                retry
+                    .iter()
+                    .map(|j| (j.pid, Err(why.clone()), t.elapsed()))
+                    .collect()
+            });
+    for (pid, r, took) in redone {
+        if let Some(slot) = results.iter_mut().find(|(p, _, _)| *p == pid) {
+            slot.1 = r;
+            slot.2 += took;
+        }
+    }
+    results
 }
 
 /// Puts one process back as the dump found it: restore if checkpointed, unlock if we locked it.
+/// A restore the driver refuses for want of `cuInit` is returned as is, for the caller to redo
+/// from a helper process ([`helper::restore_with_init`]), then to check with [`check_put_back`].
 fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
     if driver.process_state(pid)? == ProcessState::Checkpointed {
-        restore_process(driver, pid, &[])?;
+        driver.restore(pid, &[])?;
     }
     if unlock && driver.process_state(pid)? == ProcessState::Locked {
         driver.unlock(pid)?;
     }
+    check_put_back(driver, pid, unlock)
+}
+
+/// Checks that a process put back is in the state the dump found it in.
+fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
     let end = driver.process_state(pid)?;
     let expected = if unlock {
         ProcessState::Running
@@ -639,9 +688,36 @@ impl CudaBackend {
         let parallel = self.settings().parallel;
         let driver = self.driver().clone();
         let dumped = &self.dumped;
-        let results = run_each(&runnable, parallel, |pid| {
+        let mut results = run_each(&runnable, parallel, |pid| {
             put_back(&driver, pid, dumped[&pid].locked_by_us)
         });
+        let retry: Vec<helper::RestoreJob> = results
+            .iter()
+            .filter(|(_, r, _)| needs_init(r))
+            .map(|(pid, _, _)| helper::RestoreJob {
+                pid: *pid,
+                unlock: dumped[pid].locked_by_us,
+            })
+            .collect();
+        if !retry.is_empty() {
+            let redone =
+                helper::restore_with_init(&driver, &retry, &[], parallel, RESTORE_HELPER_DEADLINE);
+            for slot in results.iter_mut().filter(|(_, r, _)| needs_init(r)) {
+                let pid = slot.0;
+                slot.1 = match &redone {
+                    Ok(v) => match v.iter().find(|(p, _, _)| *p == pid) {
+                        Some((_, Ok(()), _)) => {
+                            check_put_back(&driver, pid, dumped[&pid].locked_by_us)
+                        }
+                        Some((_, Err(e), _)) => Err(e.clone()),
+                        None => Err(DriverError::InvalidArgument(
+                            "restore helper skipped it".into(),
+                        )),
+                    },
+                    Err(e) => Err(DriverError::InvalidArgument(format!("restore helper: {e}"))),
+                };
+            }
+        }
         for (tid, e) in threads.stop_all() {
             log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
@@ -730,13 +806,14 @@ impl CudaBackend {
             .collect();
         let pairs = &self.gpu_map;
         let parallel = self.settings().parallel;
-        let rs = run_each(&runnable, parallel, |pid| {
-            restore_process(&driver, pid, pairs)?;
-            if unlock.contains(&pid) {
-                driver.unlock(pid)?;
-            }
-            Ok::<(), DriverError>(())
-        });
+        let jobs: Vec<helper::RestoreJob> = runnable
+            .iter()
+            .map(|&pid| helper::RestoreJob {
+                pid,
+                unlock: unlock.contains(&pid),
+            })
+            .collect();
+        let rs = restore_batch(&driver, &jobs, pairs, parallel);
         for (tid, e) in threads.stop_all() {
             log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
@@ -778,7 +855,11 @@ impl CudaBackend {
                 format!("cuda: pid {pid}: cannot let restore thread {tid} run: {e}"),
             )
         })?;
-        let r = restore_process(&driver, pid, &[]).and_then(|()| driver.unlock(pid));
+        let job = helper::RestoreJob { pid, unlock: true };
+        let r = restore_batch(&driver, &[job], &[], false)
+            .pop()
+            .map(|(_, r, _)| r)
+            .unwrap_or(Ok(()));
         for (tid, e) in threads.stop_all() {
             log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
@@ -932,27 +1013,29 @@ impl GpuBackend for CudaBackend {
         };
         Self::check_runnable(pid, tid)?;
         let timeout = self.lock_timeout();
+        let ms_timeout = timeout.as_millis().min(u32::MAX as u128) as u32;
+        let deadline = timeout + LOCK_GRACE;
         let t = Instant::now();
-        let d = driver.clone();
-        let state = worker::call_with_deadline(timeout + LOCK_GRACE, move || d.process_state(pid))
-            .ok_or_else(|| {
-                fail(
-                    libc::ETIMEDOUT,
-                    format!("cuda: pid {pid} does not answer the driver (state query); it cannot be checkpointed now"),
-                )
-            })?
+        // In a helper process: a target that never answers costs a killed helper, not a
+        // thread stuck in CRIU's process for good.
+        let outcome = helper::state_and_lock(&driver, pid, ms_timeout, deadline).map_err(|e| {
+            fail(
+                libc::ETIMEDOUT,
+                format!(
+                    "cuda: pid {pid} did not answer the driver (state query and lock, {} ms at most): {e}; the dump is abandoned",
+                    deadline.as_millis()
+                ),
+            )
+        })?;
+        let helper_took = t.elapsed();
+        in_driver += outcome.in_driver;
+        let helper_cost = helper_took.saturating_sub(outcome.in_driver);
+        let state = outcome
+            .state
             .map_err(|e| fail(-e.errno(), format!("cuda: {e}")))?;
-        in_driver += t.elapsed();
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
-                let t = Instant::now();
-                let d = driver.clone();
-                let ms_timeout = timeout.as_millis().min(u32::MAX as u128) as u32;
-                let locked = worker::call_with_deadline(timeout + LOCK_GRACE, move || {
-                    d.lock(pid, ms_timeout)
-                });
-                in_driver += t.elapsed();
-                match locked {
+                match outcome.lock {
                     Some(Ok(())) => {}
                     Some(Err(e)) => {
                         let why = if e.errno() == -libc::ETIMEDOUT {
@@ -966,11 +1049,8 @@ impl GpuBackend for CudaBackend {
                     }
                     None => {
                         return Err(fail(
-                            libc::ETIMEDOUT,
-                            format!(
-                                "cuda: locking pid {pid} did not return within {} ms (a peer it waits for may be locked); the dump is abandoned",
-                                (timeout + LOCK_GRACE).as_millis()
-                            ),
+                            libc::EIO,
+                            format!("cuda: pid {pid}: the lock helper did not lock it"),
                         ));
                     }
                 }
@@ -1018,9 +1098,10 @@ impl GpuBackend for CudaBackend {
         }
         let total = started.elapsed();
         log::info!(
-            "cuda: pid {pid} (restore thread {tid}) paused: {:.2} ms in the driver, plugin own time {:.3} ms",
+            "cuda: pid {pid} (restore thread {tid}) paused: {:.2} ms in the driver, plugin own time {:.3} ms (of which the lock helper process {:.3} ms)",
             ms(in_driver),
-            ms(total.saturating_sub(in_driver))
+            ms(total.saturating_sub(in_driver)),
+            ms(helper_cost)
         );
         Ok(())
     }

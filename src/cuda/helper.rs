@@ -1,0 +1,357 @@
+//! Driver and NVML calls made in a helper process ([`criu_plugin::child`]) instead of CRIU's.
+//!
+//! Three kinds of call must not run in CRIU's process, which has to stay single-threaded:
+//!
+//! - NVML: `nvmlInit_v2` starts a thread that `nvmlShutdown` leaves running;
+//! - `cuInit`, which a restore needs when persistence mode is off: it starts libcuda's threads;
+//! - calls that may never return (the state query and the lock wait for the target's restore
+//!   thread): a hung helper is killed at its deadline, a hung thread could never be.
+//!
+//! Replies travel as a small binary encoding, read back with bounds on every length.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use criu_plugin::child::{self, ChildError};
+use cuda_ckpt_sys::{CUresult, CudaError, Driver, DriverError, GpuPair, GpuUuid, ProcessState};
+
+use super::nvml::{self, GpuMemory};
+
+/// The most GPUs or processes one reply may describe.
+const MAX_ITEMS: usize = 4096;
+/// The longest message one reply may carry.
+const MAX_TEXT: usize = 4096;
+/// The largest reply accepted from a helper.
+const MAX_REPLY: usize = 1 << 20;
+
+/// How long an NVML query may take before it is given up (the free-memory check is then
+/// skipped, as without NVML).
+pub const NVML_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Driver calls whose failures travel back; the name is what the error message shows.
+const CALLS: [&str; 6] = [
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuInit",
+    "cuCheckpointProcessCheckpoint",
+];
+
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn text(&mut self, s: &str) -> &mut Self {
+        let b = &s.as_bytes()[..s.len().min(MAX_TEXT)];
+        self.u64(b.len() as u64);
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn driver_result(&mut self, r: &Result<(), DriverError>) -> &mut Self {
+        match r {
+            Ok(()) => self.u8(0),
+            Err(DriverError::Cuda(e)) => {
+                let call = CALLS.iter().position(|c| *c == e.call).unwrap_or(0);
+                self.u8(1)
+                    .u8(call as u8)
+                    .i32(e.pid.unwrap_or(-1))
+                    .i32(e.code.0)
+            }
+            Err(DriverError::InvalidArgument(m)) => self.u8(2).text(m),
+            Err(other) => self.u8(2).text(&other.to_string()),
+        }
+    }
+}
+
+/// Reads a reply; every method fails on a short or malformed reply.
+struct Reader<'a>(&'a [u8]);
+
+type Malformed = ChildError;
+
+fn malformed() -> Malformed {
+    ChildError::NoReply("answered malformed data".into())
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], Malformed> {
+        if self.0.len() < n {
+            return Err(malformed());
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        Ok(self.take(1)?[0])
+    }
+    fn i32(&mut self) -> Result<i32, Malformed> {
+        Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn count(&mut self) -> Result<usize, Malformed> {
+        let n = self.u64()?;
+        if n > MAX_ITEMS as u64 {
+            return Err(malformed());
+        }
+        Ok(n as usize)
+    }
+    fn text(&mut self) -> Result<String, Malformed> {
+        let n = self.u64()?;
+        if n > MAX_TEXT as u64 {
+            return Err(malformed());
+        }
+        Ok(String::from_utf8_lossy(self.take(n as usize)?).into_owned())
+    }
+    fn driver_result(&mut self, driver: &Driver) -> Result<Result<(), DriverError>, Malformed> {
+        Ok(match self.u8()? {
+            0 => Ok(()),
+            1 => {
+                let call = CALLS.get(self.u8()? as usize).ok_or_else(malformed)?;
+                let pid = self.i32()?;
+                let code = CUresult(self.i32()?);
+                Err(DriverError::Cuda(CudaError {
+                    call,
+                    pid: (pid >= 0).then_some(pid),
+                    code,
+                    name: driver.error_name(code),
+                    text: driver.error_string(code),
+                }))
+            }
+            2 => Err(DriverError::InvalidArgument(self.text()?)),
+            _ => return Err(malformed()),
+        })
+    }
+}
+
+fn state_code(s: ProcessState) -> u64 {
+    match s {
+        ProcessState::Running => 0,
+        ProcessState::Locked => 1,
+        ProcessState::Checkpointed => 2,
+        ProcessState::Failed => 3,
+        ProcessState::Checkpointing => 4,
+        ProcessState::Restoring => 5,
+        ProcessState::Unknown(n) => 0x1_0000_0000 | u64::from(n),
+    }
+}
+
+fn state_from_code(c: u64) -> ProcessState {
+    match c {
+        0 => ProcessState::Running,
+        1 => ProcessState::Locked,
+        2 => ProcessState::Checkpointed,
+        3 => ProcessState::Failed,
+        4 => ProcessState::Checkpointing,
+        5 => ProcessState::Restoring,
+        n => ProcessState::Unknown(n as u32),
+    }
+}
+
+/// NVML's memory figures for `uuids`, asked in a helper process.
+pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
+    let reply = child::run(NVML_DEADLINE, MAX_REPLY, || {
+        let mut w = Writer::default();
+        match nvml::query_memory(lib, uuids) {
+            Ok(mem) => {
+                w.u8(0).u64(mem.len() as u64);
+                for (u, m) in &mem {
+                    w.0.extend_from_slice(&u.0);
+                    w.u64(m.total).u64(m.free);
+                }
+            }
+            Err(e) => {
+                w.u8(1).text(&e);
+            }
+        }
+        w.0
+    })
+    .map_err(|e| format!("NVML: {e}"))?;
+    let mut r = Reader(&reply);
+    let parse =
+        |r: &mut Reader<'_>| -> Result<Result<BTreeMap<GpuUuid, GpuMemory>, String>, Malformed> {
+            if r.u8()? != 0 {
+                return Ok(Err(r.text()?));
+            }
+            let n = r.count()?;
+            let mut out = BTreeMap::new();
+            for _ in 0..n {
+                let uuid = GpuUuid(r.take(16)?.try_into().expect("16"));
+                let total = r.u64()?;
+                let free = r.u64()?;
+                out.insert(uuid, GpuMemory { total, free });
+            }
+            Ok(Ok(out))
+        };
+    parse(&mut r).map_err(|e| format!("NVML: {e}"))?
+}
+
+/// What a pause helper found and did.
+#[derive(Debug)]
+pub struct LockOutcome {
+    /// The process's state before anything was done.
+    pub state: Result<ProcessState, DriverError>,
+    /// The lock's result, when the process was running and a lock was asked for.
+    pub lock: Option<Result<(), DriverError>>,
+    /// Time spent in the driver inside the helper (the rest of the call is the helper's cost).
+    pub in_driver: Duration,
+}
+
+/// Asks for `pid`'s state and, when it runs, locks it with `timeout_ms`, in a helper killed
+/// after `deadline`.
+pub fn state_and_lock(
+    driver: &Driver,
+    pid: i32,
+    timeout_ms: u32,
+    deadline: Duration,
+) -> Result<LockOutcome, ChildError> {
+    let reply = child::run(deadline, MAX_REPLY, || {
+        let mut w = Writer::default();
+        let t = Instant::now();
+        match driver.process_state(pid) {
+            Ok(state) => {
+                w.u8(0).u64(state_code(state));
+                if state == ProcessState::Running {
+                    w.u8(1).driver_result(&driver.lock(pid, timeout_ms));
+                } else {
+                    w.u8(0);
+                }
+            }
+            Err(e) => {
+                w.u8(1).driver_result(&Err(e));
+            }
+        }
+        w.u64(t.elapsed().as_nanos().min(u64::MAX as u128) as u64);
+        w.0
+    })?;
+    let mut r = Reader(&reply);
+    let state = match r.u8()? {
+        0 => Ok(state_from_code(r.u64()?)),
+        1 => Err(r.driver_result(driver)?.err().ok_or_else(malformed)?),
+        _ => return Err(malformed()),
+    };
+    let lock = match (&state, state.is_ok().then(|| r.u8()).transpose()?) {
+        (Ok(_), Some(1)) => Some(r.driver_result(driver)?),
+        _ => None,
+    };
+    let in_driver = Duration::from_nanos(r.u64()?);
+    Ok(LockOutcome {
+        state,
+        lock,
+        in_driver,
+    })
+}
+
+/// One process's result and the time its calls took.
+pub type Timed = (i32, Result<(), DriverError>, Duration);
+
+/// One process for [`restore_with_init`]: its pid and whether to unlock it after the restore.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreJob {
+    /// Host pid.
+    pub pid: i32,
+    /// Unlock after the restore (it was running when dumped).
+    pub unlock: bool,
+}
+
+/// Restores (and unlocks) `jobs` from a helper that first calls `cuInit`, as the driver
+/// requires of a restoring process when persistence mode is off. The helper runs the jobs at
+/// once when `parallel`, one after another otherwise; `deadline` bounds the whole batch.
+pub fn restore_with_init(
+    driver: &Driver,
+    jobs: &[RestoreJob],
+    pairs: &[GpuPair],
+    parallel: bool,
+    deadline: Duration,
+) -> Result<Vec<Timed>, ChildError> {
+    let reply = child::run(deadline, MAX_REPLY, || {
+        let mut w = Writer::default();
+        let init = driver.init();
+        w.driver_result(&init);
+        if init.is_ok() {
+            let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
+            let results = super::run_each(&pids, parallel, |pid| {
+                driver.restore(pid, pairs)?;
+                if jobs.iter().any(|j| j.pid == pid && j.unlock) {
+                    driver.unlock(pid)?;
+                }
+                Ok::<(), DriverError>(())
+            });
+            w.u64(results.len() as u64);
+            for (pid, r, took) in &results {
+                w.i32(*pid)
+                    .u64(took.as_nanos().min(u64::MAX as u128) as u64)
+                    .driver_result(r);
+            }
+        }
+        w.0
+    })?;
+    let mut r = Reader(&reply);
+    if let Err(e) = r.driver_result(driver)? {
+        let started = Instant::now();
+        return Ok(jobs
+            .iter()
+            .map(|j| (j.pid, Err(e.clone()), started.elapsed()))
+            .collect());
+    }
+    let n = r.count()?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let pid = r.i32()?;
+        let took = Duration::from_nanos(r.u64()?);
+        out.push((pid, r.driver_result(driver)?, took));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            ProcessState::Running,
+            ProcessState::Locked,
+            ProcessState::Checkpointed,
+            ProcessState::Failed,
+            ProcessState::Checkpointing,
+            ProcessState::Restoring,
+            ProcessState::Unknown(77),
+        ] {
+            assert_eq!(state_from_code(state_code(s)), s);
+        }
+    }
+
+    #[test]
+    fn short_and_oversized_replies_are_refused() {
+        let mut r = Reader(&[1, 2, 3]);
+        assert!(r.u64().is_err());
+        let mut w = Writer::default();
+        w.u64(MAX_ITEMS as u64 + 1);
+        assert!(Reader(&w.0).count().is_err());
+        let mut w = Writer::default();
+        w.u64(MAX_TEXT as u64 + 1);
+        assert!(Reader(&w.0).text().is_err());
+    }
+
+    #[test]
+    fn nvml_that_cannot_load_is_reported_from_the_helper() {
+        let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[]).unwrap_err();
+        assert!(e.contains("cannot be loaded"), "{e}");
+    }
+}
