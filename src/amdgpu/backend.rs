@@ -9,11 +9,11 @@
 //! | `exit` (dump) | dumper | UNPAUSE whatever is still paused: hosts without `DUMP_DEVICES_LATE`, failed dumps |
 //! | `init` (restore) | master | active when the image lists `amdgpu_plugin`; maps the parallel-restore queue before CRIU forks |
 //! | `RESTORE_INIT` | master | preflight: every KFD image readable and its GPUs mappable onto this machine, before anything is forked |
-//! | `POST_FORKING` | master | starts the parallel-restore worker |
+//! | `POST_FORKING` | master | claims the parallel restore (no thread: CRIU's process must stay single-threaded, it enters the restored tree's mount namespace before `RESUME_DEVICES_LATE`) |
 //! | `RESTORE_EXT_FILE` | task | KFD file: RESTORE and contents ([`super::restore`]); render node: the mapped GPU's node; dma-buf: the restored BO's dma-buf, from this task or another through CRIU's fdstore (`retry_needed` while that BO is not restored yet) |
 //! | `UPDATE_VMA_MAP` | task | new mmap offset (and the render fd) of KFD and render-node mappings |
-//! | `RESUME_DEVICES_LATE` | master | waits for the parallel restore, then RESUME; `ESRCH` (no KFD process) is "not mine" |
-//! | `exit` (restore) | master | stops the worker if a failed restore left it running |
+//! | `RESUME_DEVICES_LATE` | master | first call: the copies tasks handed over; then RESUME; `ESRCH` (no KFD process) is "not mine" |
+//! | `exit` (restore) | master | does the handed-over copies a failed restore left, then clears the fdstore |
 //!
 //! Every hook returns "not mine" when the backend did nothing (B21), so later backends and
 //! plugins get their turn. The first ERROR logged is the reason the operation failed.
@@ -35,7 +35,7 @@ use super::hw::HwDevice;
 use super::image::open_image_dir;
 use super::images::{Images, ImagesDir};
 use super::parallel::{CriuFdStore, FdStore, KeyTable, Outcome, RestoreQueue};
-use super::restore::{self, MappedPath, RestoreCtx, TaskState, Worker};
+use super::restore::{self, MappedPath, RestoreCtx, TaskState};
 use super::settings::AmdgpuSettings;
 use crate::backend::{GpuBackend, InitContext};
 
@@ -103,23 +103,12 @@ struct Run {
     fdstore: Option<Arc<dyn FdStore>>,
     keys: Option<Arc<KeyTable>>,
     publish_dmabufs: bool,
-    worker: Option<Worker>,
     outcome: Option<Outcome>,
     tasks: HashMap<u32, TaskState>,
     resume_kfd: Option<OwnedFd>,
     copies: Vec<CopyRecord>,
     /// CRIU's image stream (`--stream`), looked up on first need.
     stream: std::cell::OnceCell<Option<criu_plugin::stream::ImageStream>>,
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        // A run dropped without `exit` (a new `init` in the same CRIU service process) must
-        // not leave its worker waiting forever.
-        if let (Some(w), Some(q)) = (self.worker.as_mut(), self.queue.as_ref()) {
-            drop(w.finish(q));
-        }
-    }
 }
 
 impl Default for AmdgpuBackend {
@@ -263,7 +252,6 @@ impl AmdgpuBackend {
             fdstore,
             keys,
             publish_dmabufs,
-            worker: None,
             outcome: None,
             tasks: HashMap::new(),
             resume_kfd: None,
@@ -468,8 +456,9 @@ impl Run {
         }
     }
 
-    /// Ends the parallel restore: joins the worker (or, when none ran, serves the requests
-    /// here), logs what was done and keeps the outcome.
+    /// Ends the parallel restore: serves every request the tasks handed over, here in CRIU's
+    /// main process (with the copy pipeline's threads, joined before it returns), logs what
+    /// was done and keeps the outcome.
     fn finish_worker(&mut self) {
         let Some(q) = self.queue.clone() else {
             return;
@@ -478,24 +467,17 @@ impl Run {
             return;
         }
         let started = Instant::now();
-        let served = match self.worker.as_mut() {
-            Some(w) => w.finish(&q),
-            None => {
-                let mut out = Vec::new();
-                if let Some(store) = &self.fdstore {
-                    restore::serve_ready(
-                        self.dev.as_ref(),
-                        &self.settings,
-                        &self.images,
-                        store.as_ref(),
-                        &q,
-                        &mut out,
-                    );
-                }
-                out
-            }
-        };
-        self.worker = None;
+        let mut served = Vec::new();
+        if let Some(store) = &self.fdstore {
+            restore::serve_ready(
+                self.dev.as_ref(),
+                &self.settings,
+                &self.images,
+                store.as_ref(),
+                &q,
+                &mut served,
+            );
+        }
         for s in &served {
             if let Ok(stats) = &s.result {
                 self.copies.push(CopyRecord {
@@ -743,21 +725,12 @@ impl GpuBackend for AmdgpuBackend {
 
     fn post_forking(&mut self) -> HookResult {
         let run = self.run(Stage::Restore)?;
-        let (Some(q), Some(store)) = (run.queue.clone(), run.fdstore.clone()) else {
+        if run.queue.is_none() || run.fdstore.is_none() {
             return Err(HookError::NotMine);
-        };
-        if run.worker.is_some() {
-            return Ok(());
         }
-        let w = Worker::start(
-            run.dev.clone(),
-            run.settings.clone(),
-            run.images.clone(),
-            store,
-            q,
-        )
-        .map_err(fail)?;
-        run.worker = Some(w);
+        // A thread serving the queue from here on would still run when CRIU enters the
+        // restored tree's mount namespace, which the kernel refuses to a multi-threaded
+        // process: the copies wait for RESUME_DEVICES_LATE.
         Ok(())
     }
 

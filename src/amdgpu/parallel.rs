@@ -1,16 +1,18 @@
-//! Parallel restore of BO contents: restored tasks hand the copy to a worker thread in CRIU's
-//! main process, which runs it while the tasks go on restoring (CRIU 4.2 and later, from
-//! `POST_FORKING` to the first `RESUME_DEVICES_LATE`).
+//! Parallel restore of BO contents: restored tasks hand the copy to CRIU's main process
+//! (CRIU 4.2 and later), which does it at the first `RESUME_DEVICES_LATE` (or at `exit`, when
+//! the restore failed before that). No thread serves the queue between hooks: CRIU enters the
+//! restored tree's mount namespace after `POST_FORKING`, and the kernel refuses that to a
+//! multi-threaded process.
 //!
 //! The C plugin does this over an abstract UNIX socket (which breaks when a task already
 //! lives in another network namespace, B22, and reads it with single `recv`s, B23). Here the
 //! request travels through shared memory mapped before CRIU forks ([`RestoreQueue`]), with a
-//! futex to wake the worker, and the dma-buf fds through CRIU's fdstore, a service socket
+//! futex to wake a waiting server, and the dma-buf fds through CRIU's fdstore, a service socket
 //! every restore process keeps. Nothing is bound to a name or a namespace, and a request is
 //! never read partially. Offsets in the pages files come from each GPU's own layout (B10),
-//! and the worker closes every fd it receives (B24).
+//! and the main process closes every fd it receives (B24).
 //!
-//! A task that cannot hand its copy over (no worker will run, the queue is full, the fdstore
+//! A task that cannot hand its copy over (no POST_FORKING on this host, the queue is full, the fdstore
 //! refuses an fd) does the copy itself, as without parallel restore.
 
 use std::io;

@@ -11,13 +11,12 @@
 //! 3. Render nodes of the mapped GPUs are opened (a failure is an error here, B7) and moved
 //!    above every fd CRIU will restore; KFD binds the process's VMs to them.
 //! 4. `RESTORE` recreates the BOs; their new mmap offsets are kept for `UPDATE_VMA_MAP`.
-//! 5. The BO contents are written through the copy pipeline, or handed to the worker in
-//!    CRIU's main process.
+//! 5. The BO contents are written through the copy pipeline, or handed to CRIU's main
+//!    process (parallel restore).
 
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::time::Instant;
 
 use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
@@ -613,8 +612,7 @@ pub struct Served {
     pub result: Result<copy::CopyStats>,
 }
 
-/// Serves every request ready in `queue` now (the worker's loop body, and the fallback when
-/// no worker ran).
+/// Serves every request ready in `queue` now.
 pub fn serve_ready(
     dev: &dyn KfdDevice,
     settings: &AmdgpuSettings,
@@ -633,67 +631,6 @@ pub fn serve_ready(
             file_id: req.file_id,
             result,
         });
-    }
-}
-
-/// The background worker of the parallel restore: serves requests until told to quit. It
-/// never logs (CRIU's logging is not thread-safe); its results are logged by whoever joins
-/// it.
-pub struct Worker {
-    handle: Option<std::thread::JoinHandle<Vec<Served>>>,
-}
-
-impl Worker {
-    /// Starts the worker thread.
-    pub fn start(
-        dev: Arc<dyn KfdDevice>,
-        settings: AmdgpuSettings,
-        images: Arc<Images>,
-        store: Arc<dyn FdStore>,
-        queue: Arc<RestoreQueue>,
-    ) -> Result<Worker> {
-        let handle = std::thread::Builder::new()
-            .name("amdgpu-restore".into())
-            .spawn(move || {
-                copy::block_async_signals();
-                let mut out = Vec::new();
-                loop {
-                    let seq = queue.wake_seq();
-                    let before = out.len();
-                    serve_ready(
-                        dev.as_ref(),
-                        &settings,
-                        &images,
-                        store.as_ref(),
-                        &queue,
-                        &mut out,
-                    );
-                    if out.len() != before {
-                        continue;
-                    }
-                    if queue.quitting() {
-                        return out;
-                    }
-                    queue.wait(seq, std::time::Duration::from_millis(200));
-                }
-            })
-            .map_err(|e| Error::io(&e, "cannot start the parallel restore thread"))?;
-        Ok(Worker {
-            handle: Some(handle),
-        })
-    }
-
-    /// Waits for the worker to finish every published request and stop; returns what it did.
-    pub fn finish(&mut self, queue: &RestoreQueue) -> Vec<Served> {
-        queue.quit();
-        match self.handle.take().map(|h| h.join()) {
-            Some(Ok(v)) => v,
-            Some(Err(_)) => {
-                log::error!("amdgpu: the parallel restore thread panicked");
-                Vec::new()
-            }
-            None => Vec::new(),
-        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! | `amdgpu.max-buffer-size` | `KFD_MAX_BUFFER_SIZE` | staging memory for BO copies, all copy threads together (`K`/`M`/`G` suffixes, `0x` hex) | 256 MiB |
 //! | `amdgpu.copy-threads` | — | copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
 //! | `amdgpu.chunk-size` | — | largest piece of a BO moved at once | 4 MiB |
-//! | `amdgpu.parallel-restore` | — | restore BO contents in CRIU's main process, overlapped with the rest of the restore (CRIU 4.2 and later) | true |
+//! | `amdgpu.parallel-restore` | — | restored tasks hand their BO copies to CRIU's main process, which does them at `RESUME_DEVICES_LATE` (CRIU 4.2 and later); off, each task copies its own while CRIU restores the others | false |
 //! | `amdgpu.kfd-fw-ver-check` ... | `KFD_FW_VER_CHECK` ... | the seven GPU compatibility checks at restore | on |
 //!
 //! Precedence: `CRIU_GPU_AMDGPU_<KEY>` environment, then the C plugin's variable, then the
@@ -55,7 +55,7 @@ impl Default for AmdgpuSettings {
             staging_bytes: DEFAULT_STAGING_BYTES,
             copy_threads: default_copy_threads(),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
-            parallel_restore: true,
+            parallel_restore: false,
             checks: CompatChecks::default(),
         }
     }
@@ -139,7 +139,7 @@ impl AmdgpuSettings {
         if let Some(v) = get("amdgpu.parallel-restore", None) {
             let mut c = Config::default();
             c.set("amdgpu.parallel-restore", &v);
-            s.parallel_restore = c.get_bool("amdgpu.parallel-restore", true)?;
+            s.parallel_restore = c.get_bool("amdgpu.parallel-restore", false)?;
         }
         s.checks = CompatChecks::from_env(|name| {
             let key = format!("amdgpu.{}", name.to_ascii_lowercase().replace('_', "-"));

@@ -111,9 +111,10 @@ pub fn edited_fixture(name: &str, edits: &[Edit]) -> TempDir {
 }
 
 /// Settings text with the topology root and extra lines.
+/// Parallel restore is on unless `extra` turns it off: most tests exercise the hand-over.
 pub fn config(topology: &Path, extra: &str) -> Config {
     Config::parse(&format!(
-        "amdgpu.topology = {}\n{extra}",
+        "amdgpu.topology = {}\namdgpu.parallel-restore = true\n{extra}",
         topology.display()
     ))
 }
