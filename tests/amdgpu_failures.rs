@@ -613,3 +613,50 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
     dump(&sim, &[&p], images.path(), &cfg);
     assert!(!sim.process(pid).unwrap().paused);
 }
+
+/// A bad AMD setting keeps its default and fails only what needs AMD: the dump of a KFD
+/// process is refused (its queues running), its restore too; `init` itself succeeds.
+#[test]
+fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let pid = 130;
+    let p = spawn(&sim, &spec(pid));
+    let good = TempDir::new("bad-setting-good");
+    dump(&sim, &[&p], good.path(), &config(&topo, ""));
+    for bad in [
+        "amdgpu.copy-threads = x\n",
+        "amdgpu.copy-threads = 0\n",
+        "amdgpu.max-buffer-size = lots\n",
+        "amdgpu.chunk-size = 99999999999999999999\n",
+        "amdgpu.parallel-restore = maybe\n",
+    ] {
+        let cfg = config(&topo, bad);
+        let images = TempDir::new("bad-setting");
+        let e = refused_dump(&sim, &[&p], images.path(), &cfg);
+        assert_eq!(e, HookError::Errno(libc::EINVAL), "{bad}");
+        assert!(!sim.process(pid).unwrap().paused, "{bad}");
+
+        let sim2 = SimKfd::from_sysfs(&topo).unwrap();
+        let mut r = backend(&sim2, good.path());
+        assert_eq!(
+            r.init(
+                &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
+                Stage::Restore
+            ),
+            Err(HookError::Errno(libc::EINVAL)),
+            "{bad}"
+        );
+        // An image that does not need AMD restores whatever the AMD settings say.
+        let plain = TempDir::new("bad-setting-plain");
+        let mut r = backend(&sim2, plain.path());
+        assert_eq!(
+            r.init(
+                &ctx(&cfg, HostVersion::Dev, InventoryListing::NotListed),
+                Stage::Restore
+            ),
+            Ok(false),
+            "{bad}"
+        );
+    }
+}

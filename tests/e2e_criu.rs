@@ -201,3 +201,32 @@ fn a_failed_dump_leaves_the_tree_running() {
     tree.wait_ticks(3);
     assert_consecutive(&tree.text(), "output across the failed dump");
 }
+
+/// Bad AMD settings (in the file and in the environment) on a machine without an AMD GPU: a
+/// plain tree is dumped and restored, each bad value warned about, none an error.
+#[test]
+fn bad_amd_settings_do_not_fail_a_run_without_amd() {
+    let Some(e) = E2e::start("bad-amd-settings") else {
+        return;
+    };
+    let tree = Tree::start(&e, "tree.out", &[]);
+    let config = e.dir().join("gpu-plugin.conf");
+    std::fs::write(
+        &config,
+        "amdgpu.max-buffer-size = lots\namdgpu.chunk-size = 99999999999999999999\namdgpu.parallel-restore = maybe\n",
+    )
+    .expect("settings file");
+    let mut env = no_gpu_env(&e);
+    env.push(("CRIU_GPU_PLUGIN_CONFIG", config.display().to_string()));
+    env.push(("CRIU_GPU_AMDGPU_COPY_THREADS", "x".into()));
+    env.push(("KFD_MAX_BUFFER_SIZE", "garbage".into()));
+    let (dump, restore) = cycle(&e, &tree, &e.images("img"), &["-L", &lib(), "-v4"], &env);
+    for run in [&dump, &restore] {
+        assert!(
+            run.has("amdgpu: settings: amdgpu.copy-threads = x"),
+            "{run:?}"
+        );
+        assert!(run.has("amdgpu: settings: amdgpu.chunk-size"), "{run:?}");
+        run.assert_no_plugin_errors();
+    }
+}

@@ -107,6 +107,8 @@ struct Run {
     tasks: HashMap<u32, TaskState>,
     resume_kfd: Option<OwnedFd>,
     copies: Vec<CopyRecord>,
+    /// The first bad AMD setting (its default is used), which fails the run once it needs AMD.
+    settings_error: Option<String>,
     /// CRIU's image stream (`--stream`), looked up on first need.
     stream: std::cell::OnceCell<Option<criu_plugin::stream::ImageStream>>,
 }
@@ -167,8 +169,13 @@ impl AmdgpuBackend {
         } else {
             &no_env
         };
-        let settings = AmdgpuSettings::from_config(ctx.config, env)
-            .map_err(|e| Error::new(libc::EINVAL, format!("settings: {e}")))?;
+        // A bad value keeps its default and fails only a run that needs an AMD GPU: a typo
+        // in an AMD setting must not fail the CRIU runs of every other process on the host.
+        let (settings, bad) = AmdgpuSettings::from_config_lenient(ctx.config, env);
+        for e in &bad {
+            log::warn!("amdgpu: settings: {e}; the default is used");
+        }
+        let settings_error = bad.first().map(|e| format!("amdgpu settings: {e}"));
         if stage == Stage::Restore && ctx.listing == InventoryListing::NotListed {
             return Ok(None);
         }
@@ -201,6 +208,20 @@ impl AmdgpuBackend {
                 return Ok(None);
             }
         };
+        if stage == Stage::Restore {
+            if let Some(e) = &settings_error {
+                if images
+                    .kfd_ids(1 << 16)
+                    .map(|v| !v.is_empty())
+                    .unwrap_or(true)
+                {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!("{e}; this restore needs the AMD GPU backend: correct the setting"),
+                    ));
+                }
+            }
+        }
         let mut queue = None;
         let mut fdstore = None;
         let mut keys = None;
@@ -247,6 +268,7 @@ impl AmdgpuBackend {
             limits: CriuLimits::default(),
             inventory_added: false,
             stream: std::cell::OnceCell::new(),
+            settings_error,
             dump: DumpState::default(),
             queue,
             fdstore,
@@ -307,7 +329,15 @@ impl Run {
     /// Fails when CRIU streams its images: this backend writes its images as files of the
     /// images directory, which a stream would leave out (the dump would look complete and
     /// could not be restored).
-    fn refuse_stream(&self) -> HookResult {
+    /// Refuses to dump an AMD process when the run cannot: a bad AMD setting (which fails
+    /// only runs that need AMD), or CRIU streaming its images.
+    fn refuse_unusable(&self) -> HookResult {
+        if let Some(e) = &self.settings_error {
+            return Err(fail(Error::new(
+                libc::EINVAL,
+                format!("{e}; this dump needs the AMD GPU backend: correct the setting"),
+            )));
+        }
         match self.stream.get_or_init(criu_plugin::stream::image_stream) {
             None => Ok(()),
             Some(s) => Err(fail(Error::new(
@@ -552,7 +582,7 @@ impl GpuBackend for AmdgpuBackend {
         if !ours {
             return Err(HookError::NotMine);
         }
-        run.refuse_stream()?;
+        run.refuse_unusable()?;
         run.add_inventory()
     }
 
@@ -566,13 +596,13 @@ impl GpuBackend for AmdgpuBackend {
             .map_err(|e| fail(Error::io(&e, format!("cannot inspect file {id}"))))?;
         match classify(&ident, run.kfd_rdev) {
             FileKind::Kfd => {
-                run.refuse_stream()?;
+                run.refuse_unusable()?;
                 run.add_inventory()?;
                 run.dump_kfd(fd, id)
             }
             FileKind::RenderNode { minor } => {
                 if run.is_kfd_render_node(minor) {
-                    run.refuse_stream()?;
+                    run.refuse_unusable()?;
                 }
                 let mut state = std::mem::take(&mut run.dump);
                 let r = dump::dump_render_node(&run.dump_ctx(), &mut state, borrowed, id, minor);

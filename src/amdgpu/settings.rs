@@ -100,52 +100,94 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 impl AmdgpuSettings {
     /// Reads the settings from `cfg`, with environment overrides looked up through `env`
-    /// (pass `|_| None` to ignore the environment).
+    /// (pass `|_| None` to ignore the environment); the first bad value is an error.
     pub fn from_config(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let get = |key: &str, legacy: Option<&str>| -> Option<String> {
-            env(&env_name(key))
-                .or_else(|| legacy.and_then(env))
-                .or_else(|| cfg.get(key).map(str::to_string))
-        };
+        let (s, errors) = Self::from_config_lenient(cfg, env);
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(s),
+        }
+    }
+
+    /// Reads the settings like [`Self::from_config`], but a bad value keeps its default and is
+    /// returned among the errors, so that a typo in an AMD setting fails only a run that
+    /// needs an AMD GPU. A bad `KFD_MAX_BUFFER_SIZE` (CRIU's C plugin's variable) is warned
+    /// about and ignored, as the C plugin does, and is not among the errors.
+    pub fn from_config_lenient(
+        cfg: &Config,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> (Self, Vec<String>) {
+        let ours_env = |key: &str| env(&env_name(key));
+        let file = |key: &str| cfg.get(key).map(str::to_string);
+        let ours = |key: &str| ours_env(key).or_else(|| file(key));
+        let mut errors = Vec::new();
         let mut s = AmdgpuSettings::default();
-        if let Some(v) = get("amdgpu.topology", None) {
+        if let Some(v) = ours("amdgpu.topology") {
             s.topology_root = PathBuf::from(v);
         }
-        if let Some(v) = get("amdgpu.max-buffer-size", Some("KFD_MAX_BUFFER_SIZE")) {
-            let n = parse_size(&v).map_err(|e| format!("amdgpu.max-buffer-size: {e}"))?;
+        let size = |v: &str| -> Result<u64, String> {
+            let n = parse_size(v)?;
             // 0 means "no limit" for the C plugin; here it keeps the default bound.
-            if n != 0 {
-                s.staging_bytes = n.max(MIN_CHUNK_BYTES as u64);
+            Ok(if n == 0 {
+                DEFAULT_STAGING_BYTES
+            } else {
+                n.max(MIN_CHUNK_BYTES as u64)
+            })
+        };
+        // Precedence: our variable, then the C plugin's, then the file. A bad value of the C
+        // plugin's variable is ignored, as the C plugin does.
+        let legacy = env("KFD_MAX_BUFFER_SIZE");
+        if let Some(v) = ours_env("amdgpu.max-buffer-size") {
+            match size(&v) {
+                Ok(n) => s.staging_bytes = n,
+                Err(e) => errors.push(format!("amdgpu.max-buffer-size: {e}")),
+            }
+        } else if let Some(n) = legacy.as_deref().and_then(|v| {
+            size(v)
+                .map_err(|e| {
+                    log::warn!("amdgpu: KFD_MAX_BUFFER_SIZE: {e}; ignored, as CRIU's C plugin does")
+                })
+                .ok()
+        }) {
+            s.staging_bytes = n;
+        } else if let Some(v) = file("amdgpu.max-buffer-size") {
+            match size(&v) {
+                Ok(n) => s.staging_bytes = n,
+                Err(e) => errors.push(format!("amdgpu.max-buffer-size: {e}")),
             }
         }
-        if let Some(v) = get("amdgpu.copy-threads", None) {
-            let n: usize = v
-                .trim()
-                .parse()
-                .map_err(|_| format!("amdgpu.copy-threads = {v}: expected a whole number"))?;
-            if n == 0 || n > MAX_COPY_THREADS {
-                return Err(format!(
+        if let Some(v) = ours("amdgpu.copy-threads") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_COPY_THREADS).contains(&n) => s.copy_threads = n,
+                Ok(n) => errors.push(format!(
                     "amdgpu.copy-threads = {n}: expected 1 to {MAX_COPY_THREADS}"
-                ));
+                )),
+                Err(_) => errors.push(format!(
+                    "amdgpu.copy-threads = {v}: expected a whole number"
+                )),
             }
-            s.copy_threads = n;
         }
-        if let Some(v) = get("amdgpu.chunk-size", None) {
-            let n = parse_size(&v).map_err(|e| format!("amdgpu.chunk-size: {e}"))?;
-            let n =
-                usize::try_from(n).map_err(|_| format!("amdgpu.chunk-size = {v}: too large"))?;
-            s.chunk_bytes = n.max(MIN_CHUNK_BYTES);
+        if let Some(v) = ours("amdgpu.chunk-size") {
+            match parse_size(&v).and_then(|n| {
+                usize::try_from(n).map_err(|_| format!("amdgpu.chunk-size = {v}: too large"))
+            }) {
+                Ok(n) => s.chunk_bytes = n.max(MIN_CHUNK_BYTES),
+                Err(e) => errors.push(format!("amdgpu.chunk-size: {e}")),
+            }
         }
-        if let Some(v) = get("amdgpu.parallel-restore", None) {
+        if let Some(v) = ours("amdgpu.parallel-restore") {
             let mut c = Config::default();
             c.set("amdgpu.parallel-restore", &v);
-            s.parallel_restore = c.get_bool("amdgpu.parallel-restore", false)?;
+            match c.get_bool("amdgpu.parallel-restore", false) {
+                Ok(b) => s.parallel_restore = b,
+                Err(e) => errors.push(e),
+            }
         }
         s.checks = CompatChecks::from_env(|name| {
             let key = format!("amdgpu.{}", name.to_ascii_lowercase().replace('_', "-"));
-            get(&key, Some(name))
+            ours_env(&key).or_else(|| env(name)).or_else(|| file(&key))
         });
-        Ok(s)
+        (s, errors)
     }
 
     /// The piece size and the number of copy threads for a copy: every thread has one
