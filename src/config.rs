@@ -30,7 +30,6 @@
 //! `CRIU_GPU_AMDGPU_*` environment overrides.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Default location of the configuration file.
@@ -103,24 +102,17 @@ impl Config {
     /// Reads the file at `path` (missing is fine: empty settings), then applies overrides from
     /// `env` (a lookup, so tests need not touch the process environment).
     pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
-        let mut cfg = match std::fs::File::open(path) {
-            Ok(f) => {
-                let mut text = String::new();
-                f.take(MAX_CONFIG_BYTES + 1)
-                    .read_to_string(&mut text)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                if text.len() as u64 > MAX_CONFIG_BYTES {
-                    return Err(format!(
-                        "{} is larger than {MAX_CONFIG_BYTES} bytes",
-                        path.display()
-                    ));
-                }
+        // Never a blocking open: a FIFO in place of the file would hang every CRIU run.
+        let mut cfg = match criu_plugin::files::read_regular(None, path, false, MAX_CONFIG_BYTES) {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| format!("cannot read {}: it is not UTF-8 text", path.display()))?;
                 let mut c = Config::parse(&text);
                 c.source = Some(path.to_path_buf());
                 c
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
-            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         for key in KNOWN_KEYS {
             if let Some(v) = env(&env_name(key)) {

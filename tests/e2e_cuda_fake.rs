@@ -1456,3 +1456,110 @@ fn a_settings_file_of_invalid_utf8_does_not_break_a_plain_dump() {
         std::fs::write(p, b"cuda.parallel = \xff\xfe yes\n").expect("settings file");
     });
 }
+
+#[test]
+fn a_settings_file_that_is_a_fifo_does_not_hang_criu() {
+    unreadable_settings_do_not_break_a_plain_tree("settings-fifo", common::mkfifo);
+}
+
+/// FIFOs where the driver's files, the configured libcuda and the plugin's own image should
+/// be: nothing blocks on them. Files the plugin cannot use switch the NVIDIA side off for a
+/// run that does not need it; a restore that needs the unreadable image fails, naming it; a
+/// FIFO of our image name in an image that does not need the plugin is never opened.
+#[test]
+fn fifos_in_place_of_driver_files_and_images_do_not_hang_criu() {
+    let Some(f) = Fake::start("fifos") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let lib = lib();
+    let tree = Tree::start(&f.e, "tree.out", &[]);
+    let root = tree.root.to_string();
+
+    // The GPU's `information` file, and then the configured libcuda, are FIFOs.
+    let fifo_info = f.e.dir().join("nv-fifo");
+    std::fs::create_dir_all(fifo_info.join("0000:00:06.0")).unwrap();
+    common::mkfifo(&fifo_info.join("0000:00:06.0/information"));
+    let fifo_lib = f.e.dir().join("libcuda-fifo.so.1");
+    common::mkfifo(&fifo_lib);
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let mut with_fifo_lib = f.env(&nv, "dump2.calls");
+    with_fifo_lib.retain(|(k, _)| *k != "CRIU_GPU_LIBCUDA");
+    with_fifo_lib.push(("CRIU_GPU_LIBCUDA", fifo_lib.display().to_string()));
+    for (n, env, why) in [
+        (
+            1,
+            f.env(&fifo_info, "dump1.calls"),
+            "information is not a regular file (a FIFO)",
+        ),
+        (2, with_fifo_lib, "libcuda-fifo.so.1 is not a regular file"),
+    ] {
+        let images = f.e.images(&format!("img{n}"));
+        let dump = f.criu(
+            &["dump", "-t", &root, "--leave-running", "-L", &lib, "-v4"],
+            &images,
+            "dump.log",
+            &env,
+        );
+        dump.assert_ok();
+        assert!(dump.has(why), "{why}: {dump:?}");
+        dump.assert_no_plugin_errors();
+    }
+
+    // The driver's `version` file is a FIFO: the release is unknown, the dump goes on.
+    common::mkfifo(&f.e.dir().join("version"));
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let images = f.e.images("img-cuda");
+    let dump = f.criu(
+        &["dump", "-t", &w.root().to_string(), "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump3.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    assert!(dump.has("cuda: driver of unknown release"), "{dump:?}");
+
+    // The image needs cuda_plugin but its metadata is a FIFO: the restore fails at once.
+    let md = images.join("gpu-plugin-cuda.img");
+    std::fs::remove_file(&md).unwrap();
+    common::mkfifo(&md);
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore3.calls"),
+    );
+    restore.assert_failed();
+    assert!(
+        restore.has("cannot open gpu-plugin-cuda.img") && restore.has("a FIFO"),
+        "{restore:?}"
+    );
+    for &p in &w.pids {
+        assert!(!common::exists(p), "pid {p} restored without its GPU state");
+    }
+
+    // A plain image (no cuda_plugin in its inventory) with a FIFO and then garbage of our
+    // image name: the plugin never reads it, the restore succeeds.
+    tree.wait_ticks(2);
+    let images = f.e.images("img-plain");
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump4.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&tree.pids());
+    let dumped = tree.text();
+    common::mkfifo(&images.join("gpu-plugin-cuda.img"));
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &f.env(&nv, "restore4.calls"),
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    tree.assert_continues(&dumped);
+}

@@ -12,6 +12,8 @@
 //! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
 //!   killed;
+//! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
+//!   refused, not waited on) and read with a bound;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
 //! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
 //!   contain panics and map errors to negative errno, and [`export_plugin!`].
@@ -24,6 +26,7 @@
 
 pub mod abi;
 pub mod child;
+pub mod files;
 pub mod host;
 pub mod log;
 pub mod plugin;

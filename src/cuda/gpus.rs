@@ -6,7 +6,6 @@
 //! GPU map covers every GPU of the checkpointing machine, as the driver requires.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::Path;
 
 use cuda_ckpt_sys::{GpuPair, GpuUuid};
@@ -95,8 +94,8 @@ pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
     for bus in buses {
         let path = dir.join(&bus).join("information");
         let mut text = String::new();
-        std::fs::File::open(&path)
-            .and_then(|f| f.take(MAX_INFO_BYTES).read_to_string(&mut text))
+        criu_plugin::files::read_regular(None, &path, false, MAX_INFO_BYTES)
+            .map(|b| text.push_str(&String::from_utf8_lossy(&b)))
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let gpu = parse_information(&bus, &text)?;
         if reachable(&gpu, dev_dir) {

@@ -164,6 +164,9 @@ fn state_from_code(c: u64) -> ProcessState {
 
 /// NVML's memory figures for `uuids`, asked in a helper process.
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
+    if lib.contains('/') {
+        super::library_file(std::path::Path::new(lib))?;
+    }
     let reply = child::run(NVML_DEADLINE, MAX_REPLY, || {
         let mut w = Writer::default();
         match nvml::query_memory(lib, uuids) {

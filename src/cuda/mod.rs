@@ -147,9 +147,10 @@ fn ms(d: Duration) -> f64 {
 /// `/proc/driver/nvidia/version`).
 fn read_driver_release(gpus_dir: &Path) -> Option<String> {
     let mut text = String::new();
-    std::fs::File::open(gpus_dir.parent()?.join("version"))
-        .and_then(|f| f.take(4096).read_to_string(&mut text))
-        .ok()?;
+    let bytes =
+        criu_plugin::files::read_regular(None, &gpus_dir.parent()?.join("version"), false, 4096)
+            .ok()?;
+    text.push_str(&String::from_utf8_lossy(&bytes));
     // "NVRM version: NVIDIA UNIX [Open ]Kernel Module for x86_64  580.159.04  Release Build ..."
     let line = text.lines().next()?;
     line.split_whitespace()
@@ -166,25 +167,53 @@ fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>>
     let Some(dir) = CriuSymbols::get().image_dir_fd() else {
         return Ok(None);
     };
+    // SAFETY: CRIU keeps its image directory fd open for the whole run.
+    let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(dir) };
+    if !write {
+        return match criu_plugin::files::open_regular(Some(dir), Path::new(name), true) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
     let cname = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    let flags = if write {
-        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC
-    } else {
-        libc::O_RDONLY | libc::O_CLOEXEC
-    };
+    // O_NONBLOCK and O_NOFOLLOW: a FIFO or a link left in the image directory must neither
+    // block the dump nor be written through.
+    let flags = libc::O_WRONLY
+        | libc::O_CREAT
+        | libc::O_TRUNC
+        | libc::O_CLOEXEC
+        | libc::O_NONBLOCK
+        | libc::O_NOFOLLOW;
     // SAFETY: openat with CRIU's image directory fd and a NUL-terminated relative name.
-    let fd = unsafe { libc::openat(dir, cname.as_ptr(), flags, 0o600) };
+    let fd = unsafe {
+        libc::openat(
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            cname.as_ptr(),
+            flags,
+            0o600,
+        )
+    };
     if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        if !write && e.kind() == std::io::ErrorKind::NotFound {
-            return Ok(None);
-        }
-        return Err(e);
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(Some(std::fs::File::from(unsafe {
-        OwnedFd::from_raw_fd(fd)
-    })))
+    let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::other(format!(
+            "{name} is not a regular file"
+        )));
+    }
+    Ok(Some(f))
+}
+
+/// Refuses a configured library path that is not a regular file: `dlopen` of a FIFO blocks
+/// for good.
+fn library_file(p: &Path) -> Result<(), String> {
+    match std::fs::metadata(p) {
+        Ok(m) if !m.is_file() => Err(format!("{} is not a regular file", p.display())),
+        _ => Ok(()),
+    }
 }
 
 /// Fills in each GPU's total memory from NVML and returns the free memory by UUID, or `None`
@@ -319,6 +348,9 @@ impl CudaBackend {
 
     fn load_driver(&mut self) -> Result<(), String> {
         let s = self.settings();
+        if let Some(p) = &s.libcuda {
+            library_file(p)?;
+        }
         let driver = match &s.libcuda {
             Some(p) => Driver::open(p),
             None => Driver::open_default(),
@@ -414,6 +446,11 @@ impl CudaBackend {
 
     fn init_restore(&mut self, listing: InventoryListing) -> Result<bool, HookError> {
         let proc_dir = self.settings().nvidia_proc.clone();
+        // An image that does not need the plugin is none of its business: whatever file of
+        // our name lies in it (stale, misplaced, hostile) is not even opened.
+        if listing == InventoryListing::NotListed {
+            return Ok(false);
+        }
         let Some(md) = Self::read_metadata()? else {
             // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
             return match listing {

@@ -419,6 +419,11 @@ impl E2e {
         p
     }
 
+    /// CRIU's release as (major, minor), where `criu --version` said it.
+    pub fn criu_release(&self) -> Option<(u32, u32)> {
+        self.criu_version
+    }
+
     /// The hook count CRIU prints for a plugin (`CR_PLUGIN_HOOK__MAX` of that release), where
     /// known.
     pub fn criu_hook_count(&self) -> Option<u32> {
@@ -794,4 +799,13 @@ pub fn assert_consecutive(text: &str, what: &str) {
             );
         }
     }
+}
+
+/// Makes a FIFO at `path`: a file whose blocking open for reading waits for a writer for good.
+pub fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: mkfifo with a NUL-terminated path.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
 }

@@ -1,0 +1,129 @@
+//! Reading the files a plugin depends on without letting them hang or flood CRIU.
+//!
+//! A settings file, an image file or a driver's `/proc` file may be anything a hostile or
+//! mistaken user made it: a FIFO (an `open` for reading blocks until a writer comes, for good),
+//! a device, a directory, or huge. Every file is opened with `O_NONBLOCK` (a FIFO then opens at
+//! once and is refused, as is anything that is not a regular file) and read up to a limit.
+
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Opens `path` (relative to `dir`, or to the working directory when `None`) for reading,
+/// without blocking and only if it is a regular file. `nofollow` refuses a symbolic link as
+/// the last component (image files: names that could be links to elsewhere).
+pub fn open_regular(
+    dir: Option<BorrowedFd<'_>>,
+    path: &Path,
+    nofollow: bool,
+) -> io::Result<std::fs::File> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    if nofollow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let dirfd: RawFd = dir.map_or(libc::AT_FDCWD, |d| std::os::fd::AsRawFd::as_raw_fd(&d));
+    // SAFETY: openat with a valid directory fd (or AT_FDCWD) and a NUL-terminated path.
+    let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file ({})",
+                path.display(),
+                describe(kind)
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+fn describe(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "of another kind"
+    }
+}
+
+/// Reads all of `file`, refusing more than `max` bytes.
+pub fn read_bounded(file: &mut std::fs::File, what: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    file.take(max + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is larger than {max} bytes", what.display()),
+        ));
+    }
+    Ok(buf)
+}
+
+/// [`open_regular`] then [`read_bounded`]: the whole of a small regular file.
+pub fn read_regular(
+    dir: Option<BorrowedFd<'_>>,
+    path: &Path,
+    nofollow: bool,
+    max: u64,
+) -> io::Result<Vec<u8>> {
+    let mut f = open_regular(dir, path, nofollow)?;
+    read_bounded(&mut f, path, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("criu-plugin-files-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn fifos_directories_and_big_files_are_refused_at_once() {
+        let d = tmp("kinds");
+        let fifo = d.join("fifo");
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_regular(None, &fifo, false, 10).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let e = read_regular(None, &d, false, 10).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        let big = d.join("big");
+        std::fs::write(&big, vec![b'x'; 11]).unwrap();
+        let e = read_regular(None, &big, false, 10).unwrap_err();
+        assert!(e.to_string().contains("larger than 10"), "{e}");
+        assert_eq!(read_regular(None, &big, false, 11).unwrap().len(), 11);
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&big, &link).unwrap();
+        assert!(read_regular(None, &link, true, 100).is_err());
+        assert_eq!(read_regular(None, &link, false, 100).unwrap().len(), 11);
+        let e = read_regular(None, &d.join("missing"), false, 10).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
