@@ -314,7 +314,7 @@ pub fn restore_kfd(
         publish_dmabufs(ctx, task, image, &dmabufs)?;
     }
 
-    let bytes: u64 = super::dump::content_bos(image).map(|(_, s)| s).sum();
+    let bytes = super::dump::content_bos(image).fold(0u64, |a, (_, s)| a.saturating_add(s));
     let handed_over = match (ctx.queue, ctx.fdstore) {
         (Some(q), Some(store)) if bytes > 0 => hand_over(q, store, id, &minor_of, &dmabufs),
         _ => false,

@@ -207,6 +207,12 @@ fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>>
     Ok(Some(f))
 }
 
+/// The sum of sizes that come from an image or a driver, saturating instead of wrapping: a
+/// record claiming 2^64 − 1 bytes must not add up with another to a small number.
+fn total_bytes(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0, u64::saturating_add)
+}
+
 /// Refuses a configured library path that is not a regular file: `dlopen` of a FIFO blocks
 /// for good.
 fn library_file(p: &Path) -> Result<(), String> {
@@ -494,14 +500,14 @@ impl CudaBackend {
             )
         })?;
         if let Some(free) = free {
-            let need: u64 = md
-                .processes
-                .iter()
-                .filter(|p| p.found != FoundState::Checkpointed)
-                .map(|p| p.host_bytes)
-                .sum();
+            let need = total_bytes(
+                md.processes
+                    .iter()
+                    .filter(|p| p.found != FoundState::Checkpointed)
+                    .map(|p| p.host_bytes),
+            );
             let targets: BTreeSet<_> = plan.iter().map(|p| p.new).collect();
-            let have: u64 = targets.iter().filter_map(|u| free.get(u)).sum();
+            let have = total_bytes(targets.iter().filter_map(|u| free.get(u).copied()));
             nvml::check_free_memory(need, have, targets.len())
                 .map_err(|e| fail(libc::ENOMEM, format!("cannot restore: {e}")))?;
         }
@@ -1189,5 +1195,19 @@ impl GpuBackend for CudaBackend {
             }
         }
         *self = CudaBackend::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_from_images_do_not_wrap() {
+        assert_eq!(total_bytes([u64::MAX, 1].into_iter()), u64::MAX);
+        assert_eq!(total_bytes([1 << 30, 1 << 30].into_iter()), 2 << 30);
+        assert!(
+            nvml::check_free_memory(total_bytes([u64::MAX, 1].into_iter()), 80 << 30, 1).is_err()
+        );
     }
 }
