@@ -1563,3 +1563,105 @@ fn fifos_in_place_of_driver_files_and_images_do_not_hang_criu() {
     restore.assert_no_plugin_errors();
     tree.assert_continues(&dumped);
 }
+
+/// Restores that cannot give every CUDA process its GPU state back never end in a reported
+/// success with processes frozen for good: an image whose metadata records no process, or a
+/// process the image's tree does not hold, is refused before anything is forked; a driver
+/// restore that fails at RESUME_DEVICES_LATE (whose result CRIU ignores) ends the restored
+/// processes, and CRIU then fails the restore. The image stays usable: restored again with a
+/// working driver, the workload continues.
+#[test]
+fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
+    let Some(f) = Fake::start("cuda-false-success") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let lib = lib();
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &w.root().to_string(), "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    let marks = w.marks();
+    let md_path = images.join("gpu-plugin-cuda.img");
+    let md = std::fs::read_to_string(&md_path).unwrap();
+    let assert_nothing_restored = |run: &CriuRun, why: &str| {
+        run.assert_failed();
+        assert!(run.has(why), "{why}: {run:?}");
+        assert!(
+            common::reap_until_gone(&w.pids, std::time::Duration::from_secs(10)),
+            "processes left after the failed restore: {run:?}"
+        );
+    };
+
+    let no_records: String = md
+        .lines()
+        .filter(|l| !l.starts_with("process "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&md_path, no_records).unwrap();
+    let r = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "r1.log",
+        &f.env(&nv, "r1.calls"),
+    );
+    assert_nothing_restored(&r, "records no CUDA process");
+
+    let stranger: String = md
+        .lines()
+        .map(|l| match l.strip_prefix("process ") {
+            Some(rest) if rest.starts_with(&format!("{} ", w.pids[1])) => {
+                format!("process 999999{}\n", &rest[w.pids[1].to_string().len()..])
+            }
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&md_path, stranger).unwrap();
+    let r = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "r2.log",
+        &f.env(&nv, "r2.calls"),
+    );
+    assert_nothing_restored(
+        &r,
+        "CUDA process(es) 999999 that the image's process tree does not hold",
+    );
+    assert!(
+        f.calls("r2.calls").0.is_empty(),
+        "driver calls after a refused image"
+    );
+
+    std::fs::write(&md_path, &md).unwrap();
+    let mut env = f.env(&nv, "r3.calls");
+    env.push(("FAKE_CUDA_FAIL", format!("restore@{}", w.pids[1])));
+    let r = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "r3.log",
+        &env,
+    );
+    assert_nothing_restored(
+        &r,
+        "so that the restore fails instead of leaving them frozen",
+    );
+    assert!(!r.has("Restore finished successfully"), "{r:?}");
+
+    let r = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "r4.log",
+        &f.env(&nv, "r4.calls"),
+    );
+    r.assert_ok();
+    r.assert_no_plugin_errors();
+    w.assert_all_running("after the second restore");
+    w.assert_continues(&marks);
+}

@@ -8,6 +8,7 @@
 //!   before CRIU checks the descriptor, so one binary loads in every CRIU from 3.17 to criu-dev;
 //! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
 //!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
+//! - [`pstree`]: the pids of the tree a restore will create, from `pstree.img`;
 //! - [`stream`]: whether CRIU streams its images (`--stream`), for plugins that write files;
 //! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
@@ -30,6 +31,7 @@ pub mod files;
 pub mod host;
 pub mod log;
 pub mod plugin;
+pub mod pstree;
 pub mod stream;
 pub mod symbols;
 

@@ -207,6 +207,32 @@ fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>>
     Ok(Some(f))
 }
 
+/// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU
+/// state back. CRIU ignores what `RESUME_DEVICES_LATE` returns, so the processes would
+/// otherwise run on frozen behind "Restore finished successfully"; once they are gone, CRIU's
+/// own detach from them fails and CRIU fails the restore. The image is left as it is, for
+/// another try.
+fn end_restored(tree: &[i32], failed: &[i32]) {
+    log::error!(
+        "cuda: the GPU state of pid(s) {} could not be restored: ending the {} restored process(es) so that the restore fails instead of leaving them frozen; the image is unchanged for another try",
+        list_pids(failed),
+        tree.len()
+    );
+    for &pid in tree {
+        // SAFETY: kill(2) of a task this restore created (CRIU still holds it under ptrace).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Up to eight pids, then how many more: a hostile image must not make a huge message.
+fn list_pids(pids: &[i32]) -> String {
+    let mut s: Vec<String> = pids.iter().take(8).map(|p| p.to_string()).collect();
+    if pids.len() > 8 {
+        s.push(format!("and {} more", pids.len() - 8));
+    }
+    s.join(", ")
+}
+
 /// The sum of sizes that come from an image or a driver, saturating instead of wrapping: a
 /// record claiming 2^64 − 1 bytes must not add up with another to a small number.
 fn total_bytes(sizes: impl Iterator<Item = u64>) -> u64 {
@@ -470,8 +496,20 @@ impl CudaBackend {
             };
         };
         if md.processes.is_empty() {
+            if listing == InventoryListing::Listed {
+                // Our dump records every CUDA process it checkpointed: restoring on would
+                // leave them checkpointed for good behind a successful restore.
+                return Err(fail(
+                    libc::EINVAL,
+                    format!(
+                        "the image needs cuda_plugin but {} records no CUDA process (truncated or edited?); its CUDA processes could not be given their GPU state back",
+                        metadata::FILE_NAME
+                    ),
+                ));
+            }
             return Ok(false);
         }
+        Self::check_records_in_tree(&md)?;
         self.require_driver(&format!(
             "the image holds {} CUDA process(es)",
             md.processes.len()
@@ -533,6 +571,41 @@ impl CudaBackend {
         );
         self.metadata = Some(md);
         Ok(true)
+    }
+
+    /// Refuses records of processes the restore will not create (per the image's
+    /// `pstree.img`): their GPU state would be restored nowhere, and the task that is restored
+    /// in their place would stay checkpointed. Unreadable trees (`--stream`) are not checked.
+    fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
+        let Some(dir) = CriuSymbols::get().image_dir_fd() else {
+            return Ok(());
+        };
+        // SAFETY: CRIU keeps its image directory fd open for the whole run.
+        let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(dir) };
+        let pids: BTreeSet<u32> = match criu_plugin::pstree::read_pids(dir) {
+            Ok(p) => p.into_iter().collect(),
+            Err(e) => {
+                log::debug!("cuda: process tree not checked: {e}");
+                return Ok(());
+            }
+        };
+        let missing: Vec<i32> = md
+            .processes
+            .iter()
+            .map(|p| p.pid)
+            .filter(|&p| u32::try_from(p).map_or(true, |p| !pids.contains(&p)))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(fail(
+            libc::EINVAL,
+            format!(
+                "{} records CUDA process(es) {} that the image's process tree does not hold (a damaged or mismatched image); the restore would leave processes without their GPU state",
+                metadata::FILE_NAME,
+                list_pids(&missing)
+            ),
+        ))
     }
 
     /// The lock timeout: what is left of CRIU's alarm, less a margin, else the setting.
@@ -808,10 +881,11 @@ impl CudaBackend {
                 }
             }
         }
-        for rec in by_ns.values() {
+        let unmatched: Vec<i32> = by_ns.keys().copied().collect();
+        if !unmatched.is_empty() {
             log::error!(
-                "cuda: process {} of the image is not in the restored tree; its GPU state is not restored",
-                rec.pid
+                "cuda: process(es) {} of the image are not in the restored tree; their GPU state is not restored",
+                list_pids(&unmatched)
             );
         }
         let _alarm = AlarmSuspended::new();
@@ -881,6 +955,19 @@ impl CudaBackend {
             lookups,
             parallel,
         );
+        let failed: Vec<i32> = results
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(p, _)| *p)
+            .collect();
+        if !failed.is_empty() || !unmatched.is_empty() {
+            let why = if failed.is_empty() {
+                &unmatched
+            } else {
+                &failed
+            };
+            end_restored(&procfs::tree(root), why);
+        }
         self.resume_results = Some(results);
     }
 
@@ -906,7 +993,11 @@ impl CudaBackend {
         for (tid, e) in threads.stop_all() {
             log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
-        r.map_err(|e| fail(-e.errno(), format!("cuda: pid {pid}: {e}")))?;
+        if let Err(e) = r {
+            let err = fail(-e.errno(), format!("cuda: pid {pid}: {e}"));
+            end_restored(&[pid], &[pid]);
+            return Err(err);
+        }
         log::info!(
             "cuda: pid {pid}: restore and unlock {:.1} ms",
             ms(started.elapsed())
