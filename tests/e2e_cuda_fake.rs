@@ -1665,3 +1665,40 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
     w.assert_all_running("after the second restore");
     w.assert_continues(&marks);
 }
+
+/// `cuda.lock-timeout-ms = 0` with `criu dump --timeout 0` (no alarm) would ask the driver to
+/// wait for good: the setting is refused with a warning and the default used.
+#[test]
+fn a_lock_timeout_of_zero_never_reaches_the_driver() {
+    let Some(f) = Fake::start("cuda-lock-zero") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let mut env = f.env(&nv, "dump.calls");
+    env.push(("CRIU_GPU_CUDA_LOCK_TIMEOUT_MS", "0".into()));
+    let dump = f.criu(
+        &[
+            "dump",
+            "-t",
+            &w.root().to_string(),
+            "--leave-running",
+            "--timeout",
+            "0",
+            "-L",
+            &lib(),
+            "-v4",
+        ],
+        &f.e.images("img"),
+        "dump.log",
+        &env,
+    );
+    dump.assert_ok();
+    assert!(
+        dump.has("cuda.lock-timeout-ms = 0 would wait for good; using 10000"),
+        "{dump:?}"
+    );
+    dump.assert_no_plugin_errors();
+    w.assert_all_running("after --leave-running");
+}

@@ -259,6 +259,39 @@ pub fn state_and_lock(
     })
 }
 
+/// Unlocks `pid` if it is locked, in a helper killed after `deadline`: for a process whose
+/// lock the plugin gave up waiting for, which may have completed since. `Ok(true)` when it
+/// was locked and is now unlocked.
+pub fn unlock_if_locked(driver: &Driver, pid: i32, deadline: Duration) -> Result<bool, String> {
+    let reply = child::run(deadline, MAX_REPLY, || {
+        let mut w = Writer::default();
+        match driver.process_state(pid) {
+            Ok(ProcessState::Locked) => {
+                w.u8(1).driver_result(&driver.unlock(pid));
+            }
+            Ok(_) => {
+                w.u8(0);
+            }
+            Err(e) => {
+                w.u8(2).driver_result(&Err(e));
+            }
+        }
+        w.0
+    })
+    .map_err(|e| e.to_string())?;
+    let mut r = Reader(&reply);
+    let parsed = (|| -> Result<Result<bool, DriverError>, Malformed> {
+        Ok(match r.u8()? {
+            0 => Ok(false),
+            1 => r.driver_result(driver)?.map(|()| true),
+            _ => Err(r.driver_result(driver)?.err().ok_or_else(malformed)?),
+        })
+    })();
+    parsed
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
 /// One process's result and the time its calls took.
 pub type Timed = (i32, Result<(), DriverError>, Duration);
 

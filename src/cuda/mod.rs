@@ -82,12 +82,20 @@ impl CudaSettings {
             log::warn!("cuda: settings: {e}; using true");
             true
         });
-        let lock_timeout_ms = cfg
-            .get_u64("cuda.lock-timeout-ms", DEFAULT_LOCK_TIMEOUT_MS)
-            .unwrap_or_else(|e| {
+        // 0 would ask the driver to wait for good: a lock must always end by itself.
+        let lock_timeout_ms = match cfg.get_u64("cuda.lock-timeout-ms", DEFAULT_LOCK_TIMEOUT_MS) {
+            Ok(0) => {
+                log::warn!(
+                    "cuda: settings: cuda.lock-timeout-ms = 0 would wait for good; using {DEFAULT_LOCK_TIMEOUT_MS}"
+                );
+                DEFAULT_LOCK_TIMEOUT_MS
+            }
+            Ok(n) => n.min(u64::from(u32::MAX)),
+            Err(e) => {
                 log::warn!("cuda: settings: {e}; using {DEFAULT_LOCK_TIMEOUT_MS}");
                 DEFAULT_LOCK_TIMEOUT_MS
-            });
+            }
+        };
         CudaSettings {
             libcuda: cfg.get("libcuda").map(PathBuf::from),
             nvidia_proc: PathBuf::from(
@@ -126,6 +134,9 @@ pub struct CudaBackend {
     gpus: Vec<Gpu>,
     // Dump.
     dumped: BTreeMap<i32, DumpedProcess>,
+    /// Processes whose lock the plugin stopped waiting for: it may complete later, and must
+    /// not leave them locked.
+    abandoned_locks: Vec<i32>,
     inventory_added: bool,
     // Restore.
     metadata: Option<CudaMetadata>,
@@ -862,6 +873,22 @@ impl CudaBackend {
         );
     }
 
+    /// Unlocks the processes whose lock was abandoned, should the lock have completed since.
+    fn release_abandoned_locks(&mut self) {
+        let driver = self.driver().clone();
+        for pid in std::mem::take(&mut self.abandoned_locks) {
+            match helper::unlock_if_locked(&driver, pid, LOCK_GRACE) {
+                Ok(true) => log::info!(
+                    "cuda: pid {pid}: the lock given up on had completed; unlocked again"
+                ),
+                Ok(false) => log::debug!("cuda: pid {pid}: not locked after the abandoned lock"),
+                Err(e) => log::error!(
+                    "cuda: pid {pid}: cannot check whether the abandoned lock completed ({e}); if it did, the process stays locked: run `cuda-checkpoint --toggle --pid {pid}`"
+                ),
+            }
+        }
+    }
+
     /// Restores every process of the restored tree rooted at `root` (host pid) at once.
     fn resume_all(&mut self, root: i32) {
         let md = self.metadata.as_ref().expect("resume_all needs metadata");
@@ -1147,12 +1174,14 @@ impl GpuBackend for CudaBackend {
         };
         Self::check_runnable(pid, tid)?;
         let timeout = self.lock_timeout();
-        let ms_timeout = timeout.as_millis().min(u32::MAX as u128) as u32;
+        // Never 0, which the driver reads as "wait for good".
+        let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
         let deadline = timeout + LOCK_GRACE;
         let t = Instant::now();
         // In a helper process: a target that never answers costs a killed helper, not a
         // thread stuck in CRIU's process for good.
         let outcome = helper::state_and_lock(&driver, pid, ms_timeout, deadline).map_err(|e| {
+            self.abandoned_locks.push(pid);
             fail(
                 libc::ETIMEDOUT,
                 format!(
@@ -1284,6 +1313,7 @@ impl GpuBackend for CudaBackend {
                 );
                 self.undo_dump();
             }
+            self.release_abandoned_locks();
         }
         *self = CudaBackend::new();
     }
