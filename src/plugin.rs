@@ -72,6 +72,17 @@ impl GpuPlugin {
         config: &Config,
         backends: Vec<Box<dyn GpuBackend>>,
     ) -> HookResult {
+        // A second init without exit (a CRIU service process reusing the plugin, or a host
+        // bug) must not drop the run before: its processes are put back as after a failure.
+        if let Some(prev) = self.state().take() {
+            log::warn!(
+                "init of a {stage:?} run while a {:?} run never got its exit: ending that run as failed",
+                prev.stage
+            );
+            for mut b in prev.active {
+                b.finish(prev.stage, -1);
+            }
+        }
         let host = criu_plugin::host::current();
         let syms = CriuSymbols::get();
         log::info!(
@@ -200,9 +211,20 @@ impl Plugin for GpuPlugin {
         self.start(stage, &config, all_backends())
     }
 
-    fn exit(&self, stage: Stage, ret: i32) {
-        let run = self.state().take();
-        if let Some(run) = run {
+    fn exit(&self, stage: Option<Stage>, ret: i32) {
+        // The run's own stage decides what to put back, whatever stage CRIU passes.
+        if let Some(run) = self.state().take() {
+            if stage != Some(run.stage) {
+                log::warn!(
+                    "exit for stage {stage:?} during a {:?} run: ending that run",
+                    run.stage
+                );
+            }
+            let ret = if stage == Some(run.stage) {
+                ret
+            } else {
+                ret.min(-1)
+            };
             for mut b in run.active {
                 b.finish(run.stage, ret);
             }

@@ -1702,3 +1702,57 @@ fn a_lock_timeout_of_zero_never_reaches_the_driver() {
     dump.assert_no_plugin_errors();
     w.assert_all_running("after --leave-running");
 }
+
+/// Hook orders CRIU does not make but a host may (a CRIU service process, plain `dlopen`, a
+/// future CRIU), driven by the emulated 4.1 host's `--script`: a second `init` without
+/// `exit`, an `exit` with an unknown stage, and `CHECKPOINT_DEVICES` of a process paused but
+/// never seized. Each time the workload is unlocked again, nothing stays locked.
+#[test]
+fn odd_hook_orders_never_leave_a_process_locked() {
+    let Some(f) = Fake::start("cuda-hook-orders") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let host = cc(
+        "criu_host_41_script",
+        &[
+            "-std=gnu11".into(),
+            "-DHOST_HOOKS=12".into(),
+            "-DHOST_V41_API=1".into(),
+            "-rdynamic".into(),
+            format!("-I{}/include", env!("CARGO_MANIFEST_DIR")),
+            format!("{}/tests/host/criu_host.c", env!("CARGO_MANIFEST_DIR")),
+            "-ldl".into(),
+        ],
+    );
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let pid = w.root();
+    let plugin = plugin_libdir().join("gpu_plugin.so");
+    for (n, script) in [
+        "init:dump,pause:P,init:dump,exit:1:0",
+        "init:dump,pause:P,exit:99:0",
+        "init:dump,pause:P,checkpoint:P,exit:1:0",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let script = script.replace('P', &pid.to_string());
+        let calls = format!("script{n}.calls");
+        let out =
+            f.e.command(&host)
+                .args(["--script".as_ref(), plugin.as_os_str(), script.as_ref()])
+                .envs(f.env(&nv, &calls))
+                .stdout(std::process::Stdio::piped())
+                .output()
+                .expect("run the emulated host");
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(report.contains("result ok"), "{script}: {report}");
+        assert_eq!(
+            f.calls(&calls).transitions(pid),
+            ["lock=0", "unlock=0"],
+            "{script}: {report}"
+        );
+        w.assert_all_running(&script);
+    }
+}

@@ -70,8 +70,10 @@ pub trait Plugin: Sync + 'static {
     /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do (no
     /// GPU) returns `Ok` and disables itself.
     fn init(&self, stage: Stage) -> HookResult;
-    /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure).
-    fn exit(&self, stage: Stage, ret: i32);
+    /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure). `stage` is
+    /// `None` when CRIU passed one this crate does not know: the plugin still has to clean up
+    /// the run it knows it is in.
+    fn exit(&self, stage: Option<Stage>, ret: i32);
 
     /// `DUMP_UNIX_SK(fd, id)`.
     fn dump_unix_sk(&self, fd: RawFd, id: u32) -> HookResult {
@@ -219,9 +221,7 @@ pub mod trampolines {
     /// `exit`.
     pub unsafe extern "C" fn exit<P: Plugin>(stage: c_int, rc: c_int) {
         guard::<P>("exit", || {
-            if let Some(stage) = Stage::from_raw(stage) {
-                P::instance().exit(stage, rc);
-            }
+            P::instance().exit(Stage::from_raw(stage), rc);
             0
         });
     }
@@ -562,7 +562,7 @@ mod tests {
         fn init(&self, _stage: Stage) -> HookResult {
             Ok(())
         }
-        fn exit(&self, stage: Stage, ret: i32) {
+        fn exit(&self, stage: Option<Stage>, ret: i32) {
             self.calls
                 .lock()
                 .unwrap()
@@ -649,11 +649,13 @@ mod tests {
     fn exit_is_forwarded_with_stage() {
         // SAFETY: calling the exit trampoline as CRIU would.
         unsafe { trampolines::exit::<Probe>(0, -1) };
-        // SAFETY: unknown stages are ignored, not forwarded.
+        // SAFETY: as above; an unknown stage is forwarded as `None`, so that the plugin can
+        // still end the run it is in.
         unsafe { trampolines::exit::<Probe>(9, 0) };
         let calls = PROBE.calls.lock().unwrap();
-        assert_eq!(calls.iter().filter(|c| c.starts_with("exit")).count(), 1);
-        assert!(calls.contains(&"exit Dump -1".to_string()));
+        assert_eq!(calls.iter().filter(|c| c.starts_with("exit")).count(), 2);
+        assert!(calls.contains(&"exit Some(Dump) -1".to_string()));
+        assert!(calls.contains(&"exit None 0".to_string()));
     }
 
     #[test]

@@ -667,8 +667,23 @@ impl CudaBackend {
             .map(|p| p.pid)
             .collect();
         for pid in gone {
-            log::info!("cuda: pid {pid} ended or was not seized after it was paused; dropped");
-            self.dumped.remove(&pid);
+            let Some(p) = self.dumped.remove(&pid) else {
+                continue;
+            };
+            if !p.locked_by_us || !Path::new(&format!("/proc/{pid}")).exists() {
+                log::info!("cuda: pid {pid} ended after it was paused; dropped");
+                continue;
+            }
+            // Locked by us but not part of this dump (CRIU did not seize it): it must not
+            // stay locked.
+            match helper::unlock_if_locked(self.driver(), pid, LOCK_GRACE) {
+                Ok(_) => log::info!(
+                    "cuda: pid {pid} was paused but not seized by CRIU; unlocked and left out"
+                ),
+                Err(e) => log::error!(
+                    "cuda: pid {pid} was paused but not seized by CRIU, and cannot be unlocked: {e}"
+                ),
+            }
         }
         for p in self.dumped.values_mut() {
             if p.found == FoundState::Checkpointed && p.result.is_none() {

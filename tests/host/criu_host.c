@@ -17,6 +17,11 @@
  *
  * Usage: criu_host [--out FILE] [--images DIR] [--inventory LIST] [--final-state N]
  *                  PLUGIN STAGE[,STAGE...]
+ *        criu_host [--out FILE] --script PLUGIN OP[,OP...]
+ *
+ * --script calls the plugin's hooks in an order of the caller's choice, with no seizing, to
+ * check that odd orders lose nothing. OP is init:STAGE, pause:PID, checkpoint:PID or
+ * exit:STAGE_NUMBER:RET (a raw stage number, so that unknown ones can be passed).
  *
  * Each STAGE (dump, pre-dump, restore) is one load/init/hooks/exit/unload cycle in this same
  * process, as one `criu swrk` serving several requests. --inventory gives the plugin list of
@@ -671,6 +676,46 @@ static int one_cycle(const char *path, enum stage_kind stage)
 	return 0;
 }
 
+/* --script: one load, the hooks in the given order, then unload. */
+static int run_script(const char *path, char *ops)
+{
+	struct loaded p = { 0 };
+	char *save = NULL, *tok;
+	int i;
+
+	p.handle = dlopen(path, RTLD_LAZY);
+	p.desc = p.handle ? dlsym(p.handle, "CR_PLUGIN_DESC") : NULL;
+	if (!p.desc) {
+		report("result fail cannot load %s", path);
+		return 2;
+	}
+	for (tok = strtok_r(ops, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		enum stage_kind stage;
+		int a = 0, b = 0;
+
+		if (!strncmp(tok, "init:", 5) && !parse_stage(tok + 5, &stage)) {
+			report("init rc=%d", p.desc->init((int)stage));
+			p.nr_hooks = p.desc->max_hooks;
+			for (i = 0; i < (int)p.nr_hooks && i < HOOK_SLOTS; i++)
+				p.chain[i] = p.desc->hooks[i];
+		} else if (sscanf(tok, "pause:%d", &a) == 1) {
+			call_pid_hook(&p, HOOK_PAUSE_DEVICES, a, "script");
+		} else if (sscanf(tok, "checkpoint:%d", &a) == 1) {
+			call_pid_hook(&p, HOOK_CHECKPOINT_DEVICES, a, "script");
+		} else if (sscanf(tok, "exit:%d:%d", &a, &b) == 2) {
+			report("exit stage=%d ret=%d", a, b);
+			p.desc->exit(a, b);
+			report("exit returned");
+		} else {
+			report("result fail bad op %s", tok);
+			return 2;
+		}
+	}
+	unload(&p, path);
+	report("result ok");
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: criu_host [--out FILE] [--images DIR] [--inventory LIST] "
@@ -682,7 +727,7 @@ int main(int argc, char **argv)
 {
 	const char *images = ".", *plugin, *env;
 	char *stages, *save = NULL, *tok;
-	int i, n = 0, rc = 0;
+	int i, n = 0, rc = 0, script = 0;
 
 	for (i = 1; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i += 2) {
 		if (i + 1 >= argc)
@@ -700,6 +745,9 @@ int main(int argc, char **argv)
 			inventory_list = argv[i + 1];
 		} else if (!strcmp(argv[i], "--final-state")) {
 			opts.final_state = atoi(argv[i + 1]);
+		} else if (!strcmp(argv[i], "--script")) {
+			script = 1;
+			i--; /* takes no value */
 		} else {
 			usage();
 		}
@@ -724,6 +772,8 @@ int main(int argc, char **argv)
 	}
 #endif
 
+	if (script)
+		return run_script(plugin, stages);
 	for (i = 0; i < HOST_HOOKS; i++)
 		report("legacy %s", legacy_names[i]);
 	report("host hooks=%d retry=%d v40_freeze=%d v41_api=%d", HOST_HOOKS, HOST_RETRY,
