@@ -1756,3 +1756,55 @@ fn odd_hook_orders_never_leave_a_process_locked() {
         w.assert_all_running(&script);
     }
 }
+
+/// Two CRIUs dumping the same CUDA process with `--leave-running` at the same time: each round
+/// at most one of them checkpoints it (the other is refused, or comes after), and the process
+/// always ends running with its GPU state.
+#[test]
+fn concurrent_dumps_of_one_process_never_leave_it_locked() {
+    let Some(f) = Fake::start("cuda-concurrent") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let root = w.root().to_string();
+    let lib = lib();
+    let mut refused = 0;
+    for round in 0..8 {
+        let runs: Vec<CriuRun> = std::thread::scope(|s| {
+            let handles: Vec<_> = ["a", "b"]
+                .iter()
+                .map(|who| {
+                    let (f, root, lib, nv) = (&f, &root, &lib, &nv);
+                    s.spawn(move || {
+                        f.criu(
+                            &["dump", "-t", root, "--leave-running", "-L", lib, "-v4"],
+                            &f.e.images(&format!("img-{round}-{who}")),
+                            "dump.log",
+                            &f.env(nv, &format!("{round}-{who}.calls")),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &runs {
+            if !r.ok() {
+                refused += 1;
+                assert!(
+                    r.has("is being checkpointed by another CRIU right now")
+                        || r.has("Can't seize")
+                        || r.has("already traced"),
+                    "round {round}: a failure other than the other CRIU's claim: {r:?}"
+                );
+            }
+        }
+        assert!(
+            runs.iter().any(|r| r.ok()),
+            "round {round}: neither dump worked: {runs:?}"
+        );
+        w.assert_all_running(&format!("round {round}"));
+    }
+    eprintln!("{refused} of 16 dumps refused");
+}

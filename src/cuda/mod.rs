@@ -22,6 +22,7 @@
 //!
 //! The inventory name is `cuda_plugin`, the C plugin's, so images move between the two.
 
+pub mod exclusive;
 pub mod gpus;
 pub mod helper;
 pub mod metadata;
@@ -137,6 +138,8 @@ pub struct CudaBackend {
     /// Processes whose lock the plugin stopped waiting for: it may complete later, and must
     /// not leave them locked.
     abandoned_locks: Vec<i32>,
+    /// This CRIU's claims on the processes it dumps, held until `exit`.
+    claims: BTreeMap<i32, exclusive::Claim>,
     inventory_added: bool,
     // Restore.
     metadata: Option<CudaMetadata>,
@@ -459,6 +462,7 @@ impl CudaBackend {
             cuda_ckpt_sys::format_version(self.driver_version),
             self.gpus.len()
         );
+        exclusive::sweep(64);
         Ok(true)
     }
 
@@ -888,6 +892,29 @@ impl CudaBackend {
         );
     }
 
+    /// Claims `pid` for this dump; refuses it while another CRIU dumps it.
+    fn claim(&mut self, pid: i32) -> HookResult {
+        let Some(start) = procfs::start_time(pid) else {
+            return Ok(());
+        };
+        match exclusive::claim(pid, start) {
+            Ok(c) => {
+                self.claims.insert(pid, c);
+                Ok(())
+            }
+            Err(exclusive::ClaimError::Busy) => Err(fail(
+                libc::EBUSY,
+                format!(
+                    "cuda: pid {pid} is being checkpointed by another CRIU right now; it is left to that one (try again once it is done)"
+                ),
+            )),
+            Err(exclusive::ClaimError::Unavailable(e)) => {
+                log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
+                Ok(())
+            }
+        }
+    }
+
     /// Unlocks the processes whose lock was abandoned, should the lock have completed since.
     fn release_abandoned_locks(&mut self) {
         let driver = self.driver().clone();
@@ -1187,6 +1214,7 @@ impl GpuBackend for CudaBackend {
                 ));
             }
         };
+        self.claim(pid)?;
         Self::check_runnable(pid, tid)?;
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".

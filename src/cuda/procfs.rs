@@ -36,6 +36,15 @@ pub fn ns_pid(pid: i32) -> Option<i32> {
         .ok()
 }
 
+/// The process's start time (field 22 of `/proc/PID/stat`, clock ticks since boot): with the
+/// pid, it names one process even after its pid is reused.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let text = read_small(Path::new(&format!("/proc/{pid}/stat")))?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The process's tracer, 0 when none.
 pub fn tracer(pid: i32) -> Option<i32> {
     status_field(pid, "TracerPid:")?.parse().ok()
@@ -112,6 +121,8 @@ mod tests {
         assert_eq!(tracer(me), Some(0));
         assert!(matches!(thread_state(me, me), Some('R' | 'S')));
         assert_eq!(tree(me)[0], me);
+        assert!(start_time(me).is_some());
+        assert_eq!(start_time(-1), None);
         assert_eq!(rss_bytes(-1), 0);
         assert_eq!(ns_pid(-1), None);
     }
