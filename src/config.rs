@@ -51,14 +51,36 @@ const KNOWN_KEYS: &[&str] = &[
     "nvml",
 ];
 
+/// The `amdgpu.*` keys [`crate::amdgpu::settings`] reads (its environment overrides are its own).
+const AMDGPU_KEYS: &[&str] = &[
+    "amdgpu.topology",
+    "amdgpu.max-buffer-size",
+    "amdgpu.copy-threads",
+    "amdgpu.chunk-size",
+    "amdgpu.parallel-restore",
+    "amdgpu.kfd-fw-ver-check",
+    "amdgpu.kfd-sdma-fw-ver-check",
+    "amdgpu.kfd-caches-count-check",
+    "amdgpu.kfd-num-gws-check",
+    "amdgpu.kfd-vram-size-check",
+    "amdgpu.kfd-numa-check",
+    "amdgpu.kfd-capability-check",
+];
+
+/// Problems of a settings file reported one by one; past this, only how many more.
+const MAX_WARNINGS: usize = 8;
+
 /// Parsed settings: raw strings by key, with environment overrides applied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     values: BTreeMap<String, String>,
     /// Where the file was read from, if one was.
     pub source: Option<PathBuf>,
-    /// Problems found while reading (unknown keys, bad lines), logged by the caller.
+    /// Problems found while reading (unknown keys, bad lines), logged by the caller; at most
+    /// [`MAX_WARNINGS`] and a count of the rest.
     pub warnings: Vec<String>,
+    /// Facts worth a line at INFO (no file, an empty file, an environment value ignored).
+    pub notes: Vec<String>,
 }
 
 /// The environment variable that overrides `key`.
@@ -77,25 +99,39 @@ impl Config {
     /// Parses configuration text.
     pub fn parse(text: &str) -> Config {
         let mut cfg = Config::default();
+        let mut problems = Vec::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        // Editors on some systems start a UTF-8 file with a byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (n, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
                 continue;
             }
             let Some((k, v)) = line.split_once('=') else {
-                cfg.warnings
-                    .push(format!("line {}: expected `key = value`, ignored", n + 1));
+                problems.push(format!("line {}: expected `key = value`, ignored", n + 1));
                 continue;
             };
             let (k, v) = (k.trim(), v.trim());
-            let known = KNOWN_KEYS.contains(&k) || k.starts_with("amdgpu.");
+            let known = KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k);
             if !known {
-                cfg.warnings
-                    .push(format!("line {}: unknown key `{k}`, ignored", n + 1));
+                problems.push(format!("line {}: unknown key {k:?}, ignored", n + 1));
                 continue;
+            }
+            if let Some(first) = seen.insert(k.to_string(), n + 1) {
+                problems.push(format!(
+                    "line {}: {k} set again (line {first} too); the later value is used",
+                    n + 1
+                ));
             }
             cfg.values.insert(k.to_string(), v.to_string());
         }
+        let more = problems.len().saturating_sub(MAX_WARNINGS);
+        problems.truncate(MAX_WARNINGS);
+        if more > 0 {
+            problems.push(format!("and {more} more lines with problems"));
+        }
+        cfg.warnings = problems;
         cfg
     }
 
@@ -108,10 +144,27 @@ impl Config {
                 let text = String::from_utf8(bytes)
                     .map_err(|_| format!("cannot read {}: it is not UTF-8 text", path.display()))?;
                 let mut c = Config::parse(&text);
+                if text.trim().is_empty() {
+                    c.notes
+                        .push(format!("{} is empty: defaults", path.display()));
+                }
                 c.source = Some(path.to_path_buf());
                 c
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut c = Config::default();
+                let dangling = std::fs::symlink_metadata(path).is_ok();
+                c.notes.push(format!(
+                    "no settings file {}{}: defaults",
+                    path.display(),
+                    if dangling {
+                        " (a symbolic link to nothing)"
+                    } else {
+                        ""
+                    }
+                ));
+                c
+            }
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         for key in KNOWN_KEYS {
@@ -124,9 +177,22 @@ impl Config {
 
     /// Loads from the default place (or `CRIU_GPU_PLUGIN_CONFIG`) with the process environment.
     pub fn from_process() -> Result<Config, String> {
-        let env = |k: &str| std::env::var(k).ok();
+        let ignored = std::cell::RefCell::new(Vec::new());
+        let env = |k: &str| match std::env::var(k) {
+            Ok(v) => Some(v),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                ignored.borrow_mut().push(k.to_string());
+                None
+            }
+            Err(std::env::VarError::NotPresent) => None,
+        };
         let path = env(CONFIG_PATH_ENV).unwrap_or_else(|| DEFAULT_CONFIG_PATH.to_string());
-        Config::load(Path::new(&path), &env)
+        let mut cfg = Config::load(Path::new(&path), &env)?;
+        for k in ignored.into_inner() {
+            cfg.notes
+                .push(format!("environment variable {k} is not UTF-8: ignored"));
+        }
+        Ok(cfg)
     }
 
     /// The raw value of `key`.
@@ -185,6 +251,24 @@ mod tests {
     }
 
     #[test]
+    fn misspelt_and_repeated_keys_a_bom_and_floods_are_reported_briefly() {
+        let c = Config::parse(
+            "\u{feff}cuda.parallel = no\namdgpu.copy-thread = 2\ncuda.parallel = yes\n",
+        );
+        assert_eq!(c.get_bool("cuda.parallel", false), Ok(true));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("unknown key \"amdgpu.copy-thread\""));
+        assert!(c.warnings[1].contains("cuda.parallel set again (line 1 too)"));
+        let flood = "bad line\n".repeat(5000);
+        let c = Config::parse(&flood);
+        assert_eq!(c.warnings.len(), MAX_WARNINGS + 1);
+        assert_eq!(
+            c.warnings[MAX_WARNINGS],
+            "and 4992 more lines with problems"
+        );
+    }
+
+    #[test]
     fn environment_overrides_the_file() {
         let dir = std::env::temp_dir().join(format!("gpu-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -207,7 +291,17 @@ mod tests {
     #[test]
     fn missing_file_is_empty_and_bad_values_are_errors() {
         let c = Config::load(Path::new("/nonexistent/gpu.conf"), &|_| None).unwrap();
-        assert_eq!(c, Config::default());
+        assert_eq!(
+            c.notes,
+            ["no settings file /nonexistent/gpu.conf: defaults"]
+        );
+        assert_eq!(
+            Config {
+                notes: Vec::new(),
+                ..c
+            },
+            Config::default()
+        );
         let c = Config::parse("cuda.lock-timeout-ms = soon\ncuda.parallel = maybe\n");
         assert!(c.get_u64("cuda.lock-timeout-ms", 1).is_err());
         assert!(c.get_bool("cuda.parallel", true).is_err());

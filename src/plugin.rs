@@ -99,6 +99,9 @@ impl GpuPlugin {
         for w in &config.warnings {
             log::warn!("settings: {w}");
         }
+        for n in &config.notes {
+            log::info!("settings: {n}");
+        }
         let mut active = Vec::new();
         for mut b in backends {
             if config.is_disabled(b.name()) {

@@ -73,6 +73,10 @@ pub const CUSTOM_STORAGE_VERSION: i32 = 13040;
 
 /// `13000` → `"13.0"`, `12080` → `"12.8"` (the patch digit, when not zero, is appended).
 pub fn format_version(version: i32) -> String {
+    // No CUDA release is numbered like this: show the raw number rather than a made-up one.
+    if !(1000..1_000_000).contains(&version) {
+        return format!("version number {version}");
+    }
     let major = version / 1000;
     let minor = (version % 1000) / 10;
     let patch = version % 10;
@@ -91,5 +95,7 @@ mod tests {
         assert_eq!(super::format_version(13000), "13.0");
         assert_eq!(super::format_version(13040), "13.4");
         assert_eq!(super::format_version(12035), "12.3.5");
+        assert_eq!(super::format_version(i32::MAX), "version number 2147483647");
+        assert_eq!(super::format_version(-1), "version number -1");
     }
 }

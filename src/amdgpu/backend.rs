@@ -196,8 +196,12 @@ impl AmdgpuBackend {
                 }
                 // Listed (or an image without a list): fail now if the image holds KFD state
                 // this machine cannot take, rather than restore processes without their GPUs.
-                let n = images.kfd_ids(1 << 16).map(|v| v.len()).unwrap_or(0);
-                if n > 0 {
+                // Too many files to count is not "none".
+                let n = match images.kfd_ids(1 << 16) {
+                    Ok(v) => v.len().to_string(),
+                    Err(_) => "more than 65536".to_string(),
+                };
+                if n != "0" {
                     return Err(Error::new(
                         libc::ENODEV,
                         format!(

@@ -120,8 +120,9 @@ impl CudaMetadata {
         match lines.next() {
             Some((_, l)) if l == format!("{MAGIC} {VERSION}") => {}
             Some((_, l)) if l.starts_with(MAGIC) => {
+                // The header as written, so that a stray space or character shows.
                 return Err(format!(
-                    "{FILE_NAME} has format {:?}; this plugin reads version {VERSION}",
+                    "{FILE_NAME} has format {:?} (first line {l:?}); this plugin reads version {VERSION}, written exactly \"{MAGIC} {VERSION}\"",
                     l.trim_start_matches(MAGIC).trim()
                 ));
             }
@@ -219,6 +220,12 @@ mod tests {
                 host_bytes: 1 << 33,
             }],
         }
+    }
+
+    #[test]
+    fn a_header_with_a_stray_space_is_shown_as_written() {
+        let e = CudaMetadata::decode("gpu-plugin-cuda 1 \n").unwrap_err();
+        assert!(e.contains("(first line \"gpu-plugin-cuda 1 \")"), "{e}");
     }
 
     #[test]
