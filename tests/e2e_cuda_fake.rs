@@ -1739,8 +1739,10 @@ fn odd_hook_orders_never_leave_a_process_locked() {
     {
         let script = script.replace('P', &pid.to_string());
         let calls = format!("script{n}.calls");
+        let images = f.e.images(&format!("img{n}"));
         let out =
             f.e.command(&host)
+                .args(["--images".as_ref(), images.as_os_str()])
                 .args(["--script".as_ref(), plugin.as_os_str(), script.as_ref()])
                 .envs(f.env(&nv, &calls))
                 .stdout(std::process::Stdio::piped())
@@ -1748,6 +1750,10 @@ fn odd_hook_orders_never_leave_a_process_locked() {
                 .expect("run the emulated host");
         let report = String::from_utf8_lossy(&out.stdout);
         assert!(report.contains("result ok"), "{script}: {report}");
+        assert!(
+            !images.join("gpu-plugin-cuda.img").exists(),
+            "{script}: metadata written for a dump that checkpointed nothing"
+        );
         assert_eq!(
             f.calls(&calls).transitions(pid),
             ["lock=0", "unlock=0"],

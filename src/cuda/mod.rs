@@ -755,10 +755,12 @@ impl CudaBackend {
             }
         }
         log_phase("checkpoint", &runnable, wall, &driver_times, parallel);
-        if self
-            .dumped
-            .values()
-            .all(|p| matches!(p.result, Some(Ok(()))))
+        // Metadata only for a dump that checkpointed something: none would restore nothing.
+        if !self.dumped.is_empty()
+            && self
+                .dumped
+                .values()
+                .all(|p| matches!(p.result, Some(Ok(()))))
         {
             if let Err(e) = self.write_metadata() {
                 let err = fail(
