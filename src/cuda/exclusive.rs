@@ -6,7 +6,8 @@
 //! dump holds an advisory lock (`flock`) on a file named after the process (pid and start
 //! time, which survive nothing but that process) from `PAUSE_DEVICES` to `exit`, and a second
 //! dump of the same process is refused before it touches the driver. The lock goes with the
-//! fd, so a CRIU that dies releases it.
+//! fd, so a CRIU that dies releases it; a claim removes its file when it ends, and a claim
+//! taken on a file that was removed meanwhile is retried on the new one.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -20,7 +21,17 @@ const LOCK_DIR: &str = "/run/criu-gpu-plugin";
 /// A held claim on one process; released on drop.
 #[derive(Debug)]
 pub struct Claim {
-    _fd: OwnedFd,
+    fd: Option<OwnedFd>,
+    path: PathBuf,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Removed while still locked, then unlocked: whoever opened it meanwhile sees it gone
+        // and retries on a new file.
+        let _ = std::fs::remove_file(&self.path);
+        drop(self.fd.take());
+    }
 }
 
 /// Why a claim was not taken.
@@ -49,6 +60,31 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
     let path = lock_path(dir, pid, start);
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| ClaimError::Unavailable(io::Error::other(e)))?;
+    for _ in 0..16 {
+        let fd = lock_file(&c)?;
+        // The file may have been removed (a claim ending) between our open and our lock.
+        let same = match (std::fs::metadata(&path), fd_metadata(&fd)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if same {
+            return Ok(Claim {
+                fd: Some(fd),
+                path,
+            });
+        }
+    }
+    Err(ClaimError::Unavailable(io::Error::other(
+        "the lock file keeps being replaced",
+    )))
+}
+
+fn fd_metadata(fd: &OwnedFd) -> io::Result<std::fs::Metadata> {
+    std::fs::File::from(fd.try_clone()?).metadata()
+}
+
+/// Opens and locks the lock file `c`.
+fn lock_file(c: &std::ffi::CStr) -> Result<OwnedFd, ClaimError> {
     // SAFETY: open with a NUL-terminated path; O_NOFOLLOW so that a planted link is refused.
     let fd = unsafe {
         libc::open(
@@ -71,7 +107,7 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
             ClaimError::Unavailable(e)
         });
     }
-    Ok(Claim { _fd: fd })
+    Ok(fd)
 }
 
 /// Removes lock files of processes that no longer exist (best effort, at most `limit`).
@@ -112,6 +148,7 @@ mod tests {
         // Another process (or the same pid reused) is another claim.
         let b = claim_in(&dir, 42, 8).unwrap();
         drop(a);
+        assert!(!lock_path(&dir, 42, 7).exists(), "an ended claim leaves no file");
         let _c = claim_in(&dir, 42, 7).unwrap();
         drop(b);
         std::fs::remove_dir_all(&dir).unwrap();
