@@ -68,10 +68,7 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
             _ => false,
         };
         if same {
-            return Ok(Claim {
-                fd: Some(fd),
-                path,
-            });
+            return Ok(Claim { fd: Some(fd), path });
         }
     }
     Err(ClaimError::Unavailable(io::Error::other(
@@ -148,7 +145,10 @@ mod tests {
         // Another process (or the same pid reused) is another claim.
         let b = claim_in(&dir, 42, 8).unwrap();
         drop(a);
-        assert!(!lock_path(&dir, 42, 7).exists(), "an ended claim leaves no file");
+        assert!(
+            !lock_path(&dir, 42, 7).exists(),
+            "an ended claim leaves no file"
+        );
         let _c = claim_in(&dir, 42, 7).unwrap();
         drop(b);
         std::fs::remove_dir_all(&dir).unwrap();
