@@ -13,3 +13,5 @@ echo "[test] cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
+echo "[test] Debian package: build, install, container test with the installed plugin, purge"
+scripts/test-deb.sh

@@ -1,0 +1,598 @@
+//! Podman (with runc) and containerd (its runc shim, driven through `ctr`), each with all of
+//! its state under the test's directory and every command (the containerd daemon, and with it
+//! its shims) in the test's [`PrivateMounts`].
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{
+    Cgroup, Output, PrivateMounts, ToolRun, Workload, criu_run, describe, reap_now, rootfs_tar,
+    run_cleanup, run_tool, system_tool,
+};
+use crate::common::{self, CriuRun, E2e, TempDir, wait_until};
+
+/// The image both engines run: the shared root file system.
+pub const IMAGE: &str = "localhost/criu-gpu-e2e:latest";
+
+// ---- Podman -------------------------------------------------------------------------------
+
+/// Podman 4.3 with runc, cgroupfs and file events (no systemd here), its storage (vfs), run
+/// and tmp directories, runc's state and its image cache directory (`/var/lib/containers`,
+/// which `--root` does not move) in the test's directory.
+pub struct Podman<'e> {
+    pub e: &'e E2e,
+    bin: PathBuf,
+    root: PathBuf,
+    mounts: PrivateMounts,
+    globals: Vec<OsString>,
+    pub cgroup: Cgroup,
+    /// Removed after the engine's clean-up.
+    _runroot: TempDir,
+}
+
+impl<'e> Podman<'e> {
+    /// Podman whose commands see `etc_criu` as `/etc/criu`.
+    pub fn new(e: &'e E2e, etc_criu: &Path) -> Podman<'e> {
+        let d = e.dir().join("podman");
+        let [root, tmp, runc, cache, networks] =
+            ["root", "tmp", "runc", "var-lib-containers", "networks"].map(|s| d.join(s));
+        // Podman refuses a run root longer than 50 characters (conmon's socket paths live
+        // there): a short directory of the test's under /tmp.
+        let short = TempDir::new_in(Path::new("/tmp"), "pm");
+        let runroot = short.path().to_path_buf();
+        for p in [&root, &runroot, &tmp, &runc, &cache, &networks] {
+            std::fs::create_dir_all(p).expect("podman directory");
+        }
+        // runc's state is given with --runtime-flag, which the clean-up command conmon runs
+        // when a container exits (`podman container cleanup`) does not get: the same directory
+        // at runc's default place, for that one.
+        let mounts = PrivateMounts::new()
+            .bind(etc_criu, "/etc/criu")
+            .bind(&cache, "/var/lib/containers")
+            .bind(&runc, "/run/runc");
+        let mut globals: Vec<OsString> = Vec::new();
+        for (k, v) in [
+            ("--root", root.as_os_str()),
+            ("--runroot", runroot.as_os_str()),
+            ("--tmpdir", tmp.as_os_str()),
+            // Else its CNI lock file lands in /etc/cni/net.d.
+            ("--network-config-dir", networks.as_os_str()),
+        ] {
+            globals.push(k.into());
+            globals.push(v.to_owned());
+        }
+        for a in [
+            "--storage-driver",
+            "vfs",
+            "--runtime",
+            "runc",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+        ] {
+            globals.push(a.into());
+        }
+        globals.push(format!("--runtime-flag=root={}", runc.display()).into());
+        Podman {
+            e,
+            bin: system_tool("podman"),
+            root,
+            mounts,
+            globals,
+            cgroup: Cgroup::new(),
+            _runroot: short,
+        }
+    }
+
+    pub fn run(&self, args: &[&str]) -> ToolRun {
+        self.exec(args, false)
+    }
+
+    fn exec(&self, args: &[&str], cleanup: bool) -> ToolRun {
+        let mut argv: Vec<OsString> = vec![self.bin.clone().into()];
+        argv.extend(self.globals.iter().cloned());
+        argv.extend(args.iter().map(OsString::from));
+        let what = describe(&argv);
+        let mut cmd = self.mounts.command(self.e, self.e.dir(), &argv);
+        // Podman's image copies use TMPDIR (default /var/tmp).
+        cmd.env("TMPDIR", self.e.dir().join("podman/tmp"));
+        // The plugin reads /etc/criu/gpu-plugin.conf: Podman's environment may not reach CRIU.
+        cmd.env_remove("CRIU_GPU_PLUGIN_CONFIG");
+        if cleanup {
+            run_cleanup(self.e.dir(), cmd, &what)
+        } else {
+            run_tool(self.e.dir(), cmd, &what)
+        }
+    }
+
+    pub fn import_image(&self) {
+        let tar = rootfs_tar(self.e).to_str().expect("UTF-8 path").to_string();
+        self.run(&["import", &tar, IMAGE]).assert_ok();
+    }
+
+    /// `podman run -d` of `workload` as container `name`: the host's network (no network
+    /// namespace), the output directory at `/out`, rlimits within what the host allows (runc
+    /// fails to raise them to Podman's defaults on the test VMs).
+    pub fn start(&'e self, name: &str, workload: Workload) -> PodmanContainer<'e> {
+        let out = Output::new(self.e.dir().join(format!("out-{name}")), workload);
+        let vol = format!("{}:/out", out.dir.display());
+        let mut args: Vec<String> = [
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=4096:4096",
+            "--cgroup-parent",
+            &self.cgroup.path,
+            "-v",
+            &vol,
+        ]
+        .map(String::from)
+        .to_vec();
+        for env in workload.env() {
+            args.extend(["-e".to_string(), env]);
+        }
+        args.push(IMAGE.into());
+        args.extend(workload.args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let c = PodmanContainer {
+            pm: self,
+            name: name.to_string(),
+            out,
+        };
+        self.run(&args).assert_ok();
+        c.out.wait_ready();
+        c
+    }
+
+    /// CRIU's log `name` (dump.log, restore.log) in the container directory of the engine's
+    /// one container (runc runs CRIU with it as the work directory).
+    fn criu_log(&self, name: &str) -> PathBuf {
+        std::fs::read_dir(self.root.join("vfs-containers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("userdata").join(name))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| self.root.join("no-such-log"))
+    }
+}
+
+impl Drop for Podman<'_> {
+    fn drop(&mut self) {
+        self.exec(&["rm", "-a", "-f", "-t", "0"], true);
+        self.exec(&["rmi", "-a", "-f"], true);
+        reap_now();
+    }
+}
+
+pub struct PodmanContainer<'e> {
+    pm: &'e Podman<'e>,
+    pub name: String,
+    pub out: Output,
+}
+
+impl PodmanContainer<'_> {
+    /// The host pid of the container's init.
+    pub fn pid(&self) -> i32 {
+        let run = self
+            .pm
+            .run(&["inspect", "--format", "{{.State.Pid}}", &self.name]);
+        run.assert_ok();
+        run.stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{run:?}"))
+    }
+
+    pub fn exists(&self) -> bool {
+        self.pm.run(&["container", "exists", &self.name]).ok()
+    }
+
+    /// `container checkpoint --export archive` (gzip, so that checkpointctl reads it).
+    pub fn checkpoint_export(&self, archive: &Path) -> CriuRun {
+        let a = archive.to_str().expect("UTF-8 path");
+        let run = self.pm.run(&[
+            "container",
+            "checkpoint",
+            "--keep",
+            "--export",
+            a,
+            "--compress",
+            "gzip",
+            &self.name,
+        ]);
+        criu_run(&run, &self.pm.criu_log("dump.log"))
+    }
+
+    pub fn rm(&self) {
+        self.pm
+            .run(&["rm", "-f", "-t", "0", &self.name])
+            .assert_ok();
+        reap_now();
+    }
+
+    /// `container restore --import archive`.
+    pub fn restore_import(&self, archive: &Path) -> CriuRun {
+        let a = archive.to_str().expect("UTF-8 path");
+        let run = self
+            .pm
+            .run(&["container", "restore", "--keep", "--import", a]);
+        criu_run(&run, &self.pm.criu_log("restore.log"))
+    }
+}
+
+// ---- containerd ---------------------------------------------------------------------------
+
+/// An OCI image layout archive of the shared root file system (one uncompressed layer), for
+/// `ctr image import`.
+fn oci_archive(e: &E2e) -> PathBuf {
+    let dir = e.dir().join("oci-image");
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("OCI layout");
+    let sha256 = |p: &Path| -> String {
+        let mut cmd = e.command(Path::new("sha256sum"));
+        cmd.arg(p);
+        let run = run_tool(e.dir(), cmd, "sha256sum");
+        run.assert_ok();
+        run.stdout.split(' ').next().expect("digest").to_string()
+    };
+    // Moves file `p` into the blobs as its digest; returns (digest, size).
+    let add_blob = |p: &Path| -> (String, u64) {
+        let d = sha256(p);
+        let size = std::fs::metadata(p).expect("blob").len();
+        std::fs::rename(p, blobs.join(&d)).expect("blob");
+        (d, size)
+    };
+    let layer = dir.join("layer.tar");
+    std::fs::copy(rootfs_tar(e), &layer).expect("layer");
+    let (ld, ls) = add_blob(&layer);
+    let cfg = dir.join("config.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"architecture":"amd64","os":"linux","config":{{"Env":["PATH=/bin"]}},"rootfs":{{"type":"layers","diff_ids":["sha256:{ld}"]}}}}"#
+        ),
+    )
+    .expect("image config");
+    let (cd, cs) = add_blob(&cfg);
+    let man = dir.join("manifest.json");
+    std::fs::write(
+        &man,
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{cd}","size":{cs}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:{ld}","size":{ls}}}]}}"#
+        ),
+    )
+    .expect("manifest");
+    let (md, ms) = add_blob(&man);
+    std::fs::write(
+        dir.join("index.json"),
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{md}","size":{ms},"annotations":{{"io.containerd.image.name":"{IMAGE}","org.opencontainers.image.ref.name":"latest"}}}}]}}"#
+        ),
+    )
+    .expect("index");
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("oci-layout");
+    let archive = e.dir().join("oci-image.tar");
+    let mut cmd = e.command(Path::new("tar"));
+    cmd.arg("-C")
+        .arg(&dir)
+        .arg("-cf")
+        .arg(&archive)
+        .args(["oci-layout", "index.json", "blobs"]);
+    run_tool(e.dir(), cmd, "tar OCI image").assert_ok();
+    archive
+}
+
+/// A containerd daemon of the test's own: root, state, socket and config in the test's
+/// directory, the CRI plugin off, `/run/containerd` (its shims' sockets) private; its shims
+/// run runc, which runs CRIU, in its mount namespace and with its environment.
+pub struct Containerd<'e> {
+    pub e: &'e E2e,
+    /// The `unshare` whose exec became the daemon.
+    daemon: i32,
+    /// Also around every `ctr`: it makes the FIFOs of a task's stdio under /run/containerd.
+    mounts: PrivateMounts,
+    sock: PathBuf,
+    runc_root: PathBuf,
+    log: PathBuf,
+    ctr: PathBuf,
+    pub cgroup: Cgroup,
+    containers: std::cell::RefCell<Vec<String>>,
+    /// Holds the socket; removed after the daemon is gone.
+    _short: TempDir,
+}
+
+const CTR_NAMESPACE: &str = "criu-gpu-e2e";
+
+impl<'e> Containerd<'e> {
+    /// Starts the daemon with `etc_criu` as its `/etc/criu` and `env` added.
+    pub fn start(e: &'e E2e, etc_criu: &Path, env: &[(&str, OsString)]) -> Containerd<'e> {
+        let d = e.dir().join("containerd");
+        let [root, state, run, opt, runc_root] =
+            ["root", "state", "run", "opt", "runc"].map(|s| d.join(s));
+        for p in [&root, &state, &run, &opt, &runc_root] {
+            std::fs::create_dir_all(p).expect("containerd directory");
+        }
+        // A unix socket path has at most 107 bytes: the socket in a short directory of the
+        // test's under /tmp, whatever the checkout's path.
+        let short = TempDir::new_in(Path::new("/tmp"), "ctd");
+        let sock = short.join("containerd.sock");
+        let config = d.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = ""
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+"#,
+                root = root.display(),
+                state = state.display(),
+                sock = sock.display(),
+                opt = opt.display(),
+            ),
+        )
+        .expect("containerd config");
+        let mounts = PrivateMounts::new()
+            .bind(etc_criu, "/etc/criu")
+            .bind(&run, "/run/containerd");
+        let argv: Vec<OsString> = vec![
+            system_tool("containerd").into(),
+            "--config".into(),
+            config.into(),
+        ];
+        let mut cmd = mounts.command(e, e.dir(), &argv);
+        cmd.env_remove("CRIU_GPU_PLUGIN_CONFIG");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let log = d.join("containerd.log");
+        cmd.stdout(std::fs::File::create(&log).expect("containerd log"));
+        cmd.stderr(std::fs::File::create(&log).expect("containerd log"));
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn().expect("start containerd");
+        let daemon = child.id() as i32;
+        // Reaped through waitpid(-1), never by std.
+        drop(child);
+        let c = Containerd {
+            e,
+            daemon,
+            mounts,
+            sock,
+            runc_root,
+            log,
+            ctr: system_tool("ctr"),
+            cgroup: Cgroup::new(),
+            containers: Default::default(),
+            _short: short,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.ctr(&["version"]).ok() {
+            assert!(
+                Instant::now() < deadline && common::exists(daemon),
+                "containerd did not come up: {}",
+                std::fs::read_to_string(&c.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> ToolRun {
+        self.exec(args, false)
+    }
+
+    fn exec(&self, args: &[&str], cleanup: bool) -> ToolRun {
+        let mut argv: Vec<OsString> = vec![
+            self.ctr.clone().into(),
+            "--address".into(),
+            self.sock.clone().into(),
+            "--namespace".into(),
+            CTR_NAMESPACE.into(),
+        ];
+        argv.extend(args.iter().map(OsString::from));
+        let what = describe(&argv);
+        let cmd = self.mounts.command(self.e, self.e.dir(), &argv);
+        if cleanup {
+            run_cleanup(self.e.dir(), cmd, &what)
+        } else {
+            run_tool(self.e.dir(), cmd, &what)
+        }
+    }
+
+    pub fn import_image(&self) {
+        let archive = oci_archive(self.e);
+        self.ctr(&["image", "import", archive.to_str().expect("UTF-8 path")])
+            .assert_ok();
+    }
+
+    /// `ctr run -d` of `workload` as container `name`: host network (no network namespace),
+    /// stdio on /dev/null, the output directory at `/out`, runc's state under the test.
+    pub fn start_container(&'e self, name: &str, workload: Workload) -> CtrContainer<'e> {
+        let out = Output::new(self.e.dir().join(format!("out-{name}")), workload);
+        let mount = format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            out.dir.display()
+        );
+        let cgroup = format!("{}/{name}", self.cgroup.path);
+        let runc_root = self.runc_root.to_str().expect("UTF-8 path");
+        let mut args: Vec<String> = [
+            "run",
+            "-d",
+            "--null-io",
+            "--net-host",
+            "--cgroup",
+            &cgroup,
+            "--runc-root",
+            runc_root,
+            "--mount",
+            &mount,
+        ]
+        .map(String::from)
+        .to_vec();
+        for env in workload.env() {
+            args.extend(["--env".to_string(), env]);
+        }
+        args.extend([IMAGE.to_string(), name.to_string()]);
+        args.extend(workload.args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.containers.borrow_mut().push(name.to_string());
+        let c = CtrContainer {
+            cd: self,
+            name: name.to_string(),
+            out,
+        };
+        self.ctr(&args).assert_ok();
+        c.out.wait_ready();
+        c
+    }
+}
+
+impl Drop for Containerd<'_> {
+    fn drop(&mut self) {
+        for name in self.containers.borrow().iter() {
+            self.exec(&["task", "kill", "-s", "KILL", name], true);
+            self.exec(&["task", "delete", "-f", name], true);
+            self.exec(&["container", "delete", name], true);
+        }
+        common::signal(self.daemon, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while common::exists(self.daemon) && Instant::now() < deadline {
+            reap_now();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        common::signal(self.daemon, libc::SIGKILL);
+        // Shims outlive the daemon by design: each of ours names the daemon's socket.
+        let sock = self.sock.to_string_lossy().into_owned();
+        let mut shims = Vec::new();
+        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&sock) && pid != self.daemon {
+                common::signal(pid, libc::SIGKILL);
+                shims.push(pid);
+            }
+        }
+        shims.push(self.daemon);
+        let _ = common::reap_until_gone(&shims, common::WAIT);
+    }
+}
+
+pub struct CtrContainer<'e> {
+    cd: &'e Containerd<'e>,
+    pub name: String,
+    pub out: Output,
+}
+
+impl CtrContainer<'_> {
+    /// The host pid of the running task, from `ctr task ls`.
+    pub fn pid(&self) -> Option<i32> {
+        let run = self.cd.ctr(&["task", "ls"]);
+        run.stdout.lines().find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next()? == self.name).then_some(())?;
+            let pid = it.next()?.parse().ok()?;
+            (it.next()? == "RUNNING").then_some(pid)
+        })
+    }
+
+    pub fn running_pid(&self) -> i32 {
+        self.pid()
+            .unwrap_or_else(|| panic!("task {} is not running", self.name))
+    }
+
+    /// `ctr task checkpoint --image-path images --work-path work`: a dump that leaves the task
+    /// running, with CRIU's dump.log in `work`.
+    pub fn task_checkpoint(&self, images: &Path, work: &Path) -> CriuRun {
+        std::fs::create_dir_all(images).expect("image directory");
+        std::fs::create_dir_all(work).expect("work directory");
+        let run = self.cd.ctr(&[
+            "task",
+            "checkpoint",
+            "--image-path",
+            images.to_str().unwrap(),
+            "--work-path",
+            work.to_str().unwrap(),
+            &self.name,
+        ]);
+        criu_run(&run, &work.join("dump.log"))
+    }
+
+    /// `ctr container checkpoint --task --rw` into image `reference` (the task keeps running).
+    pub fn checkpoint(&self, reference: &str) -> ToolRun {
+        self.cd.ctr(&[
+            "container",
+            "checkpoint",
+            "--task",
+            "--rw",
+            &self.name,
+            reference,
+        ])
+    }
+
+    /// Kills and deletes the task and the container.
+    pub fn remove(&self) {
+        let pid = self.pid();
+        self.cd
+            .ctr(&["task", "kill", "-s", "KILL", &self.name])
+            .assert_ok();
+        if let Some(p) = pid {
+            super::wait_gone(p, "the killed task");
+        }
+        wait_until(format!("task {} stopped", self.name), || {
+            reap_now();
+            self.cd.ctr(&["task", "delete", &self.name]).ok()
+                || !self.cd.ctr(&["task", "ls"]).stdout.contains(&self.name)
+        });
+        self.cd
+            .ctr(&["container", "delete", &self.name])
+            .assert_ok();
+    }
+
+    /// `ctr container restore --live --rw` from image `reference`.
+    pub fn restore(&self, reference: &str) -> ToolRun {
+        self.cd.ctr(&[
+            "container",
+            "restore",
+            "--live",
+            "--rw",
+            &self.name,
+            reference,
+        ])
+    }
+
+    pub fn exists(&self) -> bool {
+        self.cd
+            .ctr(&["container", "ls", "-q"])
+            .stdout
+            .lines()
+            .any(|l| l.trim() == self.name)
+    }
+}
