@@ -3,6 +3,12 @@
 #   scripts/gpu-check.sh            every check: 1 GiB, parent+child, 4 x 4 GiB, PyTorch, --leave-running,
 #                                   8 GiB, and with two or more GPUs the multi-GPU cases
 #   scripts/gpu-check.sh --bench    the benchmark: 1 x 8 GiB, 4 x 4 GiB all at once and one after another
+#   scripts/gpu-check.sh --containers [ARGS]
+#                                   runc checkpoint/restore of CUDA containers (1 GiB, a tree of 4,
+#                                   --leave-running) with this plugin and with CRIU's C plugin
+#                                   (tests/gpu/container_check.py; ARGS go to it, e.g. --out FILE);
+#                                   runc, busybox and the C plugin come from .gpu-carry/
+#                                   (scripts/gpu-carry.sh)
 # The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
 # .criu/ (scripts/install-criu.sh; copy the folder along where the GPU machine has no network).
 # Images go to $WORK (default /dev/shm/gpu-check: host memory, the preemption use case).
@@ -23,6 +29,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
     [ -e "$d/libcuda.so.1" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
 done
+if [ "${1:-}" = --containers ]; then
+    shift
+    # Later options win: ARGS can replace these defaults.
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/container_check.py --criu .criu/bin/criu --plugin "$PLUGIN" \
+        --work "$WORK/containers" --out "$LOGS/containers/results.json" "$@"
+fi
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 if [ "${1:-}" = --bench ]; then
     cases=basic8,multi4,multi4seq
