@@ -8,7 +8,8 @@
 //! is overridden by `CRIU_GPU_CUDA_DEVICE_MAP`.
 //!
 //! Format: one `key = value` per line; `#` starts a comment; unknown keys are warned about and
-//! ignored so that newer files work with older plugins. The file is read with a size bound.
+//! ignored so that newer files work with older plugins, and a repeated key keeps its last value,
+//! with a warning. The file is read with a size bound, without blocking, and only if regular.
 //!
 //! | key | meaning | default |
 //! |---|---|---|
@@ -23,7 +24,7 @@
 //! | `amdgpu.max-buffer-size` | staging memory of BO copies, all threads together; `K`/`M`/`G`, `0x` (env `KFD_MAX_BUFFER_SIZE` too) | 256M |
 //! | `amdgpu.copy-threads` | BO copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
 //! | `amdgpu.chunk-size` | largest piece of a BO copied at once | 4M |
-//! | `amdgpu.parallel-restore` | restore BO contents in CRIU's main process, overlapped with the rest of the restore (CRIU 4.2+) | true |
+//! | `amdgpu.parallel-restore` | restored tasks hand BO copies to CRIU's main process, done at `RESUME_DEVICES_LATE` (CRIU 4.2+) | false |
 //! | `amdgpu.kfd-fw-ver-check`, `-sdma-fw-ver-check`, `-caches-count-check`, `-num-gws-check`, `-vram-size-check`, `-numa-check`, `-capability-check` | the restore GPU compatibility checks (env `KFD_*_CHECK` too) | on |
 //!
 //! The `amdgpu.*` keys are read by [`crate::amdgpu::settings`], which also applies their
