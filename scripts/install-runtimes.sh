@@ -141,34 +141,10 @@ command -v apt-get >/dev/null && command -v apt-cache >/dev/null && command -v d
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/install-runtimes.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/debs"
-
-# The same private apt setup as scripts/install-criu.sh: its own source list, lists, cache and
-# an empty dpkg status, so the system's apt state is neither read for resolution nor written.
-echo "deb [signed-by=$KEYRING] $MIRROR $SUITE main" >"$work/apt/sources.list"
-cat >"$work/apt/apt.conf" <<EOF
-Dir::Etc::SourceList "$work/apt/sources.list";
-Dir::Etc::SourceParts "/dev/null";
-Dir::State::Lists "$work/apt/lists";
-Dir::State::status "/dev/null";
-Dir::Cache "$work/apt/cache";
-Dir::Cache::pkgcache "";
-Dir::Cache::srcpkgcache "";
-APT::Architecture "amd64";
-APT::Architectures { "amd64"; };
-APT::Sandbox::User "root";
-Acquire::Languages "none";
-#clear Acquire::IndexTargets::deb::DEP-11;
-#clear Acquire::IndexTargets::deb::DEP-11-icons;
-#clear Acquire::IndexTargets::deb::DEP-11-icons-small;
-#clear Acquire::IndexTargets::deb::DEP-11-icons-large;
-#clear Acquire::IndexTargets::deb::DEP-11-icons-hidpi;
-#clear Acquire::IndexTargets::deb::DEP-11-icons-large-hidpi;
-#clear APT::Update::Pre-Invoke;
-#clear APT::Update::Post-Invoke;
-#clear APT::Update::Post-Invoke-Success;
-EOF
-apt_() { local tool=$1; shift; "$tool" -c "$work/apt/apt.conf" "$@"; }
+mkdir -p "$work/debs"
+# shellcheck source=lib/private-apt.sh
+. "$REPO/scripts/lib/private-apt.sh"
+private_apt "$work" "$SUITE" "$MIRROR" "$KEYRING"
 
 say "fetching the $SUITE package index from $MIRROR (private, not in the system's apt lists)"
 apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; die "apt-get update for $SUITE failed"; }
