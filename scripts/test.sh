@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, then every unit, integration and end-to-end test of
-# the workspace (end-to-end tests run the real criu from scripts/install-criu.sh against real
-# processes, and need root). Fails on the first failure.
+# The whole test suite: formatting, lints, docs, generated code, then every unit, integration and
+# end-to-end test of the workspace (end-to-end tests run the real criu from
+# scripts/install-criu.sh against real processes and real container runtimes, and need root),
+# then the Debian package. Fails on the first failure.
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 cd "$REPO"
@@ -11,6 +12,10 @@ echo "[test] cargo fmt --check"
 cargo fmt --all --check
 echo "[test] cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+echo "[test] cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+echo "[test] generated code is current"
+scripts/check-generated.sh
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
 echo "[test] Debian package: build, install, container test with the installed plugin, purge"

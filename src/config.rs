@@ -78,7 +78,7 @@ pub struct Config {
     /// Where the file was read from, if one was.
     pub source: Option<PathBuf>,
     /// Problems found while reading (unknown keys, bad lines), logged by the caller; at most
-    /// [`MAX_WARNINGS`] and a count of the rest.
+    /// eight and a count of the rest.
     pub warnings: Vec<String>,
     /// Facts worth a line at INFO (no file, an empty file, an environment value ignored).
     pub notes: Vec<String>,

@@ -9,7 +9,7 @@
 //! SDMA engine that copies buffer-object (BO) contents is built.
 //!
 //! Two implementations exist: [`super::hw::HwDevice`] (the real kernel, `/dev/kfd` and
-//! `/dev/dri/renderD*`) and, for tests and benchmarks, [`super::sim::SimKfd`], which follows
+//! `/dev/dri/renderD*`) and, for tests and benchmarks, `sim::SimKfd` (the `kfd-sim` feature), which follows
 //! the kernel's CRIU semantics with BOs held in host memory. The backend's dump and restore
 //! code is the same for both.
 //!
