@@ -1639,6 +1639,29 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
         "driver calls after a refused image"
     );
 
+    // Sizes that wrap to 0 when added: 2^64 - 1 bytes for one process, 1 for the other.
+    let mut sizes = ["18446744073709551615", "1"].into_iter();
+    let wrapping: String = md
+        .lines()
+        .map(|l| match l.strip_prefix("process ") {
+            Some(rest) => {
+                let mut f: Vec<&str> = rest.split(' ').collect();
+                let last = f.len() - 1;
+                f[last] = sizes.next().unwrap_or("1");
+                format!("process {}\n", f.join(" "))
+            }
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&md_path, wrapping).unwrap();
+    let r = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "r-wrap.log",
+        &f.env(&nv, "r-wrap.calls"),
+    );
+    assert_nothing_restored(&r, "too little free GPU memory");
+
     std::fs::write(&md_path, &md).unwrap();
     let mut env = f.env(&nv, "r3.calls");
     env.push(("FAKE_CUDA_FAIL", format!("restore@{}", w.pids[1])));
