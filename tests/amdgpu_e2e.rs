@@ -254,8 +254,8 @@ fn eight_gpus_in_two_hives_restore_onto_other_ids() {
 
 #[test]
 fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
-    // B1/B2: after a migration the user and actual gpu ids differ; a second dump must match
-    // BOs by user id and name the pages files by it.
+    // After a migration the user and actual gpu ids differ; a second dump must match BOs by
+    // user id and name the pages files by it (the C plugin mixed the two and failed).
     let other = edited_fixture("2gpu", &[Edit::GpuId(1, 0x0aaa), Edit::GpuId(2, 0x0bbb)]);
     let sim = SimKfd::from_sysfs(other.path()).unwrap();
     let mut spec = ProcessSpec::new(800, &[0x0aaa, 0x0bbb]).with_mixed_bos(20, 1 << 20);
@@ -419,7 +419,8 @@ fn without_dump_devices_late_queues_restart_at_exit() {
 
 #[test]
 fn a_container_seeing_one_of_two_gpus_dumps_and_restores_it() {
-    // B3: sysfs lists both GPUs, KFD reports only the one the container may use.
+    // sysfs lists both GPUs, KFD reports only the one the container may use (the C plugin
+    // failed such a dump).
     let topo = fixture("2gpu");
     let sim = SimKfd::from_sysfs(&topo).unwrap();
     sim.hide_gpu(53109);
@@ -611,7 +612,8 @@ fn contents_go_through_sdma_with_each_family_packet_encoding() {
     use criu_gpu_plugin::amdgpu::topology::Topology;
     let topo = fixture("2gpu");
     let t = Topology::from_sysfs(&topo).unwrap();
-    // VI writes the byte count, Vega and Navi the count minus one (B9).
+    // VI writes the byte count, Vega and Navi the count minus one (the C plugin writes the
+    // byte count on every family).
     for family in [
         kfd_sys::AMDGPU_FAMILY_VI,
         kfd_sys::AMDGPU_FAMILY_AI,

@@ -312,7 +312,8 @@ fn restore_failures_are_reported() {
     );
     assert_eq!(r, Err(HookError::Errno(libc::EINVAL)));
     assert!(sim.process(400).is_none());
-    // A render node that cannot be opened (B7: reported, not passed on as a bad fd).
+    // A render node that cannot be opened: reported, not passed on to KFD as a bad fd (as
+    // the C plugin does).
     let (_, r, _) = try_restore(
         images.path(),
         id,

@@ -4,7 +4,8 @@
 //! `_IOW` / `_IOWR`, which bindgen cannot evaluate. Each constant here
 //! repeats the header's definition through [`crate::ioc`]; `tests/layout.rs`
 //! checks every one against the value the C compiler computes from the real
-//! headers, and the `const` block at the end pins the values the spec lists.
+//! headers, and the `const` block at the end pins the values CRIU's amdgpu
+//! plugin uses.
 //!
 //! Which file each request is issued on:
 //! - `AMDKFD_IOC_*`: a `/dev/kfd` file. KFD binds a file to the process that
@@ -175,7 +176,7 @@ pub const DRM_IOCTL_AMDGPU_GEM_USERPTR: u32 =
 
 // The generic ioctl layout (every architecture but powerpc, mips and sparc).
 const _: () = if crate::ioc::GENERIC_LAYOUT {
-    // Values from the spec (§2.1, §2.4, Appendix A), generic ioctl layout.
+    // Values CRIU's amdgpu plugin uses (computed from its headers), generic ioctl layout.
     assert!(AMDKFD_IOC_GET_VERSION == 0x8008_4B01);
     assert!(AMDKFD_IOC_CRIU_OP == 0xC038_4B22);
     assert!(DRM_IOCTL_AMDGPU_GEM_MMAP == 0xC008_6441);
@@ -187,7 +188,7 @@ const _: () = if crate::ioc::GENERIC_LAYOUT {
     assert!(AMDKFD_IOC_SET_XNACK_MODE == 0xC004_4B21);
     assert!(AMDKFD_IOC_AVAILABLE_MEMORY == 0xC010_4B23);
     assert!(DRM_IOCTL_GEM_CLOSE == 0x4008_6409);
-    // The spec's 0x40406448 is the 64-byte ≥ 6.18 argument (see v6_18).
+    // The C plugin's 0x40406448 is the 64-byte ≥ 6.18 argument (see v6_18).
     assert!(DRM_IOCTL_AMDGPU_GEM_VA == 0x4028_6448);
     assert!(DRM_IOCTL_AMDGPU_GEM_OP == 0xC010_6450);
 };

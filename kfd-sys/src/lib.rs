@@ -79,7 +79,7 @@ pub const DRM_RENDER_NODE_PREFIX: &str = "/dev/dri/renderD";
 /// Path of the KFD character device.
 pub const KFD_DEVICE_PATH: &str = "/dev/kfd";
 
-// Sizes the CRIU image format and the spec depend on (spec §2.1, App. A).
+// Sizes the CRIU image format and the KFD CRIU ioctls depend on (x86-64).
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<kfd_ioctl_get_version_args>() == 8);

@@ -1,13 +1,14 @@
 //! Render-node CRIU uAPI that is newer than the generated bindings.
 //!
-//! The CRIU plugin's render-node dump and restore (spec §2.4) rely on
+//! The CRIU plugin's render-node dump and restore (GEM BO listing, mapping
+//! info, handle changes and VA mapping on `/dev/dri/renderD*`) rely on
 //! amdgpu/DRM additions that reached Linux by **6.18** and are in neither
 //! linux-libc-dev 6.1 nor libdrm 2.4.114, so bindgen cannot produce them
-//! here. They are written by hand from the layouts the spec gives (sizes
-//! and ioctl numbers measured by compiling the CRIU tree's rocm-7.1.0
-//! headers on x86-64) and are checked only by the `const` assertions below,
-//! not by the C probe in `tests/layout.rs`. Replace them with generated
-//! bindings once the system headers carry them.
+//! here. They are written by hand from the layouts of the uAPI headers CRIU's
+//! amdgpu plugin carries (sizes and ioctl numbers measured by compiling the
+//! CRIU tree's rocm-7.1.0 headers on x86-64) and are checked only by the
+//! `const` assertions below, not by the C probe in `tests/layout.rs`.
+//! Replace them with generated bindings once the system headers carry them.
 //!
 //! - `DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES` lists every GEM handle of the
 //!   calling DRM file. Older kernels answer `EINVAL`.
@@ -16,7 +17,8 @@
 //! - `DRM_IOCTL_GEM_CHANGE_HANDLE` (generic DRM) moves a GEM object to
 //!   another handle number in the same file.
 //! - `DRM_IOCTL_AMDGPU_GEM_VA` grew VM-timeline syncobj fields (64 bytes
-//!   instead of 40); the spec's request number 0x40406448 is this size.
+//!   instead of 40); the request number 0x40406448 those headers give is
+//!   this size.
 //! - `AMDGPU_INFO_GPUVM_FAULT` (Linux 6.10, older than the rest but also
 //!   newer than the headers): the last GPU page fault in the calling file's
 //!   VM. A faulting DMA job still completes (the access goes to a dummy
@@ -235,7 +237,7 @@ const _: () = {
 
 // The generic ioctl layout (every architecture but powerpc, mips and sparc).
 const _: () = if crate::ioc::GENERIC_LAYOUT {
-    // Values from the spec (§2.4, Appendix A), generic ioctl layout.
+    // Values computed from the CRIU tree's rocm-7.1.0 headers, generic ioctl layout.
     assert!(DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES == 0xC010_6459);
     assert!(DRM_IOCTL_AMDGPU_GEM_OP == 0xC018_6450);
     assert!(DRM_IOCTL_GEM_CHANGE_HANDLE == 0xC008_64D2);

@@ -15,8 +15,9 @@
 //! | `RESUME_DEVICES_LATE` | master | first call: the copies tasks handed over; then RESUME; `ESRCH` (no KFD process) is "not mine" |
 //! | `exit` (restore) | master | does the handed-over copies a failed restore left, then clears the fdstore |
 //!
-//! Every hook returns "not mine" when the backend did nothing (B21), so later backends and
-//! plugins get their turn. The first ERROR logged is the reason the operation failed.
+//! Every hook returns "not mine" when the backend did nothing (the C plugin returns success
+//! from some hooks it has no part in, which hides them from later plugins), so later backends
+//! and plugins get their turn. The first ERROR logged is the reason the operation failed.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -627,8 +628,8 @@ impl GpuBackend for AmdgpuBackend {
                 let r = match r {
                     Ok(true) => Ok(()),
                     Ok(false) if run.has_dump_late => match borrowed.try_clone_to_owned() {
-                        // Its BO may belong to a process dumped later (B17: a copy of the
-                        // fd is kept, not CRIU's fd number).
+                        // Its BO may belong to a process dumped later (a copy of the fd is
+                        // kept, not CRIU's fd number, which CRIU closes once the hook returns).
                         Ok(copy) => {
                             log::info!(
                                 "amdgpu: file {id}: dma-buf of no BO dumped so far; deferred"

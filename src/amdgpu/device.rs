@@ -126,7 +126,8 @@ pub enum FileKind {
 
 /// Classifies a file from its identity: `/dev/kfd` has the major of `kfd_rdev` and minor 0;
 /// render nodes have the DRM major and a minor in 128..=255 (checked against the fixed DRM
-/// major, not by `stat`ing `renderD128`, which a container may lack: B4).
+/// major, not by `stat`ing `renderD128`, which a container may lack; the C plugin fails the
+/// dump then).
 pub fn classify(id: &FileIdentity, kfd_rdev: Option<u64>) -> FileKind {
     if id.dmabuf {
         return FileKind::DmaBuf;

@@ -6,23 +6,27 @@
 //!    operations); 1.8 or later is required.
 //! 2. `PROCESS_INFO` on the drained fd: the process's queues are now evicted. From here on the
 //!    file is on the backend's "paused" list, so every later failure restarts the queues
-//!    (the C plugin leaves them evicted, B16).
+//!    (the C plugin leaves them evicted when a dump fails, so the process goes on without
+//!    its GPU work).
 //! 3. `CHECKPOINT` into arrays sized from PROCESS_INFO (bounded by [`CriuLimits`]).
 //! 4. The image: one device entry per topology node that the process uses, recorded under
-//!    the process's *user* gpu ids (B1/B2 fixed: BOs are matched and pages files named by the
-//!    user id, render nodes opened by the actual id); GPUs that sysfs shows but KFD did not
-//!    report for the process are left out (B3).
+//!    the process's *user* gpu ids (BOs are matched and pages files named by the user id,
+//!    render nodes opened by the actual id, so a process restored onto other GPUs can be
+//!    dumped again; the C plugin mixed the two ids and failed there); GPUs that sysfs shows
+//!    but KFD did not report for the process, as in a container limited to some GPUs, are
+//!    left out (the C plugin failed the dump).
 //! 5. BO contents of VRAM/GTT BOs, read by each GPU's SDMA engine ([`super::sdma`]) through
 //!    the copy pipeline ([`super::copy`]) into one pages file per GPU, every thread's error
-//!    propagated (B8).
-//! 6. `amdgpu-kfd-ID.img`, its write error reported (B14).
+//!    propagated (the C plugin's copy loses submission, fence and file errors).
+//! 6. `amdgpu-kfd-ID.img`, its write error reported (the C plugin drops it).
 //!
 //! Each VRAM/GTT BO gets a cross-reference key (the image's `handle`): the GEM handle its
 //! dma-buf gets when imported into a render node the dumper opened for that purpose, mapped
 //! to a number unique in the dump. A dma-buf file the process holds is matched by importing
 //! it the same way; it is written as `amdgpu-dmabuf_ID.img` with the key, or kept (a copy of
-//! the fd, not CRIU's fd number: B17) until its BO's process is dumped. Nothing is imported
-//! into the target's own files (B18).
+//! the fd, not CRIU's fd number, which CRIU closes, and may reuse, once the hook returns)
+//! until its BO's process is dumped. Nothing is imported into the target's own files (which
+//! would give the checkpointed process new GEM handles).
 //!
 //! The queues are restarted with UNPAUSE once every file of every process is dumped (see
 //! [`super::backend`]).
@@ -506,7 +510,8 @@ pub fn dump_render_node(
     }
     let actual = gpu.gpu_id;
     // The process's own id for the GPU when a KFD file told it; otherwise the GPU was never
-    // migrated for this process and the ids agree (the C plugin failed here, B5).
+    // migrated for this process and the ids agree (the C plugin failed here when the
+    // process had no KFD file dumped before, e.g. a process using only render nodes).
     let user = state.user_ids.get(&actual).copied().unwrap_or(actual);
     let image = RenderNodeImage {
         gpu_id: user,

@@ -1,8 +1,8 @@
 //! [`KfdDevice`] on the real kernel: `/dev/kfd` and `/dev/dri/renderD*` through `kfd-sys`.
 //!
 //! **Not verified on AMD hardware.** The project's test machines have no AMD GPU; this code
-//! follows the kernel uAPI as `kfd-sys` documents it and the behaviour described in the
-//! project's amdgpu specification, and is kept minimal.
+//! follows the kernel uAPI as `kfd-sys` documents it and the kernel behaviour that CRIU's C
+//! amdgpu plugin relies on, and is kept minimal.
 //!
 //! The [`AmdgpuRender`] methods are one ioctl each, on the render-node file the SDMA engine
 //! ([`super::sdma`]) opened: `PRIME_FD_TO_HANDLE`, `AMDGPU_GEM_USERPTR` (anonymous memory,

@@ -5,12 +5,14 @@
 //! multi-threaded process.
 //!
 //! The C plugin does this over an abstract UNIX socket (which breaks when a task already
-//! lives in another network namespace, B22, and reads it with single `recv`s, B23). Here the
+//! lives in another network namespace, and reads it with single `recv`s, which a stream
+//! socket may answer short when there are many BOs). Here the
 //! request travels through shared memory mapped before CRIU forks ([`RestoreQueue`]), with a
 //! futex to wake a waiting server, and the dma-buf fds through CRIU's fdstore, a service socket
 //! every restore process keeps. Nothing is bound to a name or a namespace, and a request is
-//! never read partially. Offsets in the pages files come from each GPU's own layout (B10),
-//! and the main process closes every fd it receives (B24).
+//! never read partially. Offsets in the pages files come from each GPU's own layout (the C
+//! plugin sums them over all GPUs, so a second GPU's reads miss its data), and the main
+//! process closes every fd it receives (the C plugin keeps them open until CRIU exits).
 //!
 //! A task that cannot hand its copy over (no POST_FORKING on this host, the queue is full, the fdstore
 //! refuses an fd) does the copy itself, as without parallel restore.

@@ -5,10 +5,12 @@
 //!
 //! 1. The image is read (bounded) and checked; the GPU map from the image's topology to this
 //!    machine's is computed once per task and shared with the task's render-node files
-//!    (whichever comes first; the C plugin assumed the KFD file came first, B6).
+//!    (whichever comes first; the C plugin assumed the KFD file came first and had no map
+//!    for a render node restored before it).
 //! 2. The pages files are opened and checked against the BO list *before* any kernel state
 //!    is created, so a truncated or forged image fails cleanly.
-//! 3. Render nodes of the mapped GPUs are opened (a failure is an error here, B7) and moved
+//! 3. Render nodes of the mapped GPUs are opened (a failure is an error here; the C plugin
+//!    passed the bad descriptor on to KFD, which then failed obscurely) and moved
 //!    above every fd CRIU will restore; KFD binds the process's VMs to them.
 //! 4. `RESTORE` recreates the BOs; their new mmap offsets are kept for `UPDATE_VMA_MAP`.
 //! 5. The BO contents are written through the copy pipeline, or handed to CRIU's main

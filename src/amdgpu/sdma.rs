@@ -20,7 +20,7 @@
 //! | 5, 6 | destination address, low and high 32 bits |
 //!
 //! A `NOP` is one zero dword; the IB is padded with them to a multiple of 8 dwords. The C
-//! plugin writes the count itself on every family (its B9): the kernel's own copies
+//! plugin writes the count itself on every family: the kernel's own copies
 //! (`sdma_v4_0_emit_copy_buffer` and later) write count − 1, so on Vega and later each of
 //! its packets copies one byte more than asked. A packet carries at most 2 MiB (2 MiB − 1
 //! before Vega), within every kernel's own limit. SI's DMA engine has other packets and KFD
@@ -38,9 +38,10 @@
 //! [`SdmaEngines`] holds one render-node file per GPU, opened for the copy only: its VM is
 //! the engine's own, so the VAs it hands out cannot collide with the process's (the C
 //! plugin maps staging into the process's own VM through libdrm's allocator, which knows
-//! nothing of KFD's: B25). [`SdmaEngines::import`] maps a BO into that VM. Each copy thread
-//! gets a [`Lane`] over its staging buffer: per GPU it touches, a submission context, a
-//! command buffer and the staging buffer registered as a userptr BO, all created once and
+//! nothing of KFD's, so they may collide). [`SdmaEngines::import`] maps a BO into that VM.
+//! Each copy thread gets a [`Lane`] over its staging buffer: per GPU it touches, a
+//! submission context, a command buffer and the staging buffer registered as a userptr BO,
+//! all created once and
 //! reused for every piece (the C plugin creates a context per chunk and registers staging
 //! per BO). A piece is one submission and one fence wait; the threads' submissions go to
 //! ring 0 of the DMA IP through contexts of their own, which the kernel's scheduler spreads
@@ -977,8 +978,8 @@ mod sim_tests {
         let mut staging = Staging::new(1 << 20);
         // SAFETY: `staging` outlives the lane.
         let mut lane = unsafe { engines.lane(staging.region()) };
-        // Inside the BO: the extra byte lands in the staging buffer, unnoticed (B9's
-        // "harmless between chunks").
+        // Inside the BO: the extra byte lands in the staging buffer, unnoticed (the wrong
+        // count does no harm between pieces, only at the end of a BO).
         lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
         let e = lane
             .download(bo, BO_SIZE - 4096, &mut staging.bytes()[..4096])

@@ -3,7 +3,7 @@
 //!
 //! Built only for tests and with the `kfd-sim` feature.
 //!
-//! # What it models (spec §2.2)
+//! # What it models (the kernel's rules as amdkfd's CRIU ioctls apply them)
 //!
 //! * GPUs from a KFD topology (a sysfs tree such as `tests/fixtures/kfd-topology/2gpu`):
 //!   gpu id, render minor, VRAM size.

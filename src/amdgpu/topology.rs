@@ -21,9 +21,8 @@
 //! # Where the algorithm comes from
 //!
 //! It follows `amdgpu_plugin_topology.c` of CRIU's amdgpu plugin
-//! (`topology_parse`, `topology_determine_iolinks`, `set_restore_gpu_maps`),
-//! as described in §5 of the project's amdgpu specification: links are valid
-//! when their target node exists, bi-directional when the target links back
+//! (`topology_parse`, `topology_determine_iolinks`, `set_restore_gpu_maps`):
+//! links are valid when their target node exists, bi-directional when the target links back
 //! with the same type, bi-directional XGMI links between GPUs form hives; the
 //! hives are matched first (each checkpointed hive inside a single restore
 //! hive), then the remaining GPUs, in reverse topology order; a pair of GPUs
@@ -34,16 +33,20 @@
 //!
 //! # Defects fixed and deliberate deviations
 //!
-//! * **B3**: [`Topology::to_device_entries`] leaves out GPUs that KFD did not
-//!   report for the process (cgroup or device-list limits) instead of failing
-//!   the dump, and drops the links that pointed at them.
-//! * **B7**: the mapping never picks a GPU that [`Topology::retain_accessible`]
-//!   removed, so a GPU whose render node is missing in the container is not
-//!   chosen and then opened with a bad descriptor; the render minors are
-//!   validated by [`render_node_path`].
-//! * **B1/B2**: [`GpuMap`] keys are always the image (user) gpu ids and the
-//!   values the local (actual) ids; the two never share a field.
-//! * Not in the defect list, found while porting: after a later hive failed to
+//! * GPUs hidden from the process: [`Topology::to_device_entries`] leaves out
+//!   GPUs that KFD did not report for the process (cgroup or device-list
+//!   limits) instead of failing the dump, and drops the links that pointed at
+//!   them.
+//! * GPUs whose render node is missing: the mapping never picks a GPU that
+//!   [`Topology::retain_accessible`] removed, so a GPU whose render node is
+//!   missing in the container is not chosen and then opened with a bad
+//!   descriptor (the C plugin passed that bad descriptor on to KFD); the render
+//!   minors are validated by [`render_node_path`].
+//! * User and actual gpu ids: [`GpuMap`] keys are always the image (user) gpu
+//!   ids and the values the local (actual) ids; the two never share a field
+//!   (the C plugin looked BOs up by one id where the other was needed, so a
+//!   process restored onto other GPUs could not be dumped again).
+//! * Found while porting, beyond the points above: after a later hive failed to
 //!   match, the C code kept the stale mappings of the earlier hive and so could
 //!   never backtrack; it also re-inserted rejected candidates at the front of
 //!   its list, which can skip candidates. This module backtracks fully with a
@@ -542,7 +545,7 @@ impl Topology {
     /// `image_gpu_id` maps a local (actual) gpu id to the user gpu id KFD
     /// reported for the process. GPUs it returns `None` for were not
     /// reported by KFD (hidden by cgroups or a device list) and are left out
-    /// (fix for B3, where the dump failed instead). Only valid links are
+    /// (the C plugin failed the dump instead). Only valid links are
     /// written: links to nodes that are absent or left out are dropped.
     pub fn to_device_entries(
         &self,
@@ -2884,7 +2887,7 @@ mod tests {
     }
 
     #[test]
-    fn b3_gpus_not_reported_by_kfd_are_left_out_of_the_image() {
+    fn gpus_not_reported_by_kfd_are_left_out_of_the_image() {
         let host = Topology::from_sysfs(&fixture("2gpu")).unwrap();
         let infos = host.to_device_entries(|actual| (actual == 1266).then_some(0x4242));
         assert_eq!(infos.len(), 2, "CPU and the reported GPU");

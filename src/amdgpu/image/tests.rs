@@ -682,8 +682,9 @@ static CRIU_DEV_RENDER_NODE: MessageRules = MessageRules {
 
 #[test]
 fn criu_4_2_images_are_read() {
-    // Direction that breaks the criu-dev C plugin (spec 3.6): images without
-    // the fields criu-dev added. We accept them.
+    // Direction that breaks the criu-dev C plugin (its proto2 parser rejects a
+    // message that lacks a required field): images without the fields criu-dev
+    // added. We accept them.
     let t = TempDir::new();
     t.put("amdgpu-kfd-1.img", &framed(&hand_sample_kfd(false)));
     let k = t.dir().read_kfd(1, &limits()).unwrap();
