@@ -83,6 +83,10 @@ pub fn run(
     // SAFETY: both fds were just created and are owned by nobody else.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let mut pidfd: libc::c_int = -1;
+    let parent = std::process::id() as libc::pid_t;
+    // CRIU's signals stay blocked from before the copy until the child has its own mask: a
+    // signal in between would run CRIU's handler in the child.
+    let saved = block_criu_signals();
     // SAFETY: clone with no exit signal is fork(2) without SIGCHLD: the child gets a copy of
     // this (single-threaded, see the module docs) process on a copy of this stack and
     // continues below with a return value of 0. CLONE_PIDFD stores a pidfd of the child in
@@ -97,12 +101,14 @@ pub fn run(
             0 as libc::c_ulong,
         )
     };
-    if pid < 0 {
-        return Err(ChildError::Spawn(io::Error::last_os_error()));
-    }
     if pid == 0 {
         drop(rd);
-        child_main(wr, work);
+        child_main(wr, parent, work);
+    }
+    let spawn_error = (pid < 0).then(io::Error::last_os_error);
+    restore_mask(&saved);
+    if let Some(e) = spawn_error {
+        return Err(ChildError::Spawn(e));
     }
     drop(wr);
     // SAFETY: the kernel just created this fd for us (kernels without CLONE_PIDFD leave -1).
@@ -111,34 +117,64 @@ pub fn run(
     let started = Instant::now();
     let reply = read_reply(&rd, deadline, max_reply);
     drop(rd);
-    let reply = match reply {
-        Err(e @ ChildError::TimedOut(_)) | Err(e @ ChildError::TooLarge(_)) => {
-            kill_and_reap(pid, pidfd.as_ref());
-            return Err(e);
+    match reply {
+        Ok(Some(bytes)) => {
+            // It exits right after replying; one that does not is killed.
+            if reap(pid, pidfd.as_ref(), REAP_GRACE).is_none() {
+                kill_and_reap(pid, pidfd.as_ref());
+            }
+            Ok(bytes)
         }
-        other => other,
-    };
-    let left = deadline.saturating_sub(started.elapsed()).max(REAP_GRACE);
-    let status = reap(pid, pidfd.as_ref(), left);
-    match (reply, status) {
-        (Ok(Some(bytes)), _) => Ok(bytes),
-        (Ok(None), status) => Err(ChildError::NoReply(describe(status))),
-        (Err(e), _) => Err(e),
+        Ok(None) => {
+            // Closed without a whole reply: give it a moment to end, then make sure it does.
+            let left = deadline.saturating_sub(started.elapsed()).min(REAP_GRACE);
+            let status = match reap(pid, pidfd.as_ref(), left) {
+                Some(st) => Some(st),
+                None => {
+                    kill_and_reap(pid, pidfd.as_ref());
+                    None
+                }
+            };
+            Err(ChildError::NoReply(describe(status)))
+        }
+        Err(e) => {
+            kill_and_reap(pid, pidfd.as_ref());
+            Err(e)
+        }
     }
 }
 
-/// The child: block CRIU's signals, run the work, write `[len: u64 LE][bytes]`, `_exit`.
-fn child_main(wr: OwnedFd, work: impl FnOnce() -> Vec<u8>) -> ! {
-    // SAFETY: sigset_t is plain data initialised by sigemptyset; these calls only change this
-    // (child) process's signal mask and parent-death signal.
+/// Blocks [`BLOCKED_IN_CHILD`] in the calling thread; returns the mask before.
+fn block_criu_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset; pthread_sigmask changes only
+    // the calling thread's mask and writes the old one into `old`.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in BLOCKED_IN_CHILD {
             libc::sigaddset(&mut set, s);
         }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+fn restore_mask(old: &libc::sigset_t) {
+    // SAFETY: `old` is a mask pthread_sigmask returned.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+/// The child (CRIU's signals already blocked): die with the parent, run the work, write
+/// `[len: u64 LE][bytes]`, `_exit`.
+fn child_main(wr: OwnedFd, parent: libc::pid_t, work: impl FnOnce() -> Vec<u8>) -> ! {
+    // SAFETY: prctl and getppid only concern this (child) process; _exit ends it at once.
+    unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // The parent died before the death signal was armed.
+        if libc::getppid() != parent {
+            libc::_exit(4);
+        }
     }
     let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(bytes) => {

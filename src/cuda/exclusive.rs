@@ -3,10 +3,11 @@
 //! Two CRIUs dumping the same process would both lock, checkpoint and put it back, each from
 //! its own idea of the state it found; interleaved, they can leave it locked for good (the
 //! loser locks it, fails to seize it, then cannot unlock what the winner checkpointed). So a
-//! dump holds an advisory lock (`flock`) on a file named after the process (pid and start
-//! time, which survive nothing but that process) from `PAUSE_DEVICES` to `exit`, and a second
-//! dump of the same process is refused before it touches the driver. The lock goes with the
-//! fd, so a CRIU that dies releases it; a claim removes its file when it ends, and a claim
+//! dump holds a lock on a file named after the process (pid and start time, which survive
+//! nothing but that process) from `PAUSE_DEVICES` to `exit`, and a second dump of the same
+//! process is refused before it touches the driver. The lock is a POSIX record lock, owned by
+//! CRIU's process: the plugin's helper processes do not inherit it (an `flock` would go with
+//! them), and CRIU's death releases it. A claim removes its file when it ends, and a claim
 //! taken on a file that was removed meanwhile is retried on the new one.
 
 use std::io;
@@ -61,27 +62,44 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| ClaimError::Unavailable(io::Error::other(e)))?;
     for _ in 0..16 {
-        let fd = lock_file(&c)?;
-        // The file may have been removed (a claim ending) between our open and our lock.
-        let same = match (std::fs::metadata(&path), fd_metadata(&fd)) {
-            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-            _ => false,
-        };
-        if same {
-            return Ok(Claim { fd: Some(fd), path });
+        let (fd, locked) = lock_file(&c)?;
+        // The file may have been removed (a claim ending) between our open and our lock: then
+        // neither a lock nor a refusal on it means anything; try the new one.
+        if !still_named(&path, &fd) {
+            continue;
         }
+        if !locked {
+            return Err(ClaimError::Busy);
+        }
+        return Ok(Claim { fd: Some(fd), path });
     }
     Err(ClaimError::Unavailable(io::Error::other(
         "the lock file keeps being replaced",
     )))
 }
 
-fn fd_metadata(fd: &OwnedFd) -> io::Result<std::fs::Metadata> {
-    std::fs::File::from(fd.try_clone()?).metadata()
+/// Device and inode of the file behind `fd`. `fstat` on the fd itself: closing any other fd of
+/// the file (a duplicate) would drop this process's POSIX lock on it.
+fn fd_metadata(fd: &OwnedFd) -> io::Result<(u64, u64)> {
+    // SAFETY: stat is plain data, filled by fstat for an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
 }
 
-/// Opens and locks the lock file `c`.
-fn lock_file(c: &std::ffi::CStr) -> Result<OwnedFd, ClaimError> {
+/// Whether `path` still names the file behind `fd`.
+fn still_named(path: &Path, fd: &OwnedFd) -> bool {
+    match (std::fs::metadata(path), fd_metadata(fd)) {
+        (Ok(a), Ok((dev, ino))) => a.dev() == dev && a.ino() == ino,
+        _ => false,
+    }
+}
+
+/// Opens the lock file `c` and tries to lock it: the fd, and whether the lock was taken.
+fn lock_file(c: &std::ffi::CStr) -> Result<(OwnedFd, bool), ClaimError> {
     // SAFETY: open with a NUL-terminated path; O_NOFOLLOW so that a planted link is refused.
     let fd = unsafe {
         libc::open(
@@ -95,16 +113,20 @@ fn lock_file(c: &std::ffi::CStr) -> Result<OwnedFd, ClaimError> {
     }
     // SAFETY: `fd` was just opened and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // SAFETY: flock (the struct) is plain data; all zero but the fields set below means the
+    // whole file.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_SETLK with a valid struct on an fd we own; it does not block.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLK, &fl) } != 0 {
         let e = io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            ClaimError::Busy
-        } else {
-            ClaimError::Unavailable(e)
-        });
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EACCES) => Ok((fd, false)),
+            _ => Err(ClaimError::Unavailable(e)),
+        };
     }
-    Ok(fd)
+    Ok((fd, true))
 }
 
 /// Removes lock files of processes that no longer exist (best effort, at most `limit`).
@@ -137,20 +159,28 @@ pub fn sweep(limit: usize) {
 mod tests {
     use super::*;
 
+    /// Whether another process (a helper child, as a second CRIU would be) gets the claim.
+    fn busy_elsewhere(dir: &Path, pid: i32, start: u64) -> bool {
+        let r = criu_plugin::child::run(std::time::Duration::from_secs(10), 8, || {
+            vec![matches!(claim_in(dir, pid, start), Err(ClaimError::Busy)) as u8]
+        })
+        .unwrap();
+        r == [1]
+    }
+
     #[test]
     fn a_second_claim_is_refused_until_the_first_ends() {
         let dir = std::env::temp_dir().join(format!("cuda-claims-{}", std::process::id()));
         let a = claim_in(&dir, 42, 7).unwrap();
-        assert!(matches!(claim_in(&dir, 42, 7), Err(ClaimError::Busy)));
+        assert!(busy_elsewhere(&dir, 42, 7));
         // Another process (or the same pid reused) is another claim.
-        let b = claim_in(&dir, 42, 8).unwrap();
+        assert!(!busy_elsewhere(&dir, 42, 8));
         drop(a);
         assert!(
             !lock_path(&dir, 42, 7).exists(),
             "an ended claim leaves no file"
         );
-        let _c = claim_in(&dir, 42, 7).unwrap();
-        drop(b);
+        assert!(!busy_elsewhere(&dir, 42, 7));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -29,13 +29,14 @@ const MAX_REPLY: usize = 1 << 20;
 pub const NVML_DEADLINE: Duration = Duration::from_secs(15);
 
 /// Driver calls whose failures travel back; the name is what the error message shows.
-const CALLS: [&str; 6] = [
+const CALLS: [&str; 7] = [
     "cuCheckpointProcessGetState",
     "cuCheckpointProcessLock",
     "cuCheckpointProcessRestore",
     "cuCheckpointProcessUnlock",
     "cuInit",
     "cuCheckpointProcessCheckpoint",
+    "cuDriverGetVersion",
 ];
 
 #[derive(Default)]
@@ -63,7 +64,7 @@ impl Writer {
     fn driver_result(&mut self, r: &Result<(), DriverError>) -> &mut Self {
         match r {
             Ok(()) => self.u8(0),
-            Err(DriverError::Cuda(e)) => {
+            Err(DriverError::Cuda(e)) if CALLS.contains(&e.call) => {
                 let call = CALLS.iter().position(|c| *c == e.call).unwrap_or(0);
                 self.u8(1)
                     .u8(call as u8)
@@ -229,7 +230,11 @@ pub fn state_and_lock(
             Ok(state) => {
                 w.u8(0).u64(state_code(state));
                 if state == ProcessState::Running {
-                    w.u8(1).driver_result(&driver.lock(pid, timeout_ms));
+                    // What is left of the timeout after the state query: the lock must end
+                    // before the parent's deadline, never after the helper is gone.
+                    let spent = t.elapsed().as_millis().min(u128::from(u32::MAX)) as u32;
+                    let left = timeout_ms.saturating_sub(spent).max(1);
+                    w.u8(1).driver_result(&driver.lock(pid, left));
                 } else {
                     w.u8(0);
                 }

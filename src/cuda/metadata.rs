@@ -85,6 +85,14 @@ pub struct CudaMetadata {
     pub processes: Vec<ProcessRecord>,
 }
 
+/// At most 80 characters of `s`: a hostile file must not make a megabyte error message.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
 impl CudaMetadata {
     /// The file's text.
     pub fn encode(&self) -> String {
@@ -122,8 +130,9 @@ impl CudaMetadata {
             Some((_, l)) if l.starts_with(MAGIC) => {
                 // The header as written, so that a stray space or character shows.
                 return Err(format!(
-                    "{FILE_NAME} has format {:?} (first line {l:?}); this plugin reads version {VERSION}, written exactly \"{MAGIC} {VERSION}\"",
-                    l.trim_start_matches(MAGIC).trim()
+                    "{FILE_NAME} has format {:?} (first line {:?}); this plugin reads version {VERSION}, written exactly \"{MAGIC} {VERSION}\"",
+                    short(l.trim_start_matches(MAGIC).trim()),
+                    short(l)
                 ));
             }
             _ => return Err(format!("{FILE_NAME} does not start with `{MAGIC}`")),
@@ -136,7 +145,7 @@ impl CudaMetadata {
         };
         let mut seen_driver = false;
         for (n, line) in lines {
-            let bad = |what: &str| format!("{FILE_NAME} line {}: {what}: {line:?}", n + 1);
+            let bad = |what: &str| format!("{FILE_NAME} line {}: {what}: {:?}", n + 1, short(line));
             let mut f = line.splitn(5, ' ');
             match f.next() {
                 Some("driver") => {

@@ -123,6 +123,8 @@ struct DumpedProcess {
     rss_before: u64,
     host_bytes: u64,
     result: Option<HookResult>,
+    /// Start time when paused: tells the process from a later one with its pid.
+    start_time: Option<u64>,
 }
 
 /// Checkpoint and restore of CUDA processes.
@@ -137,7 +139,7 @@ pub struct CudaBackend {
     dumped: BTreeMap<i32, DumpedProcess>,
     /// Processes whose lock the plugin stopped waiting for: it may complete later, and must
     /// not leave them locked.
-    abandoned_locks: Vec<i32>,
+    abandoned_locks: Vec<(i32, Option<u64>)>,
     /// This CRIU's claims on the processes it dumps, held until `exit`.
     claims: BTreeMap<i32, exclusive::Claim>,
     inventory_added: bool,
@@ -287,7 +289,8 @@ fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<cuda_ckpt_sys::G
 /// Whether the driver refused a restore because the caller has not called `cuInit` (needed
 /// when persistence mode is off).
 fn needs_init(r: &Result<(), DriverError>) -> bool {
-    matches!(r, Err(e) if e.cuda_code() == Some(CUresult::NOT_PERMITTED))
+    matches!(r, Err(DriverError::Cuda(e))
+        if e.code == CUresult::NOT_PERMITTED && e.call == "cuCheckpointProcessRestore")
 }
 
 /// How long a restore helper may run for a batch (the C plugin's default timeout).
@@ -680,9 +683,16 @@ impl CudaBackend {
             }
             // Locked by us but not part of this dump (CRIU did not seize it): it must not
             // stay locked.
+            if procfs::start_time(pid) != p.start_time {
+                log::info!("cuda: pid {pid} ended after it was paused; dropped");
+                continue;
+            }
             match helper::unlock_if_locked(self.driver(), pid, LOCK_GRACE) {
-                Ok(_) => log::info!(
+                Ok(true) => log::info!(
                     "cuda: pid {pid} was paused but not seized by CRIU; unlocked and left out"
+                ),
+                Ok(false) => log::info!(
+                    "cuda: pid {pid} was paused but not seized by CRIU, and is no longer locked; left out"
                 ),
                 Err(e) => log::error!(
                     "cuda: pid {pid} was paused but not seized by CRIU, and cannot be unlocked: {e}"
@@ -896,6 +906,11 @@ impl CudaBackend {
 
     /// Claims `pid` for this dump; refuses it while another CRIU dumps it.
     fn claim(&mut self, pid: i32) -> HookResult {
+        // Already ours (CRIU asks again after a failed seize): a second lock of the same file
+        // from this process would be granted, and dropping either would release both.
+        if self.claims.contains_key(&pid) {
+            return Ok(());
+        }
         let Some(start) = procfs::start_time(pid) else {
             return Ok(());
         };
@@ -920,7 +935,12 @@ impl CudaBackend {
     /// Unlocks the processes whose lock was abandoned, should the lock have completed since.
     fn release_abandoned_locks(&mut self) {
         let driver = self.driver().clone();
-        for pid in std::mem::take(&mut self.abandoned_locks) {
+        for (pid, start) in std::mem::take(&mut self.abandoned_locks) {
+            // The pid may belong to another process by now: leave that one alone.
+            if start.is_none() || procfs::start_time(pid) != start {
+                log::debug!("cuda: pid {pid}: ended since its lock was given up on");
+                continue;
+            }
             match helper::unlock_if_locked(&driver, pid, LOCK_GRACE) {
                 Ok(true) => log::info!(
                     "cuda: pid {pid}: the lock given up on had completed; unlocked again"
@@ -1045,8 +1065,23 @@ impl CudaBackend {
     /// Restore of an image without our metadata (CRIU's C plugin made it): one process at a time.
     fn resume_one(&mut self, pid: i32) -> HookResult {
         let driver = self.driver().clone();
-        let Ok(tid) = driver.restore_thread_id(pid) else {
-            return Err(HookError::NotMine);
+        let tid = match driver.restore_thread_id(pid) {
+            Ok(tid) => tid,
+            Err(e)
+                if matches!(
+                    e.cuda_code(),
+                    Some(CUresult::NOT_INITIALIZED | CUresult::INVALID_VALUE | CUresult::NOT_FOUND)
+                ) =>
+            {
+                return Err(HookError::NotMine);
+            }
+            // A CUDA process the driver cannot name a restore thread for stays checkpointed:
+            // it must not run on frozen behind a successful restore.
+            Err(e) => {
+                let err = fail(-e.errno(), format!("cuda: pid {pid}: {e}"));
+                end_restored(&[pid], &[pid]);
+                return Err(err);
+            }
         };
         let started = Instant::now();
         let mut threads = RunningThreads::new();
@@ -1226,14 +1261,23 @@ impl GpuBackend for CudaBackend {
         // In a helper process: a target that never answers costs a killed helper, not a
         // thread stuck in CRIU's process for good.
         let outcome = helper::state_and_lock(&driver, pid, ms_timeout, deadline).map_err(|e| {
-            self.abandoned_locks.push(pid);
-            fail(
-                libc::ETIMEDOUT,
-                format!(
-                    "cuda: pid {pid} did not answer the driver (state query and lock, {} ms at most): {e}; the dump is abandoned",
-                    deadline.as_millis()
+            match e {
+                // A lock may have been asked for and complete later: checked again at exit.
+                criu_plugin::child::ChildError::TimedOut(_) => {
+                    self.abandoned_locks.push((pid, procfs::start_time(pid)));
+                    fail(
+                        libc::ETIMEDOUT,
+                        format!(
+                            "cuda: pid {pid} did not answer the driver (state query and lock, {} ms at most): {e}; the dump is abandoned",
+                            deadline.as_millis()
+                        ),
+                    )
+                }
+                e => fail(
+                    libc::EIO,
+                    format!("cuda: pid {pid}: the lock helper failed: {e}"),
                 ),
-            )
+            }
         })?;
         let helper_took = t.elapsed();
         in_driver += outcome.in_driver;
@@ -1291,6 +1335,7 @@ impl GpuBackend for CudaBackend {
                 rss_before: 0,
                 host_bytes: 0,
                 result: None,
+                start_time: procfs::start_time(pid),
             },
         );
         if !self.inventory_added {
