@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install CRIU into <repo>/.criu/ as a private, relocatable prefix.
+# Install CRIU into <repo>/.criu/ (or, with --release, <repo>/.criu-RELEASE/) as a private,
+# relocatable prefix.
 #
 # Debian 12's own CRIU (3.17.1) cannot checkpoint on the kernels we use, so we
 # take Debian 13 (trixie)'s build instead. That build needs glibc >= 2.38, which
@@ -11,21 +12,33 @@
 # The wrapper finds the prefix from its own location at run time, so the whole
 # .criu folder can be copied to another machine (e.g. Ubuntu 24.04) at any path.
 #
-# Usage: scripts/install-criu.sh [--force] [--no-system-deps]
+# Other releases: --release 4.2.1 (Debian sid) or --release 4.3 (Debian experimental, 4.3-1~exp2),
+# or any later upstream release Debian has in sid or experimental, installs into a prefix of its
+# own, <repo>/.criu-RELEASE/. Their criu and libcompel1 come from the newest sid or experimental
+# package of that upstream version (pinned), every other library from sid (libnet9, libnl-3 >=
+# 3.11, ...), and glibc with its loader from trixie, as for 4.1.1. Use one with
+# CRIU_BIN=<repo>/.criu-RELEASE/bin/criu.
+#
+# Usage: scripts/install-criu.sh [--release R] [--force] [--no-system-deps]
+#   --release R       upstream CRIU release to install (default 4.1.1, from trixie, into .criu)
 #   --force           reinstall even if the right version is already there
 #   --no-system-deps  do not apt-get install the host tools the tests use
-# Environment: CRIU_PREFIX (default <repo>/.criu), DEBIAN_MIRROR.
+# Environment: CRIU_PREFIX (default <repo>/.criu, or <repo>/.criu-R for --release R other
+# than 4.1.1), DEBIAN_MIRROR.
 set -euo pipefail
 
-CRIU_VERSION=4.1.1
+DEFAULT_VERSION=4.1.1
+CRIU_VERSION=$DEFAULT_VERSION
 SUITE=trixie
+# Suites searched for a --release other than the default; packages of experimental are used
+# only where pinned (criu, libcompel1), as experimental is NotAutomatic.
+NEWER_SUITES="trixie sid experimental"
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 MULTIARCH=x86_64-linux-gnu
 
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd -P)
-PREFIX=${CRIU_PREFIX:-$REPO/.criu}
 
 say() { printf '[install-criu] %s\n' "$*"; }
 die() { printf '[install-criu] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -33,14 +46,24 @@ trap 'rc=$?; printf "[install-criu] ERROR: command failed (exit %s) at line %s: 
 
 force=0
 system_deps=1
-for arg in "$@"; do
-    case $arg in
+while [ $# -gt 0 ]; do
+    case $1 in
         --force) force=1 ;;
         --no-system-deps) system_deps=0 ;;
+        --release) [ $# -ge 2 ] || die "--release needs a value (e.g. 4.3)"; CRIU_VERSION=$2; shift ;;
+        --release=*) CRIU_VERSION=${1#--release=} ;;
         -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;;
-        *) die "unknown argument: $arg (try --help)" ;;
+        *) die "unknown argument: $1 (try --help)" ;;
     esac
+    shift
 done
+printf '%s\n' "$CRIU_VERSION" | grep -Eqx '[0-9]+\.[0-9]+(\.[0-9]+)?' \
+    || die "--release wants an upstream CRIU version such as 4.3 or 4.2.1, not '$CRIU_VERSION'"
+if [ "$CRIU_VERSION" = "$DEFAULT_VERSION" ]; then
+    PREFIX=${CRIU_PREFIX:-$REPO/.criu}
+else
+    PREFIX=${CRIU_PREFIX:-$REPO/.criu-$CRIU_VERSION}
+fi
 
 [ "$(uname -m)" = x86_64 ] || die "only x86_64 is supported (this is $(uname -m))"
 case $PREFIX in
@@ -104,6 +127,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/debs" "$work/stage"
 # shellcheck source=lib/private-apt.sh
 . "$REPO/scripts/lib/private-apt.sh"
+if [ "$CRIU_VERSION" = "$DEFAULT_VERSION" ]; then
 private_apt "$work" "$SUITE" "$MIRROR" "$KEYRING"
 
 say "fetching the $SUITE package index from $MIRROR (private, not in the system's apt lists)"
@@ -122,6 +146,48 @@ pkgs=$(apt_ apt-cache depends --recurse --no-recommends --no-suggests --no-confl
         --no-breaks --no-replaces --no-enhances criu | grep -E '^[a-z0-9]' | sort -u)
 echo "$pkgs" | grep -qx criu || die "dependency resolution did not return criu itself"
 say "packages ($(echo "$pkgs" | wc -l)): $(echo "$pkgs" | tr '\n' ' ')"
+else
+# A newer release: criu and libcompel1 from sid or experimental, pinned to the newest package
+# of that upstream version; glibc (and its loader) from trixie; everything else at its newest
+# in trixie/sid, i.e. from sid. apt's own resolver picks the closure (against an empty dpkg
+# status), so every versioned dependency (libnl-3-200 >= 3.11, libc6 >= 2.38, ...) is checked.
+private_apt "$work" "$NEWER_SUITES" "$MIRROR" "$KEYRING"
+
+say "fetching the ${NEWER_SUITES// /, } package indexes from $MIRROR (private, not in the system's apt lists)"
+apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; die "apt-get update for $NEWER_SUITES failed"; }
+
+# "criu | 4.3-1~exp2 | http://deb.debian.org/debian experimental/main amd64 Packages", newest first.
+deb_version="" SUITE=""
+while IFS='|' read -r _ v src; do
+    v=$(echo "$v" | tr -d ' ')
+    u=${v#*:}; u=${u%-*}
+    if [ "$u" = "$CRIU_VERSION" ]; then
+        deb_version=$v
+        SUITE=$(echo "$src" | awk '{ print $2 }'); SUITE=${SUITE%%/*}
+        break
+    fi
+done < <(apt_ apt-cache madison criu 2>/dev/null)
+if [ -z "$deb_version" ]; then
+    die "no criu package of upstream version $CRIU_VERSION in $NEWER_SUITES (there are: $(apt_ apt-cache madison criu | awk -F'|' '{ gsub(/ /, "", $2); printf "%s ", $2 }'))"
+fi
+[ "$SUITE" != trixie ] || die "criu $CRIU_VERSION is trixie's: install it without --release"
+say "criu $CRIU_VERSION is Debian $SUITE's package $deb_version"
+
+private_apt_pin "criu libcompel1" "version $deb_version" 1001
+private_apt_pin "libc6" "release n=trixie" 1001
+cand=$(apt_ apt-cache policy libcompel1 | sed -n 's/^ *Candidate: *//p')
+[ "$cand" = "$deb_version" ] || die "no libcompel1 $deb_version next to criu $deb_version (candidate: ${cand:-none})"
+
+# Run-time dependency closure (Depends and Pre-Depends only: Recommends such as
+# iproute2 and python3-pycriu are not needed for check/dump/restore/swrk).
+apt_ apt-get -s -q install --no-install-recommends criu >"$work/resolve.log" 2>&1 \
+    || { cat "$work/resolve.log" >&2; die "apt could not resolve criu $deb_version's dependencies"; }
+# "Inst libnet9 (1.3+dfsg-3+b2 Debian:unstable [amd64])" -> libnet9=1.3+dfsg-3+b2
+pkgs=$(sed -n 's/^Inst \([^ ]*\) (\([^ ]*\) .*/\1=\2/p' "$work/resolve.log" | sort -u)
+echo "$pkgs" | grep -qx "criu=$deb_version" || { cat "$work/resolve.log" >&2; die "dependency resolution did not return criu $deb_version itself"; }
+echo "$pkgs" | grep -q '^libc6=' || die "dependency resolution did not return libc6"
+say "packages ($(echo "$pkgs" | wc -l)): $(echo "$pkgs" | tr '\n' ' ')"
+fi
 
 say "downloading .debs"
 # shellcheck disable=SC2086
@@ -149,7 +215,7 @@ loader_rel=usr/lib/$MULTIARCH/ld-linux-x86-64.so.2
 mkdir -p "$stage/bin" "$stage/libexec"
 ln -s "../$loader_rel" "$stage/libexec/criu"
 
-cat >"$stage/bin/criu" <<'EOF'
+cat >"$work/wrapper" <<'EOF'
 #!/bin/sh
 # CRIU from Debian trixie in a private prefix (made by scripts/install-criu.sh).
 # It needs a newer glibc than the host may have, so it runs through the prefix's
@@ -166,6 +232,12 @@ exec "$prefix/libexec/criu" \
     --library-path "$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     --argv0 "$0" "$prefix/usr/sbin/criu" "$@"
 EOF
+if [ "$CRIU_VERSION" = "$DEFAULT_VERSION" ]; then
+    cp "$work/wrapper" "$stage/bin/criu"
+else
+    sed "2s|.*|# CRIU $CRIU_VERSION from Debian $SUITE ($deb_version) in a private prefix, with sid's libraries and trixie's glibc (made by scripts/install-criu.sh --release $CRIU_VERSION).|" \
+        "$work/wrapper" >"$stage/bin/criu"
+fi
 chmod 755 "$stage/bin/criu"
 
 # Every library criu needs must resolve inside the prefix, not from the host.
@@ -204,4 +276,8 @@ if [ "$(id -u)" = 0 ]; then
         printf '%s\n' "$out" | sed 's/^/    /' >&2
     fi
 fi
-say "use it via CRIU_BIN=$PREFIX/bin/criu, or: source scripts/criu-env.sh"
+if [ "$CRIU_VERSION" = "$DEFAULT_VERSION" ]; then
+    say "use it via CRIU_BIN=$PREFIX/bin/criu, or: source scripts/criu-env.sh"
+else
+    say "use it via CRIU_BIN=$PREFIX/bin/criu"
+fi

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything the build, the main job and the tests need on a fresh Debian 12 machine:
 # the C toolchain and headers (gcc, linux-libc-dev, libdrm-dev for the kfd-sys layout checks),
-# CRIU 4.1.1 in <repo>/.criu (scripts/install-criu.sh), and the container runtimes of the container
-# tests: runc, Podman and containerd from Debian 12, crun, libcriu and checkpointctl from Debian 13
-# in <repo>/.runtimes (scripts/install-runtimes.sh). Quick when all is present.
+# CRIU 4.1.1 in <repo>/.criu and 4.2.1 and 4.3 in <repo>/.criu-<release> (scripts/install-criu.sh),
+# and the runtimes of the container tests: runc, Podman and containerd from Debian 12, crun,
+# libcriu and checkpointctl from Debian 13 in <repo>/.runtimes (scripts/install-runtimes.sh).
+# Quick when all is present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 
@@ -19,4 +20,8 @@ if [ -n "$need" ]; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "[setup] ERROR: cargo (Rust) is needed" >&2; exit 1; }
 "$REPO/scripts/install-criu.sh"
+# The newer releases the end-to-end suites also run against, each in a prefix of its own.
+for release in 4.2.1 4.3; do
+    "$REPO/scripts/install-criu.sh" --release "$release"
+done
 "$REPO/scripts/install-runtimes.sh"

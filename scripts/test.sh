@@ -18,5 +18,12 @@ echo "[test] generated code is current"
 scripts/check-generated.sh
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
+# The end-to-end suites (real CRIU against real processes and runtimes) once more against each
+# newer CRIU release.
+for release in 4.2.1 4.3; do
+    echo "[test] end-to-end suites against CRIU $release"
+    CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked \
+        --test e2e_criu --test e2e_cuda_fake --test e2e_containers
+done
 echo "[test] Debian package: build, install, container test with the installed plugin, purge"
 scripts/test-deb.sh

@@ -1,20 +1,31 @@
-# Sourced by the install scripts: a private apt setup for one Debian suite, with its own source
-# list, lists, cache and an empty dpkg status, so that the system's apt state is neither read
-# for resolution nor written. The system's apt.conf.d still applies (proxies etc.); appstream
-# metadata and update hooks from there are cleared because they would act on the system.
+# Sourced by the install scripts: a private apt setup for one or more Debian suites, with its
+# own source list, lists, cache, pin preferences and an empty dpkg status, so that the system's
+# apt state (sources, lists, status, preferences.d pins) is neither read for resolution nor
+# written. The system's apt.conf.d still applies (proxies etc.); appstream metadata and update
+# hooks from there are cleared because they would act on the system.
 #
-#   private_apt WORK SUITE MIRROR KEYRING   writes WORK/apt/{sources.list,apt.conf} and the
-#                                           directories apt needs
+#   private_apt WORK SUITES MIRROR KEYRING  writes WORK/apt/{sources.list,preferences,apt.conf}
+#                                           and the directories apt needs; SUITES is one suite
+#                                           or a space-separated list ("trixie sid experimental")
+#   private_apt_pin PACKAGES PIN PRIORITY   appends a pin to the private preferences, e.g.
+#                                           private_apt_pin "criu libcompel1" "version 4.3-1~exp2" 1001
+#                                           (call after private_apt)
 #   apt_ TOOL ARGS...                       runs apt-get / apt-cache with that setup
 #                                           (needs $PRIVATE_APT_CONF, set by private_apt)
 
 private_apt() {
-    local work=$1 suite=$2 mirror=$3 keyring=$4
+    local work=$1 suites=$2 mirror=$3 keyring=$4 suite
     mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial"
-    echo "deb [signed-by=$keyring] $mirror $suite main" >"$work/apt/sources.list"
+    : >"$work/apt/sources.list"
+    for suite in $suites; do
+        echo "deb [signed-by=$keyring] $mirror $suite main" >>"$work/apt/sources.list"
+    done
+    : >"$work/apt/preferences"
     cat >"$work/apt/apt.conf" <<CONF
 Dir::Etc::SourceList "$work/apt/sources.list";
 Dir::Etc::SourceParts "/dev/null";
+Dir::Etc::Preferences "$work/apt/preferences";
+Dir::Etc::PreferencesParts "/dev/null";
 Dir::State::Lists "$work/apt/lists";
 Dir::State::status "/dev/null";
 Dir::Cache "$work/apt/cache";
@@ -35,6 +46,13 @@ Acquire::Languages "none";
 #clear APT::Update::Post-Invoke-Success;
 CONF
     PRIVATE_APT_CONF=$work/apt/apt.conf
+    PRIVATE_APT_PREFS=$work/apt/preferences
+}
+
+private_apt_pin() {
+    local packages=$1 pin=$2 priority=$3
+    if [ -s "$PRIVATE_APT_PREFS" ]; then echo >>"$PRIVATE_APT_PREFS"; fi
+    printf 'Package: %s\nPin: %s\nPin-Priority: %s\n' "$packages" "$pin" "$priority" >>"$PRIVATE_APT_PREFS"
 }
 
 # Given with -c, the file is read after apt.conf.d, so its #clear lines take effect.
