@@ -17,7 +17,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{CriuRun, E2e, Tree, build_dir, cc, fixture, plugin_libdir, wait_until};
+use common::{CriuRun, E2e, Tree, cc, plugin_libdir, wait_until};
 
 /// A test with the fake driver built and a device directory of its own.
 struct Fake {
@@ -41,37 +41,12 @@ struct FakeGpu {
 impl Fake {
     fn start(test: &str) -> Option<Fake> {
         let mut e = E2e::start(test)?;
-        let libcuda = cc(
-            "libcuda.so.1",
-            &[
-                "-shared".into(),
-                "-fPIC".into(),
-                fixture("fake-cuda/fake_libcuda.c"),
-                "-lpthread".into(),
-            ],
-        );
-        let nvml = cc(
-            "libnvidia-ml.so.1",
-            &[
-                "-shared".into(),
-                "-fPIC".into(),
-                fixture("fake-cuda/fake_nvml.c"),
-                "-lpthread".into(),
-            ],
-        );
-        // Linked against the fake only, found next to the binary before any real libcuda.
-        let linked = |src: &str| {
-            vec![
-                fixture(src),
-                format!("-L{}", build_dir().display()),
-                "-l:libcuda.so.1".into(),
-                "-Wl,-rpath,$ORIGIN".into(),
-                "-Wl,--disable-new-dtags".into(),
-                "-lpthread".into(),
-            ]
-        };
-        let workload = cc("workload", &linked("fake-cuda/workload.c"));
-        let gpu_list = cc("gpu_list", &linked("e2e/gpu_list.c"));
+        let common::FakeCudaBuild {
+            libcuda,
+            nvml,
+            workload,
+            gpu_list,
+        } = common::fake_cuda_build();
         let shm = Path::new("/dev/shm");
         let base = if shm.is_dir() {
             shm.to_path_buf()

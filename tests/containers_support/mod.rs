@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, E2e, MANIFEST_DIR, build_dir, cc, fixture, wait_until};
+use crate::common::{self, E2e, MANIFEST_DIR, build_dir, fake_cuda_build, wait_until};
 
 /// How long one runtime command may take before it counts as hung.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
@@ -324,38 +324,12 @@ pub struct FakeCuda {
 pub fn fake_cuda() -> &'static FakeCuda {
     static F: OnceLock<FakeCuda> = OnceLock::new();
     F.get_or_init(|| {
-        let shared = |src: &str, name: &str| {
-            let path = fixture(src);
-            assert!(Path::new(&path).is_file(), "{path} is missing");
-            cc(
-                name,
-                &["-shared".into(), "-fPIC".into(), path, "-lpthread".into()],
-            )
-        };
-        let libcuda = shared("fake-cuda/fake_libcuda.c", "libcuda.so.1");
-        // The stand-in NVML starts a thread that never ends, as the real one does: whatever
-        // loads NVML into CRIU's process makes it multi-threaded, and CRIU's setns() into a
-        // container's mount namespace then fails.
-        let nvml = shared("fake-cuda/fake_nvml.c", "libnvidia-ml.so.1");
-        // Linked against the fake only, found next to the binary ($ORIGIN, DT_RPATH).
-        let linked = |src: &str, name: &str| {
-            cc(
-                name,
-                &[
-                    fixture(src),
-                    format!("-L{}", build_dir().display()),
-                    "-l:libcuda.so.1".into(),
-                    "-Wl,-rpath,$ORIGIN".into(),
-                    "-Wl,--disable-new-dtags".into(),
-                    "-lpthread".into(),
-                ],
-            )
-        };
+        let b = fake_cuda_build();
         FakeCuda {
-            libcuda,
-            nvml,
-            workload: linked("fake-cuda/workload.c", "workload"),
-            gpu_list: linked("e2e/gpu_list.c", "gpu_list"),
+            libcuda: b.libcuda,
+            nvml: b.nvml,
+            workload: b.workload,
+            gpu_list: b.gpu_list,
         }
     })
 }
