@@ -26,6 +26,9 @@ pub enum HostVersion {
     V4_2,
     /// criu-dev after 4.2: 15 hooks, `RESTORE_EXT_FILE(id, bool *retry_needed)`.
     Dev,
+    /// CRIU 4.3 (and criu-dev after it): 17 hooks (`UPDATE_INETSK`, `DUMP_FINISH`), plugin
+    /// options, `RESTORE_EXT_FILE(id, bool *retry_needed)`.
+    V4_3,
 }
 
 impl std::fmt::Display for HostVersion {
@@ -37,6 +40,7 @@ impl std::fmt::Display for HostVersion {
             HostVersion::V4_0 => "CRIU 4.0-4.1",
             HostVersion::V4_2 => "CRIU 4.2",
             HostVersion::Dev => "criu-dev",
+            HostVersion::V4_3 => "CRIU 4.3",
         })
     }
 }
@@ -61,11 +65,12 @@ impl Host {
             HostVersion::V4_0 => 12,
             HostVersion::V4_2 => 13,
             HostVersion::Dev => 15,
+            HostVersion::V4_3 => 17,
         };
         Host {
             version,
             hook_count,
-            restore_ext_file_retry: matches!(version, HostVersion::Dev),
+            restore_ext_file_retry: matches!(version, HostVersion::Dev | HostVersion::V4_3),
         }
     }
 
@@ -87,7 +92,14 @@ pub fn detect_from_rodata(rodata: &[&[u8]]) -> Host {
         needle.push(0);
         rodata.iter().any(|seg| contains_cstr(seg, &needle))
     };
-    let version = if has(HookId::RestoreInit) || has(HookId::DumpDevicesLate) {
+    // 4.3 added UPDATE_INETSK with a legacy name, and DUMP_FINISH without one.
+    // Built at run time, like the needles above: a NUL-terminated literal would sit in this
+    // library's (and a test binary's) own read-only data.
+    let mut inetsk = b"cr_plugin_update_inetsk".to_vec();
+    inetsk.push(0);
+    let version = if rodata.iter().any(|seg| contains_cstr(seg, &inetsk)) {
+        HostVersion::V4_3
+    } else if has(HookId::RestoreInit) || has(HookId::DumpDevicesLate) {
         HostVersion::Dev
     } else if has(HookId::PostForking) {
         HostVersion::V4_2
@@ -232,6 +244,17 @@ mod tests {
         let mut v = s.as_bytes().to_vec();
         v.push(0);
         v
+    }
+
+    #[test]
+    fn criu_4_3_is_told_apart_from_criu_dev() {
+        let mut data = rodata_with(&names_up_to(HookId::DumpDevicesLate));
+        data.extend(cstr("cr_plugin_update_inetsk"));
+        let host = detect_from_rodata(&[&data]);
+        assert_eq!(host.version, HostVersion::V4_3);
+        assert_eq!(host.hook_count, 17);
+        assert!(host.restore_ext_file_retry);
+        assert_eq!(host.version.to_string(), "CRIU 4.3");
     }
 
     #[test]
