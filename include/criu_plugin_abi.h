@@ -31,7 +31,9 @@ enum gpu_plugin_hook {
 	HOOK_POST_FORKING = 12,        /* 4.2 */
 	HOOK_RESTORE_INIT = 13,        /* criu-dev */
 	HOOK_DUMP_DEVICES_LATE = 14,   /* criu-dev */
-	HOOK_SLOTS = 15,
+	HOOK_UPDATE_INETSK = 15,       /* 4.3 */
+	HOOK_DUMP_FINISH = 16,         /* 4.3 */
+	HOOK_SLOTS = 17,
 };
 
 typedef int (*hook_pid_fn)(int pid);

@@ -89,6 +89,13 @@ pub trait GpuBackend: Send {
     fn update_vma(&mut self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
         Err(HookError::NotMine)
     }
+    /// The dump is over and the tasks are about to be released (`DUMP_FINISH`, 4.3); `ret`
+    /// non-zero means they will run on (a failed dump, a failing post-dump script): put every
+    /// process back as it was found. May come twice.
+    fn dump_finish(&mut self, ret: i32) -> HookResult {
+        let _ = ret;
+        Err(HookError::NotMine)
+    }
     /// The root task has forked (`POST_FORKING`, 4.2).
     fn post_forking(&mut self) -> HookResult {
         Err(HookError::NotMine)

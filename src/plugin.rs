@@ -189,6 +189,7 @@ impl Plugin for GpuPlugin {
         HookId::PostForking,
         HookId::RestoreInit,
         HookId::DumpDevicesLate,
+        HookId::DumpFinish,
     ];
 
     fn instance() -> &'static Self {
@@ -273,5 +274,23 @@ impl Plugin for GpuPlugin {
 
     fn dump_devices_late(&self, id: i32) -> HookResult {
         self.chain(|b| b.dump_late(id))
+    }
+
+    fn dump_finish(&self, ret: i32) -> HookResult {
+        // Every backend puts its own processes back: the first error is reported after all ran.
+        let mut guard = self.state();
+        let Some(run) = guard.as_mut() else {
+            return Err(HookError::NotMine);
+        };
+        let mut result = Err(HookError::NotMine);
+        for b in run.active.iter_mut() {
+            match (b.dump_finish(ret), &result) {
+                (Err(HookError::NotMine), _) => {}
+                (Err(e), Ok(()) | Err(HookError::NotMine)) => result = Err(e),
+                (Ok(()), Err(HookError::NotMine)) => result = Ok(()),
+                _ => {}
+            }
+        }
+        result
     }
 }

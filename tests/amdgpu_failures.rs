@@ -661,3 +661,24 @@ fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
         );
     }
 }
+
+/// CRIU 4.3's `DUMP_FINISH` with a non-zero result (a failing post-dump script): the GPU queues
+/// run again before the tasks are released, and a second call changes nothing.
+#[test]
+fn dump_finish_after_a_failure_restarts_the_queues() {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let pid = 140;
+    let p = spawn(&sim, &spec(pid));
+    let images = TempDir::new("dump-finish");
+    let mut b = dump_backend(&sim, images.path(), &config(&topo, ""));
+    dump_files(&mut b, &sim, &[&p], 1).expect("dump");
+    assert!(sim.process(pid).unwrap().paused);
+    assert_eq!(b.dump_finish(0), Err(HookError::NotMine));
+    assert!(sim.process(pid).unwrap().paused, "ret 0 is no rollback");
+    assert_eq!(b.dump_finish(1), Ok(()));
+    assert!(!sim.process(pid).unwrap().paused);
+    assert_eq!(b.dump_finish(1), Err(HookError::NotMine));
+    b.finish(Stage::Dump, 0);
+    assert!(!sim.process(pid).unwrap().paused);
+}

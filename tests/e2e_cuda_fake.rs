@@ -1812,3 +1812,54 @@ fn concurrent_dumps_of_one_process_never_leave_it_locked() {
     }
     eprintln!("{refused} of 16 dumps refused");
 }
+
+/// A post-dump action script that fails makes CRIU resume the dumped tasks. From CRIU 4.3 on,
+/// `DUMP_FINISH` says so, and every process goes back running with its GPU state (older CRIUs
+/// tell plugins nothing: see the README's limitations).
+#[test]
+fn a_failing_post_dump_script_gives_every_process_its_gpu_back() {
+    let Some(f) = Fake::start("cuda-dump-finish") else {
+        return;
+    };
+    if f.e.criu_release().is_none_or(|r| r < (4, 3)) {
+        eprintln!("CRIU before 4.3 has no DUMP_FINISH: skipped");
+        return;
+    }
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let script = f.e.dir().join("fail-post-dump.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let dump = f.criu(
+        &[
+            "dump",
+            "-t",
+            &w.root().to_string(),
+            "--action-script",
+            &script.display().to_string(),
+            "-L",
+            &lib(),
+            "-v4",
+        ],
+        &f.e.images("img"),
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_failed();
+    assert!(dump.has("DUMP_FINISH("), "{dump:?}");
+    dump.assert_no_plugin_errors();
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    w.assert_all_running("after the failed post-dump script");
+}

@@ -15,8 +15,8 @@ pub const CRIU_PLUGIN_VERSION: c_uint = 0x0200;
 /// The pre-descriptor version CRIU frees on unload; exported only so tests can refuse it.
 pub const CRIU_PLUGIN_VERSION_OLD: c_uint = 0x0100;
 
-/// Number of hook slots this crate knows (`CR_PLUGIN_HOOK__MAX` of criu-dev, November 2025).
-pub const HOOK_SLOTS: usize = 15;
+/// Number of hook slots this crate knows (`CR_PLUGIN_HOOK__MAX` of CRIU 4.3).
+pub const HOOK_SLOTS: usize = 17;
 
 /// The stage a plugin is initialised for (`enum cr_plugin_stage`, the same in every CRIU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +84,11 @@ pub enum HookId {
     RestoreInit = 13,
     /// `(int id)`, criu-dev.
     DumpDevicesLate = 14,
+    /// `(uint32_t family, uint32_t state, uint32_t *src_ip, uint32_t *dst_ip)`, CRIU 4.3.
+    UpdateInetsk = 15,
+    /// `(int ret)`, CRIU 4.3: before the dumped tasks are released; `ret` non-zero when they
+    /// will be resumed because the dump failed (a failing post-dump script included).
+    DumpFinish = 16,
 }
 
 impl HookId {
@@ -104,6 +109,8 @@ impl HookId {
         HookId::PostForking,
         HookId::RestoreInit,
         HookId::DumpDevicesLate,
+        HookId::UpdateInetsk,
+        HookId::DumpFinish,
     ];
 
     /// The slot index in the descriptor's hook array.
@@ -130,6 +137,9 @@ impl HookId {
             HookId::PostForking => "cr_plugin_post_forking",
             HookId::RestoreInit => "cr_plugin_restore_init",
             HookId::DumpDevicesLate => "cr_plugin_dump_devices_late",
+            HookId::UpdateInetsk => "cr_plugin_update_inetsk",
+            // CRIU 4.3 has no legacy name for it; this one is in no CRIU.
+            HookId::DumpFinish => "cr_plugin_dump_finish",
         }
     }
 }

@@ -93,11 +93,7 @@ pub fn detect_from_rodata(rodata: &[&[u8]]) -> Host {
         rodata.iter().any(|seg| contains_cstr(seg, &needle))
     };
     // 4.3 added UPDATE_INETSK with a legacy name, and DUMP_FINISH without one.
-    // Built at run time, like the needles above: a NUL-terminated literal would sit in this
-    // library's (and a test binary's) own read-only data.
-    let mut inetsk = b"cr_plugin_update_inetsk".to_vec();
-    inetsk.push(0);
-    let version = if rodata.iter().any(|seg| contains_cstr(seg, &inetsk)) {
+    let version = if has(HookId::UpdateInetsk) {
         HostVersion::V4_3
     } else if has(HookId::RestoreInit) || has(HookId::DumpDevicesLate) {
         HostVersion::Dev

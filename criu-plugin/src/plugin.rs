@@ -142,6 +142,12 @@ pub trait Plugin: Sync + 'static {
     fn dump_devices_late(&self, id: i32) -> HookResult {
         Err(HookError::NotMine)
     }
+    /// `DUMP_FINISH(ret)` (CRIU 4.3): every plugin's handler runs. It may come twice: after a
+    /// handler failed, CRIU resumes the tasks and calls it again with that error.
+    fn dump_finish(&self, ret: i32) -> HookResult {
+        let _ = ret;
+        Err(HookError::NotMine)
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -410,6 +416,11 @@ pub mod trampolines {
             ret(P::instance().dump_devices_late(id), |_| 0)
         })
     }
+
+    /// `DUMP_FINISH`.
+    pub unsafe extern "C" fn dump_finish<P: Plugin>(rc: c_int) -> c_int {
+        guard::<P>("DUMP_FINISH", || ret(P::instance().dump_finish(rc), |_| 0))
+    }
 }
 
 macro_rules! erase {
@@ -459,6 +470,9 @@ pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
         HookId::PostForking => erase!(t::post_forking::<P>, VoidHook),
         HookId::RestoreInit => erase!(t::restore_init::<P>, VoidHook),
         HookId::DumpDevicesLate => erase!(t::dump_devices_late::<P>, PidHook),
+        // No plugin of this crate rewrites socket addresses.
+        HookId::UpdateInetsk => None,
+        HookId::DumpFinish => erase!(t::dump_finish::<P>, PidHook),
     }
 }
 

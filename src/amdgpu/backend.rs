@@ -758,6 +758,24 @@ impl GpuBackend for AmdgpuBackend {
         })
     }
 
+    fn dump_finish(&mut self, ret: i32) -> HookResult {
+        let run = self.run(Stage::Dump)?;
+        let n = run.dump.paused.iter().filter(|p| p.paused).count();
+        if ret == 0 || n == 0 {
+            return Err(HookError::NotMine);
+        }
+        log::info!(
+            "amdgpu: DUMP_FINISH({ret}): the tasks run on; restarting the GPU queues of {n} process(es)"
+        );
+        if run.unpause_all() > 0 {
+            return Err(fail(Error::new(
+                libc::EIO,
+                "some GPU queues could not be restarted".to_string(),
+            )));
+        }
+        Ok(())
+    }
+
     fn post_forking(&mut self) -> HookResult {
         let run = self.run(Stage::Restore)?;
         if run.queue.is_none() || run.fdstore.is_none() {

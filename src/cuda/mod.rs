@@ -820,14 +820,16 @@ impl CudaBackend {
     }
 
     /// Puts every process touched during the dump back as it was found.
-    fn undo_dump(&mut self) {
+    /// Returns how many processes could not be put back. Those put back are forgotten as
+    /// touched, so that a second call (`DUMP_FINISH` twice, then `exit`) does nothing more.
+    fn undo_dump(&mut self) -> usize {
         let touched: Vec<&DumpedProcess> = self
             .dumped
             .values()
             .filter(|p| p.locked_by_us || p.checkpointed_by_us)
             .collect();
         if touched.is_empty() {
-            return;
+            return 0;
         }
         let _alarm = AlarmSuspended::new();
         let started = Instant::now();
@@ -880,19 +882,27 @@ impl CudaBackend {
             log::error!("cuda: cannot stop restore thread {tid} again: {e}");
         }
         let mut driver_times = Vec::new();
+        let mut back = Vec::new();
+        let mut failed = touched.len() - runnable.len();
         for (pid, r, took) in results {
             driver_times.push(took);
             match r {
-                Ok(()) => log::info!(
-                    "cuda: pid {pid}: back to {} in {:.1} ms",
-                    match dumped[&pid].found {
-                        FoundState::Running => "running",
-                        FoundState::Locked => "locked",
-                        FoundState::Checkpointed => "checkpointed",
-                    },
-                    ms(took)
-                ),
-                Err(e) => log::error!("cuda: pid {pid}: could not be put back as found: {e}"),
+                Ok(()) => {
+                    log::info!(
+                        "cuda: pid {pid}: back to {} in {:.1} ms",
+                        match dumped[&pid].found {
+                            FoundState::Running => "running",
+                            FoundState::Locked => "locked",
+                            FoundState::Checkpointed => "checkpointed",
+                        },
+                        ms(took)
+                    );
+                    back.push(pid);
+                }
+                Err(e) => {
+                    failed += 1;
+                    log::error!("cuda: pid {pid}: could not be put back as found: {e}");
+                }
             }
         }
         log_phase(
@@ -902,6 +912,13 @@ impl CudaBackend {
             &driver_times,
             parallel,
         );
+        for pid in back {
+            if let Some(p) = self.dumped.get_mut(&pid) {
+                p.locked_by_us = false;
+                p.checkpointed_by_us = false;
+            }
+        }
+        failed
     }
 
     /// Claims `pid` for this dump; refuses it while another CRIU dumps it.
@@ -1390,6 +1407,26 @@ impl GpuBackend for CudaBackend {
             .as_ref()
             .and_then(|r| r.get(&pid).copied())
             .unwrap_or(Err(HookError::NotMine))
+    }
+
+    fn dump_finish(&mut self, ret: i32) -> HookResult {
+        if self.stage != Some(Stage::Dump) || self.driver.is_none() {
+            return Err(HookError::NotMine);
+        }
+        if ret == 0 {
+            // Nothing to roll back; `exit` does what the final state asks.
+            return Ok(());
+        }
+        log::info!("cuda: DUMP_FINISH({ret}): the tasks run on; putting processes back");
+        let failed = self.undo_dump();
+        self.release_abandoned_locks();
+        if failed > 0 {
+            return Err(fail(
+                libc::EIO,
+                format!("cuda: {failed} process(es) could not be put back as they were found"),
+            ));
+        }
+        Ok(())
     }
 
     fn finish(&mut self, stage: Stage, ret: i32) {

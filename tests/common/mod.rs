@@ -430,6 +430,7 @@ impl E2e {
         match self.criu_version? {
             (4, 0) | (4, 1) => Some(12),
             (4, 2) => Some(13),
+            (4, 3) => Some(17),
             _ => None,
         }
     }

@@ -114,7 +114,8 @@ static const char *const hook_labels[HOOK_SLOTS] = {
 	"DUMP_UNIX_SK",	    "RESTORE_UNIX_SK",	   "DUMP_EXT_FILE",	 "RESTORE_EXT_FILE",
 	"DUMP_EXT_MOUNT",   "RESTORE_EXT_MOUNT",   "DUMP_EXT_LINK",	 "HANDLE_DEVICE_VMA",
 	"UPDATE_VMA_MAP",   "RESUME_DEVICES_LATE", "PAUSE_DEVICES",	 "CHECKPOINT_DEVICES",
-	"POST_FORKING",	    "RESTORE_INIT",	   "DUMP_DEVICES_LATE",
+	"POST_FORKING",	    "RESTORE_INIT",	   "DUMP_DEVICES_LATE",	 "UPDATE_INETSK",
+	"DUMP_FINISH",
 };
 
 /* ---- the report ---------------------------------------------------------------------- */
