@@ -227,6 +227,42 @@ def _dump_restore(ctx, name, argv, nproc, key, leave_running, extra_dump):
     return res
 
 
+def postfail_case(ctx, wl):
+    """A post-dump action script that fails: CRIU resumes the tasks, and from CRIU 4.3 on the
+    plugin's DUMP_FINISH puts them back running with their GPU state (a tree of 2, 1 GiB each)."""
+    name = "postfail"
+    prefix, root, pids = start_workload(ctx, name, [wl, "--gib", "1", "--children", "1", "--out"], 2, "counter")
+    wait_ready(prefix, pids)
+    time.sleep(1.0)
+    img = os.path.join(ctx.work, name, "img")
+    shutil.rmtree(img, ignore_errors=True)
+    os.makedirs(img)
+    script = os.path.join(ctx.work, name, "fail-post-dump.sh")
+    with open(script, "w") as f:
+        f.write('#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] && exit 1\nexit 0\n')
+    os.chmod(script, 0o755)
+    p, t_dump = ctx.sh([ctx.criu, "dump", "-t", str(root), "-D", img, "-L", ctx.libdir, "-v4", "-o", "dump.log",
+                        "--action-script", script], log=f"{name}.dump.out", check=False)
+    shutil.copy(os.path.join(img, "dump.log"), os.path.join(ctx.logs, f"{name}.dump.log"))
+    with open(os.path.join(img, "dump.log"), errors="replace") as f:
+        log = f.read()
+    time.sleep(1.0)
+    v = verify(prefix, pids, "counter")
+    res = {"case": name, "processes": 2, "dump_s": round(t_dump, 2), "dump_exit": p.returncode,
+           "dump_finish_seen": "DUMP_FINISH(" in log,
+           "ok": p.returncode != 0 and all(ok and moved for ok, moved, _ in v.values()),
+           "detail": {str(k): v[k][2] for k in v}}
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_gone(pids)
+    shutil.rmtree(img, ignore_errors=True)
+    ctx.results.append(res)
+    return res
+
+
 def gpu_uuids():
     out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
                          stdout=subprocess.PIPE, text=True, check=True).stdout
@@ -345,6 +381,7 @@ def main():
         "remap": lambda: remap_case(ctx, wl),
         "refuse": lambda: refuse_case(ctx, wl),
         "leave": lambda: dump_restore(ctx, "leave", [wl, "--gib", "1", "--out"], 1, leave_running=True),
+        "postfail": lambda: postfail_case(ctx, wl),
         "torch": lambda: dump_restore(ctx, "torch", [sys.executable, os.path.join(HERE, "train.py"), "--out"],
                                       1, key="step"),
     }
