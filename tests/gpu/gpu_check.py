@@ -246,9 +246,11 @@ def postfail_case(ctx, wl):
     shutil.copy(os.path.join(img, "dump.log"), os.path.join(ctx.logs, f"{name}.dump.log"))
     with open(os.path.join(img, "dump.log"), errors="replace") as f:
         log = f.read()
+    size = du(img)
     time.sleep(1.0)
     v = verify(prefix, pids, "counter")
-    res = {"case": name, "processes": 2, "dump_s": round(t_dump, 2), "dump_exit": p.returncode,
+    res = {"case": name, "processes": 2, "dump_s": round(t_dump, 2), "images_gb": round(size / 1e9, 2),
+           "dump_exit": p.returncode,
            "dump_finish_seen": "DUMP_FINISH(" in log,
            "ok": p.returncode != 0 and all(ok and moved for ok, moved, _ in v.values()),
            "detail": {str(k): v[k][2] for k in v}}
