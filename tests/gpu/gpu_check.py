@@ -168,6 +168,19 @@ def start_workload(ctx, name, argv, nproc, key_prefix):
     return prefix, root, pids
 
 
+def end_case(ctx, res, pids, img):
+    """Ends a case: its processes killed and gone, its images removed, its result recorded."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_gone(pids)
+    shutil.rmtree(img, ignore_errors=True)
+    ctx.results.append(res)
+    return res
+
+
 def dump_restore(ctx, name, argv, nproc, key="counter", leave_running=False, extra_dump=(), env=None):
     saved = dict(os.environ)
     os.environ.update(env or {})
@@ -216,15 +229,7 @@ def _dump_restore(ctx, name, argv, nproc, key, leave_running, extra_dump):
     res["ok"] = all(ok and moved for ok, moved, _ in v.values()) and all(
         last_counter(prefix, p, key) > counters[p] for p in pids)
     res["detail"] = {str(k): v[k][2] for k in v}
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_gone(pids)
-    shutil.rmtree(img, ignore_errors=True)
-    ctx.results.append(res)
-    return res
+    return end_case(ctx, res, pids, img)
 
 
 def postfail_case(ctx, wl):
@@ -254,15 +259,7 @@ def postfail_case(ctx, wl):
            "dump_finish_seen": "DUMP_FINISH(" in log,
            "ok": p.returncode != 0 and all(ok and moved for ok, moved, _ in v.values()),
            "detail": {str(k): v[k][2] for k in v}}
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_gone(pids)
-    shutil.rmtree(img, ignore_errors=True)
-    ctx.results.append(res)
-    return res
+    return end_case(ctx, res, pids, img)
 
 
 def gpu_uuids():
@@ -305,12 +302,7 @@ def remap_case(ctx, wl):
     res["on_gpus_after"] = gpu_of(pids[0])
     res["detail"] = {str(k): v[k][2] for k in v}
     res["ok"] = all(ok and moved for ok, moved, _ in v.values()) and res["on_gpus_after"] == [uuids[1]]
-    for p in pids:
-        os.kill(p, signal.SIGKILL)
-    wait_gone(pids)
-    shutil.rmtree(img, ignore_errors=True)
-    ctx.results.append(res)
-    return res
+    return end_case(ctx, res, pids, img)
 
 
 def refuse_case(ctx, wl):
