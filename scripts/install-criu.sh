@@ -113,20 +113,13 @@ if [ "$force" = 0 ] && [ "$have" = "$CRIU_VERSION" ] \
 fi
 [ -n "$have" ] && say "reinstalling: $PREFIX has CRIU '$have', want $CRIU_VERSION (stamp: $(head -n1 "$PREFIX/VERSION" 2>/dev/null || echo none))"
 
-# Refuse to delete a folder we did not create.
-if [ -e "$PREFIX" ] && [ ! -f "$PREFIX/VERSION" ] && [ -n "$(ls -A "$PREFIX" 2>/dev/null)" ]; then
-    die "$PREFIX exists but has no VERSION stamp; remove it yourself if it is disposable"
-fi
-
-command -v apt-get >/dev/null && command -v apt-cache >/dev/null && command -v dpkg >/dev/null \
-    || die "apt-get, apt-cache and dpkg are needed to fetch CRIU (run this on Debian/Ubuntu)"
-[ -r "$KEYRING" ] || die "$KEYRING not found; install the 'debian-archive-keyring' package"
+# shellcheck source=lib/private-apt.sh
+. "$REPO/scripts/lib/private-apt.sh"
+private_apt_preflight "$PREFIX" "$KEYRING" " to fetch CRIU"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/install-criu.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/debs" "$work/stage"
-# shellcheck source=lib/private-apt.sh
-. "$REPO/scripts/lib/private-apt.sh"
 if [ "$CRIU_VERSION" = "$DEFAULT_VERSION" ]; then
 private_apt "$work" "$SUITE" "$MIRROR" "$KEYRING"
 

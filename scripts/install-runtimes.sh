@@ -131,19 +131,13 @@ if [ "$force" = 0 ] && [ -f "$PREFIX/VERSION" ]; then
     say "reinstalling: $PREFIX is incomplete or has other versions"
 fi
 
-# Refuse to delete a folder we did not create.
-if [ -e "$PREFIX" ] && [ ! -f "$PREFIX/VERSION" ] && [ -n "$(ls -A "$PREFIX" 2>/dev/null)" ]; then
-    die "$PREFIX exists but has no VERSION stamp; remove it yourself if it is disposable"
-fi
-command -v apt-get >/dev/null && command -v apt-cache >/dev/null && command -v dpkg >/dev/null \
-    || die "apt-get, apt-cache and dpkg are needed (run this on Debian/Ubuntu)"
-[ -r "$KEYRING" ] || die "$KEYRING not found; install the 'debian-archive-keyring' package"
+# shellcheck source=lib/private-apt.sh
+. "$REPO/scripts/lib/private-apt.sh"
+private_apt_preflight "$PREFIX" "$KEYRING" ""
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/install-runtimes.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/debs"
-# shellcheck source=lib/private-apt.sh
-. "$REPO/scripts/lib/private-apt.sh"
 private_apt "$work" "$SUITE" "$MIRROR" "$KEYRING"
 
 say "fetching the $SUITE package index from $MIRROR (private, not in the system's apt lists)"

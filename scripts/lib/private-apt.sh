@@ -10,6 +10,10 @@
 #   private_apt_pin PACKAGES PIN PRIORITY   appends a pin to the private preferences, e.g.
 #                                           private_apt_pin "criu libcompel1" "version 4.3-1~exp2" 1001
 #                                           (call after private_apt)
+#   private_apt_preflight PREFIX KEYRING WHY
+#                                           refuses a PREFIX this did not create (no VERSION
+#                                           stamp, not empty), and needs apt's tools and KEYRING
+#                                           (WHY ends the message); the caller defines die
 #   apt_ TOOL ARGS...                       runs apt-get / apt-cache with that setup
 #                                           (needs $PRIVATE_APT_CONF, set by private_apt)
 
@@ -57,3 +61,14 @@ private_apt_pin() {
 
 # Given with -c, the file is read after apt.conf.d, so its #clear lines take effect.
 apt_() { local tool=$1; shift; "$tool" -c "$PRIVATE_APT_CONF" "$@"; }
+
+private_apt_preflight() {
+    local prefix=$1 keyring=$2 why=$3
+    # Refuse to delete a folder we did not create.
+    if [ -e "$prefix" ] && [ ! -f "$prefix/VERSION" ] && [ -n "$(ls -A "$prefix" 2>/dev/null)" ]; then
+        die "$prefix exists but has no VERSION stamp; remove it yourself if it is disposable"
+    fi
+    command -v apt-get >/dev/null && command -v apt-cache >/dev/null && command -v dpkg >/dev/null \
+        || die "apt-get, apt-cache and dpkg are needed$why (run this on Debian/Ubuntu)"
+    [ -r "$keyring" ] || die "$keyring not found; install the 'debian-archive-keyring' package"
+}
