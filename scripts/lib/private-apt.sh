@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the install scripts: a private apt setup for one or more Debian suites, with its
 # own source list, lists, cache, pin preferences and an empty dpkg status, so that the system's
 # apt state (sources, lists, status, preferences.d pins) is neither read for resolution nor

@@ -542,15 +542,7 @@ impl Output {
             "last count before the checkpoint {last}, counts after the restore {:?}",
             &after[..after.len().min(5)]
         );
-        for w in all.windows(2) {
-            assert_eq!(
-                w[1],
-                w[0] + 1,
-                "the counter jumps from {} to {}",
-                w[0],
-                w[1]
-            );
-        }
+        assert_steps_by_one(&all);
     }
 
     /// After a restore from an image taken while the container kept running (between marks
@@ -568,15 +560,7 @@ impl Output {
             "first count after the restore {first}, but the checkpoint was taken between {lo} \
              and {hi}"
         );
-        for w in after.windows(2) {
-            assert_eq!(
-                w[1],
-                w[0] + 1,
-                "the counter jumps from {} to {}",
-                w[0],
-                w[1]
-            );
-        }
+        assert_steps_by_one(&after);
     }
 
     /// The fake device files (`<pid>.<index>`) of the container's workload, sorted.
@@ -825,5 +809,18 @@ impl Drop for Cgroup {
             reap_now();
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Every count is one more than the one before.
+fn assert_steps_by_one(counts: &[u64]) {
+    for w in counts.windows(2) {
+        assert_eq!(
+            w[1],
+            w[0] + 1,
+            "the counter jumps from {} to {}",
+            w[0],
+            w[1]
+        );
     }
 }
