@@ -1,11 +1,20 @@
-//! The plugin's settings: a configuration file plus environment overrides.
+//! The plugin's settings: a configuration file, environment overrides and CRIU 4.3's plugin
+//! options.
 //!
-//! Container runtimes do not pass a plugin option or a libdir through CRIU's RPC, and Podman and
-//! CRI-O strip the environment of the runtime they start, so environment variables alone would
-//! not reach CRIU there. The plugin therefore reads its own file, `/etc/criu/gpu-plugin.conf`
-//! (another path through `CRIU_GPU_PLUGIN_CONFIG`), which every CRIU invocation on the host sees.
-//! Environment variables override the file where they do reach CRIU: a key `cuda.device-map`
-//! is overridden by `CRIU_GPU_CUDA_DEVICE_MAP`.
+//! Before CRIU 4.3 a container runtime cannot pass a plugin anything through CRIU's RPC, and
+//! Podman and CRI-O strip the environment of the runtime they start, so environment variables
+//! alone would not reach CRIU there. The plugin therefore reads its own file,
+//! `/etc/criu/gpu-plugin.conf` (another path through `CRIU_GPU_PLUGIN_CONFIG`), which every
+//! CRIU invocation on the host sees. Environment variables override the file where they do
+//! reach CRIU: a key `cuda.device-map` is overridden by `CRIU_GPU_CUDA_DEVICE_MAP`. From CRIU
+//! 4.3, plugin options override both: `--plugin-option gpu_plugin.KEY=VALUE` for every key
+//! below, from CRIU's command line, its configuration files or an RPC request (how a runtime
+//! hands over a GPU map per restore). The C cuda plugin's options are understood too, so a
+//! runtime set up for it works unchanged: `cuda_plugin.device-map` is `cuda.device-map`,
+//! `cuda_plugin.timeout` (seconds) is `cuda.lock-timeout-ms`, `cuda_plugin.backend` is
+//! `cuda.backend`. Other plugins' options are skipped; an unknown `gpu_plugin.*` name is warned
+//! about. Every value remembers where it came from, for errors and for the INFO line that lists
+//! the settings in force.
 //!
 //! Format: one `key = value` per line; `#` starts a comment; unknown keys are warned about and
 //! ignored so that newer files work with older plugins, and a repeated key keeps its last value,
@@ -17,6 +26,7 @@
 //! | `libcuda` | path of the CUDA driver library to load | `libcuda.so.1` |
 //! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
 //! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
+//! | `cuda.backend` | `auto` or `driver-api` (both: the driver's checkpoint API, in-process); `cuda-checkpoint` (the C plugin's external utility) is refused | `auto` |
 //! | `cuda.parallel` | checkpoint and restore all processes of the tree at once | true |
 //! | `cuda.nvidia-proc` | directory whose presence says an NVIDIA driver is loaded | `/proc/driver/nvidia/gpus` |
 //! | `nvml` | NVML library for GPU memory sizes (the free-memory check) | `libnvidia-ml.so.1` |
@@ -47,6 +57,7 @@ const KNOWN_KEYS: &[&str] = &[
     "libcuda",
     "cuda.device-map",
     "cuda.lock-timeout-ms",
+    "cuda.backend",
     "cuda.parallel",
     "cuda.nvidia-proc",
     "nvml",
@@ -71,10 +82,23 @@ const AMDGPU_KEYS: &[&str] = &[
 /// Problems of a settings file reported one by one; past this, only how many more.
 const MAX_WARNINGS: usize = 8;
 
-/// Parsed settings: raw strings by key, with environment overrides applied.
+/// Where a setting's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A line of the settings file ([`Config::source`]).
+    File(usize),
+    /// An environment variable.
+    Env(String),
+    /// A CRIU plugin option, by name (`gpu_plugin.cuda.device-map`).
+    PluginOption(String),
+    /// Set by the program itself (tests and tools).
+    Program,
+}
+
+/// Parsed settings: raw strings by key, each with where it came from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    values: BTreeMap<String, String>,
+    values: BTreeMap<String, (String, Origin)>,
     /// Where the file was read from, if one was.
     pub source: Option<PathBuf>,
     /// Problems found while reading (unknown keys, bad lines), logged by the caller; at most
@@ -83,6 +107,12 @@ pub struct Config {
     /// Facts worth a line at INFO (no file, an empty file, an environment value ignored).
     pub notes: Vec<String>,
 }
+
+/// The plugin-option namespace of this plugin (`--plugin-option gpu_plugin.KEY=VALUE`).
+pub const OPTION_NAMESPACE: &str = "gpu_plugin";
+
+/// The namespace of CRIU's C cuda plugin, whose options are understood too.
+pub const CUDA_PLUGIN_NAMESPACE: &str = "cuda_plugin";
 
 /// The environment variable that overrides `key`.
 pub fn env_name(key: &str) -> String {
@@ -125,7 +155,8 @@ impl Config {
                     n + 1
                 ));
             }
-            cfg.values.insert(k.to_string(), v.to_string());
+            cfg.values
+                .insert(k.to_string(), (v.to_string(), Origin::File(n + 1)));
         }
         let more = problems.len().saturating_sub(MAX_WARNINGS);
         problems.truncate(MAX_WARNINGS);
@@ -169,8 +200,10 @@ impl Config {
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         for key in KNOWN_KEYS {
-            if let Some(v) = env(&env_name(key)) {
-                cfg.values.insert((*key).to_string(), v);
+            let name = env_name(key);
+            if let Some(v) = env(&name) {
+                cfg.values
+                    .insert((*key).to_string(), (v, Origin::Env(name)));
             }
         }
         Ok(cfg)
@@ -196,14 +229,118 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Applies CRIU's plugin options over the file and the environment: this plugin's own
+    /// (`gpu_plugin.KEY`), and the C cuda plugin's that mean the same. A bare flag means
+    /// `true`. Problems are added to [`Config::warnings`].
+    pub fn apply_options(&mut self, options: &criu_plugin::options::Options) {
+        for w in &options.warnings {
+            self.warnings.push(format!("plugin options: {w}"));
+        }
+        for o in &options.all {
+            let given = format!("{}.{}", o.plugin, o.name);
+            let value = o.value.clone().unwrap_or_else(|| "true".to_string());
+            let key = match o.plugin.as_str() {
+                OPTION_NAMESPACE => {
+                    let k = o.name.as_str();
+                    if !(KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k)) {
+                        self.warnings.push(format!(
+                            "unknown plugin option {OPTION_NAMESPACE}.{k}, ignored"
+                        ));
+                        continue;
+                    }
+                    k.to_string()
+                }
+                CUDA_PLUGIN_NAMESPACE => match o.name.as_str() {
+                    "device-map" => "cuda.device-map".to_string(),
+                    "backend" => "cuda.backend".to_string(),
+                    "timeout" => {
+                        // Seconds there, milliseconds here; a value that is not a whole
+                        // number is kept as given, so that its error names it.
+                        let ms = value
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                            .and_then(|s| s.checked_mul(1000));
+                        let value = ms.map_or(value, |ms| ms.to_string());
+                        self.values.insert(
+                            "cuda.lock-timeout-ms".to_string(),
+                            (value, Origin::PluginOption(given)),
+                        );
+                        continue;
+                    }
+                    other => {
+                        self.notes.push(format!(
+                            "plugin option {CUDA_PLUGIN_NAMESPACE}.{other} means nothing to this plugin: ignored"
+                        ));
+                        continue;
+                    }
+                },
+                _ => continue,
+            };
+            self.values
+                .insert(key, (value, Origin::PluginOption(given)));
+        }
+    }
+
     /// The raw value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str)
+        self.values.get(key).map(|(v, _)| v.as_str())
+    }
+
+    /// Where the value of `key` came from.
+    pub fn origin(&self, key: &str) -> Option<&Origin> {
+        self.values.get(key).map(|(_, o)| o)
+    }
+
+    /// The value of `key` if a plugin option set it (settings that apply environment variables
+    /// of their own let an option override those).
+    pub fn option_value(&self, key: &str) -> Option<&str> {
+        match self.values.get(key) {
+            Some((v, Origin::PluginOption(_))) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Where `key`'s value came from, in words (`line 3 of /etc/criu/gpu-plugin.conf`).
+    pub fn describe_origin(&self, key: &str) -> String {
+        match self.origin(key) {
+            Some(Origin::File(line)) => match &self.source {
+                Some(p) => format!("line {line} of {}", p.display()),
+                None => format!("line {line} of the settings"),
+            },
+            Some(Origin::Env(name)) => format!("environment {name}"),
+            Some(Origin::PluginOption(o)) => format!("plugin option {o}"),
+            Some(Origin::Program) => "set by the program".to_string(),
+            None => "default".to_string(),
+        }
+    }
+
+    /// One line naming every setting that is not at its default and where it came from, or
+    /// `None` when all are.
+    pub fn summary(&self) -> Option<String> {
+        if self.values.is_empty() {
+            return None;
+        }
+        let items: Vec<String> = self
+            .values
+            .iter()
+            .map(|(k, (v, _))| format!("{k}={v} ({})", self.describe_origin(k)))
+            .collect();
+        Some(items.join(", "))
     }
 
     /// Sets a value (tests and tools).
     pub fn set(&mut self, key: &str, value: &str) {
-        self.values.insert(key.to_string(), value.to_string());
+        self.values
+            .insert(key.to_string(), (value.to_string(), Origin::Program));
+    }
+
+    /// `key = value (where from)`, for error messages.
+    fn quote(&self, key: &str, v: &str) -> String {
+        match self.origin(key) {
+            Some(Origin::File(_)) | Some(Origin::Program) | None => format!("{key} = {v}"),
+            Some(_) => format!("{key} = {v} ({})", self.describe_origin(key)),
+        }
     }
 
     /// A boolean setting (`true/false`, `yes/no`, `1/0`, `on/off`).
@@ -213,7 +350,7 @@ impl Config {
             Some(v) => match v.to_ascii_lowercase().as_str() {
                 "1" | "true" | "yes" | "on" => Ok(true),
                 "0" | "false" | "no" | "off" => Ok(false),
-                _ => Err(format!("{key} = {v}: expected true or false")),
+                _ => Err(format!("{}: expected true or false", self.quote(key, v))),
             },
         }
     }
@@ -224,7 +361,7 @@ impl Config {
             None => Ok(default),
             Some(v) => v
                 .parse()
-                .map_err(|_| format!("{key} = {v}: expected a whole number")),
+                .map_err(|_| format!("{}: expected a whole number", self.quote(key, v))),
         }
     }
 
@@ -307,5 +444,81 @@ mod tests {
         assert!(c.get_u64("cuda.lock-timeout-ms", 1).is_err());
         assert!(c.get_bool("cuda.parallel", true).is_err());
         assert_eq!(env_name("cuda.device-map"), "CRIU_GPU_CUDA_DEVICE_MAP");
+    }
+
+    fn options(entries: &[&str]) -> criu_plugin::options::Options {
+        criu_plugin::options::parse_entries(entries.iter().map(|e| e.as_bytes()))
+    }
+
+    #[test]
+    fn plugin_options_override_environment_and_file_and_say_where_from() {
+        let dir = std::env::temp_dir().join(format!("gpu-cfg-opt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("gpu-plugin.conf");
+        std::fs::write(
+            &p,
+            "cuda.device-map = A=B\ncuda.parallel = no\namdgpu.copy-threads = 2\n",
+        )
+        .unwrap();
+        let env = |k: &str| (k == "CRIU_GPU_CUDA_DEVICE_MAP").then(|| "C=D".to_string());
+        let mut c = Config::load(&p, &env).unwrap();
+        c.apply_options(&options(&[
+            "--gpu_plugin.cuda.device-map=E=F",
+            "--gpu_plugin.cuda.device-map=G=H",
+            "--gpu_plugin.amdgpu.copy-threads=4",
+            "--gpu_plugin.cuda.paralel=yes",
+            "--amdgpu_plugin.whatever=1",
+            "--cuda_plugin.timeout=30",
+            "--cuda_plugin.backend=driver-api",
+            "--cuda_plugin.frobnicate",
+        ]));
+        // The last of a repeated option wins, over the environment and the file.
+        assert_eq!(c.get("cuda.device-map"), Some("G=H"));
+        assert_eq!(c.option_value("amdgpu.copy-threads"), Some("4"));
+        assert_eq!(c.option_value("cuda.parallel"), None);
+        assert_eq!(c.get_bool("cuda.parallel", true), Ok(false));
+        assert_eq!(c.get_u64("cuda.lock-timeout-ms", 1), Ok(30_000));
+        assert_eq!(c.get("cuda.backend"), Some("driver-api"));
+        assert_eq!(
+            c.warnings,
+            ["unknown plugin option gpu_plugin.cuda.paralel, ignored"]
+        );
+        assert_eq!(
+            c.notes,
+            ["plugin option cuda_plugin.frobnicate means nothing to this plugin: ignored"]
+        );
+        let line = c.summary().unwrap();
+        assert!(
+            line.contains("cuda.device-map=G=H (plugin option gpu_plugin.cuda.device-map)"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("cuda.parallel=no (line 2 of {})", p.display())),
+            "{line}"
+        );
+        assert!(
+            line.contains("cuda.lock-timeout-ms=30000 (plugin option cuda_plugin.timeout)"),
+            "{line}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_option_values_are_kept_for_an_error_that_names_them() {
+        let mut c = Config::default();
+        c.apply_options(&options(&[
+            "--cuda_plugin.timeout=soon",
+            "--gpu_plugin.cuda.parallel=maybe",
+        ]));
+        assert_eq!(
+            c.get_u64("cuda.lock-timeout-ms", 1).unwrap_err(),
+            "cuda.lock-timeout-ms = soon (plugin option cuda_plugin.timeout): expected a whole number"
+        );
+        assert!(
+            c.get_bool("cuda.parallel", true)
+                .unwrap_err()
+                .contains("(plugin option gpu_plugin.cuda.parallel)")
+        );
+        assert_eq!(Config::default().summary(), None);
     }
 }

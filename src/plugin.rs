@@ -102,6 +102,9 @@ impl GpuPlugin {
         for n in &config.notes {
             log::info!("settings: {n}");
         }
+        if let Some(line) = config.summary() {
+            log::info!("settings in force: {line}");
+        }
         let mut active = Vec::new();
         for mut b in backends {
             if config.is_disabled(b.name()) {
@@ -204,13 +207,16 @@ impl Plugin for GpuPlugin {
         // A settings file that cannot be read must not fail every CRIU run on the host: GPU
         // support sits this run out, and a restore that needs it then fails in CRIU's own
         // inventory check ("Missing required plugin"), after this line.
-        let config = match Config::from_process() {
+        let mut config = match Config::from_process() {
             Ok(c) => c,
             Err(e) => {
                 log::error!("settings: {e}; GPU support is off for this run");
                 return self.start(stage, &Config::default(), Vec::new());
             }
         };
+        // CRIU 4.3's plugin options come last and win: they are what a runtime asks for this
+        // one request.
+        config.apply_options(&criu_plugin::options::from_host());
         warn_about_c_plugins();
         self.start(stage, &config, all_backends())
     }

@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use criu_gpu_plugin::plugin::GpuPlugin;
+use criu_plugin::{HookId, Plugin};
+
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 const PKG_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -35,26 +38,24 @@ const DESC_VERSION_OLD: &str = "0x100";
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Hook slots the plugin registers (`GpuPlugin::HOOKS`), in slot order.
-const REGISTERED_SLOTS: &[u32] = &[2, 3, 7, 8, 9, 10, 11, 12, 13, 14];
+fn registered_slots() -> Vec<u32> {
+    let mut slots: Vec<u32> = <GpuPlugin as Plugin>::HOOKS
+        .iter()
+        .map(|h| h.index() as u32)
+        .collect();
+    slots.sort_unstable();
+    slots
+}
 
-/// CRIU's legacy hook names in slot order; a family's binary holds the first `hooks` of them.
-const LEGACY_NAMES: [&str; 15] = [
-    "cr_plugin_dump_unix_sk",
-    "cr_plugin_restore_unix_sk",
-    "cr_plugin_dump_file",
-    "cr_plugin_restore_file",
-    "cr_plugin_dump_ext_mount",
-    "cr_plugin_restore_ext_mount",
-    "cr_plugin_dump_ext_link",
-    "cr_plugin_handle_device_vma",
-    "cr_plugin_update_vma_map",
-    "cr_plugin_resume_devices_late",
-    "cr_plugin_pause_devices",
-    "cr_plugin_checkpoint_devices",
-    "cr_plugin_post_forking",
-    "cr_plugin_restore_init",
-    "cr_plugin_dump_devices_late",
-];
+/// CRIU's legacy hook names a family's binary holds, in slot order: those of its first
+/// `hooks` slots, except `DUMP_FINISH`'s, which no CRIU has.
+fn legacy_names(fam: &Family) -> Vec<&'static str> {
+    HookId::ALL
+        .iter()
+        .filter(|h| fam.knows(h.index() as u32) && **h != HookId::DumpFinish)
+        .map(|h| h.legacy_symbol())
+        .collect()
+}
 
 /// CRIU symbols the plugin may use; none of them may be a link-time dependency.
 const CRIU_SYMBOLS: &[&str] = &[
@@ -67,6 +68,7 @@ const CRIU_SYMBOLS: &[&str] = &[
     "set_compel_interrupt_only_mode",
     "add_inventory_plugin",
     "check_and_remove_inventory_plugin",
+    "criu_plugin_get_options",
 ];
 
 /// One CRIU release as the plugin ABI sees it.
@@ -81,6 +83,8 @@ struct Family {
     v40_freeze: bool,
     /// Exports `set_compel_interrupt_only_mode` and the inventory plugin list (4.1+).
     v41_api: bool,
+    /// Exports `criu_plugin_get_options` (4.3+).
+    options: bool,
     /// The `HostVersion` the plugin should log.
     detected: &'static str,
 }
@@ -99,6 +103,7 @@ const fn family(
         retry,
         v40_freeze,
         v41_api,
+        options: hooks >= 17,
         detected,
     }
 }
@@ -111,9 +116,10 @@ const V4_0: Family = family("4.0", 12, false, true, false, "CRIU 4.0-4.1");
 const V4_1: Family = family("4.1", 12, false, false, true, "CRIU 4.0-4.1");
 const V4_2: Family = family("4.2", 13, false, false, true, "CRIU 4.2");
 const DEV: Family = family("criu-dev", 15, true, false, true, "criu-dev");
+const V4_3: Family = family("4.3", 17, true, false, true, "CRIU 4.3");
 
-const FAMILIES: &[Family] = &[V3_16, V3_17, V3_18, V3_19, V4_0, V4_1, V4_2, DEV];
-const INVENTORY_FAMILIES: &[Family] = &[V4_1, V4_2, DEV];
+const FAMILIES: &[Family] = &[V3_16, V3_17, V3_18, V3_19, V4_0, V4_1, V4_2, DEV, V4_3];
+const INVENTORY_FAMILIES: &[Family] = &[V4_1, V4_2, DEV, V4_3];
 
 impl Family {
     fn defines(&self) -> Vec<String> {
@@ -122,17 +128,19 @@ impl Family {
             format!("-DHOST_RETRY={}", u8::from(self.retry)),
             format!("-DHOST_V40_FREEZE={}", u8::from(self.v40_freeze)),
             format!("-DHOST_V41_API={}", u8::from(self.v41_api)),
+            format!("-DHOST_OPTIONS={}", u8::from(self.options)),
         ]
     }
 
     /// Families with the same ABI share one build (3.17, 3.18 and 3.19).
     fn binary_name(&self) -> String {
         format!(
-            "criu_host_h{}_r{}_f{}_i{}",
+            "criu_host_h{}_r{}_f{}_i{}_o{}",
             self.hooks,
             u8::from(self.retry),
             u8::from(self.v40_freeze),
-            u8::from(self.v41_api)
+            u8::from(self.v41_api),
+            u8::from(self.options)
         )
     }
 
@@ -305,6 +313,8 @@ impl std::fmt::Debug for Run {
 struct RunOpts<'a> {
     loglevel: Option<u32>,
     inventory: Option<&'a str>,
+    /// `--plugin-option` values (4.3 hosts).
+    plugin_options: Vec<&'a str>,
     env: Vec<(&'a str, String)>,
     /// Start the program through this dynamic loader (`ld.so PROGRAM ...`).
     loader: Option<PathBuf>,
@@ -353,6 +363,9 @@ fn execute(what: String, program: &Path, args: &[String], opts: &RunOpts<'_>) ->
         cmd.arg("--out").arg(&report);
         if let Some(inv) = opts.inventory {
             cmd.args(["--inventory", inv]);
+        }
+        for o in &opts.plugin_options {
+            cmd.args(["--plugin-option", o]);
         }
     }
     cmd.args(args);
@@ -540,6 +553,7 @@ fn expected_hooks(fam: &Family, stage: &str) -> BTreeSet<&'static str> {
             (7, "HANDLE_DEVICE_VMA"),
             (2, "DUMP_EXT_FILE"),
             (14, "DUMP_DEVICES_LATE"),
+            (16, "DUMP_FINISH"),
         ],
         // 4.0 checkpoints inside collect_pstree, which pre-dump runs too.
         "pre-dump" if fam.v40_freeze => &[
@@ -576,7 +590,7 @@ fn check_host_run(fam: &Family, run: &Run) {
         .iter()
         .filter_map(|l| l.strip_prefix("legacy "))
         .collect();
-    assert_eq!(legacy, LEGACY_NAMES[..fam.hooks as usize], "{run:?}");
+    assert_eq!(legacy, legacy_names(fam), "{run:?}");
     for l in &run.report {
         assert!(
             !l.starts_with("LOG-REENTERED"),
@@ -591,7 +605,7 @@ fn check_clean_cycle(fam: &Family, loglevel: u32, cycle: &Cycle<'_>, run: &Run) 
     let ctx = format!("{stage} cycle of {run:?}");
 
     // The descriptor, as adapted in the constructor before dlopen returned.
-    let slots: Vec<String> = REGISTERED_SLOTS
+    let slots: Vec<String> = registered_slots()
         .iter()
         .filter(|s| fam.knows(**s))
         .map(u32::to_string)
@@ -727,6 +741,65 @@ fn every_family_loads_the_plugin_and_every_hook_says_not_mine() {
 
 /// `criu swrk` serves several requests in one process: the plugin is loaded, used and unloaded
 /// again each time, and must start from a clean state every time.
+/// CRIU 4.3 hands every plugin every `--plugin-option`: ours are read (and win over the
+/// environment), the C cuda plugin's are understood, other plugins' are skipped, a misspelt
+/// one of ours is warned about, and a bad value a run does not need fails nothing.
+#[test]
+fn plugin_options_of_a_4_3_host_are_read_and_named_in_the_log() {
+    if !have_cc() {
+        return;
+    }
+    let opts = RunOpts {
+        plugin_options: vec![
+            "gpu_plugin.cuda.lock-timeout-ms=5000",
+            "cuda_plugin.device-map=GPU-aaaaaaaa-0000-0000-0000-000000000000=GPU-bbbbbbbb-0000-0000-0000-000000000000",
+            "cuda_plugin.backend=driver-api",
+            "amdgpu_plugin.some-option=1",
+            "gpu_plugin.cuda.parallell=no",
+            "gpu_plugin.amdgpu.copy-threads=many",
+        ],
+        env: vec![("CRIU_GPU_CUDA_LOCK_TIMEOUT_MS", "7000".to_string())],
+        ..Default::default()
+    };
+    for stage in ["dump", "restore"] {
+        let run = run_host(&V4_3, stage, &opts);
+        // Not a clean run by `check_clean_run`'s measure: it has a warning.
+        check_host_run(&V4_3, &run);
+        assert_eq!(run.status, 0, "{run:?}");
+        assert!(run.has("result ok"), "{run:?}");
+        assert!(run.has("host criu_plugin_get_options argc=7"), "{run:?}");
+        let cycles = run.cycles();
+        let logs = cycles[0].logs();
+        let line = |level: u32, part: &str| {
+            logs.iter()
+                .find(|(_, l, t)| *l == level && t.contains(part))
+                .map(|(_, _, t)| *t)
+                .unwrap_or_else(|| panic!("no level-{level} line with `{part}`: {run:?}"))
+        };
+        assert!(!logs.iter().any(|(_, l, _)| *l == 1), "no errors: {run:?}");
+        let inforce = line(3, "gpu_plugin: settings in force: ");
+        for part in [
+            "cuda.lock-timeout-ms=5000 (plugin option gpu_plugin.cuda.lock-timeout-ms)",
+            "cuda.device-map=GPU-aaaaaaaa-0000-0000-0000-000000000000=GPU-bbbbbbbb-0000-0000-0000-000000000000 (plugin option cuda_plugin.device-map)",
+            "cuda.backend=driver-api (plugin option cuda_plugin.backend)",
+        ] {
+            assert!(inforce.contains(part), "`{part}` in `{inforce}`");
+        }
+        assert!(!inforce.contains("amdgpu_plugin"), "{inforce}");
+        line(
+            2,
+            "gpu_plugin: settings: unknown plugin option gpu_plugin.cuda.parallell, ignored",
+        );
+    }
+    // Hosts before 4.3 have no options: nothing is asked for.
+    let run = run_host(&V4_2, "dump", &RunOpts::default());
+    assert!(
+        !run.report
+            .iter()
+            .any(|l| l.contains("criu_plugin_get_options"))
+    );
+}
+
 #[test]
 fn swrk_loads_the_plugin_again_and_again() {
     if !have_cc() {
@@ -961,10 +1034,11 @@ fn the_emulated_hosts_are_what_they_claim() {
     }
     for fam in FAMILIES {
         let bin = std::fs::read(host_binary(fam)).expect("read host binary");
-        for (slot, name) in LEGACY_NAMES.iter().enumerate() {
+        for h in HookId::ALL {
+            let name = h.legacy_symbol();
             assert_eq!(
                 contains_cstr(&bin, name),
-                fam.knows(slot as u32),
+                fam.knows(h.index() as u32) && h != HookId::DumpFinish,
                 "{name} in the {} host",
                 fam.release
             );
@@ -988,10 +1062,12 @@ fn the_emulated_hosts_are_what_they_claim() {
             ] {
                 assert_eq!(has(s), fam.v41_api, "{s} in the {} host", fam.release);
             }
+            assert_eq!(has("criu_plugin_get_options"), fam.options, "{fam:?}");
         }
     }
     let plain = std::fs::read(plain_binary()).expect("read plain binary");
-    for name in LEGACY_NAMES {
+    for h in HookId::ALL {
+        let name = h.legacy_symbol();
         assert!(!contains_cstr(&plain, name), "{name} in the plain program");
     }
     if let Some(exported) = defined_dynamic_symbols(&plain_binary()) {

@@ -50,97 +50,82 @@ impl Stage {
     }
 }
 
-/// Hook slots (`enum cr_plugin_hook`), with the CRIU release that introduced each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum HookId {
+/// Declares every hook slot once: its number, the name CRIU's log and ours use, and the legacy
+/// symbol name CRIU looks up for it (which also sits in the read-only data of every `criu`
+/// binary that knows the hook, and is how hosts are told apart).
+macro_rules! hook_slots {
+    ($( $(#[$doc:meta])* $id:ident = $slot:literal, $label:literal, $legacy:literal; )*) => {
+        /// Hook slots (`enum cr_plugin_hook`), with the CRIU release that introduced each.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum HookId {
+            $( $(#[$doc])* $id = $slot, )*
+        }
+
+        impl HookId {
+            /// Every hook in slot order.
+            pub const ALL: [HookId; HOOK_SLOTS] = [$(HookId::$id),*];
+
+            /// The hook's name as CRIU's sources and logs spell it (`PAUSE_DEVICES`).
+            pub const fn label(self) -> &'static str {
+                match self {
+                    $(HookId::$id => $label,)*
+                }
+            }
+
+            /// The legacy symbol name CRIU looks up for this hook.
+            pub const fn legacy_symbol(self) -> &'static str {
+                match self {
+                    $(HookId::$id => $legacy,)*
+                }
+            }
+        }
+    };
+}
+
+hook_slots! {
     /// `(int fd, int id)`, all versions.
-    DumpUnixSk = 0,
+    DumpUnixSk = 0, "DUMP_UNIX_SK", "cr_plugin_dump_unix_sk";
     /// `(int id)`, all versions.
-    RestoreUnixSk = 1,
+    RestoreUnixSk = 1, "RESTORE_UNIX_SK", "cr_plugin_restore_unix_sk";
     /// `(int fd, int id)`, all versions.
-    DumpExtFile = 2,
-    /// `(int id)` up to 4.2; `(int id, bool *retry_needed)` in criu-dev.
-    RestoreExtFile = 3,
+    DumpExtFile = 2, "DUMP_EXT_FILE", "cr_plugin_dump_file";
+    /// `(int id)` up to 4.2; `(int id, bool *retry_needed)` from 4.3 (and criu-dev before it).
+    RestoreExtFile = 3, "RESTORE_EXT_FILE", "cr_plugin_restore_file";
     /// `(char *mountpoint, int id)`, all versions.
-    DumpExtMount = 4,
+    DumpExtMount = 4, "DUMP_EXT_MOUNT", "cr_plugin_dump_ext_mount";
     /// `(int id, char *mountpoint, char *old_root, int *is_file)`, all versions.
-    RestoreExtMount = 5,
+    RestoreExtMount = 5, "RESTORE_EXT_MOUNT", "cr_plugin_restore_ext_mount";
     /// `(int index, int type, char *kind)`, all versions.
-    DumpExtLink = 6,
+    DumpExtLink = 6, "DUMP_EXT_LINK", "cr_plugin_dump_ext_link";
     /// `(int fd, const struct stat *st)`, CRIU 3.17.
-    HandleDeviceVma = 7,
+    HandleDeviceVma = 7, "HANDLE_DEVICE_VMA", "cr_plugin_handle_device_vma";
     /// `(const char *path, u64 addr, u64 old_pgoff, u64 *new_pgoff, int *plugin_fd)`, CRIU 3.17.
-    UpdateVmaMap = 8,
+    UpdateVmaMap = 8, "UPDATE_VMA_MAP", "cr_plugin_update_vma_map";
     /// `(int pid)`, CRIU 3.17.
-    ResumeDevicesLate = 9,
+    ResumeDevicesLate = 9, "RESUME_DEVICES_LATE", "cr_plugin_resume_devices_late";
     /// `(int pid)`, CRIU 4.0.
-    PauseDevices = 10,
+    PauseDevices = 10, "PAUSE_DEVICES", "cr_plugin_pause_devices";
     /// `(int pid)`, CRIU 4.0.
-    CheckpointDevices = 11,
+    CheckpointDevices = 11, "CHECKPOINT_DEVICES", "cr_plugin_checkpoint_devices";
     /// `(void)`, CRIU 4.2.
-    PostForking = 12,
-    /// `(void)`, criu-dev.
-    RestoreInit = 13,
-    /// `(int id)`, criu-dev.
-    DumpDevicesLate = 14,
+    PostForking = 12, "POST_FORKING", "cr_plugin_post_forking";
+    /// `(void)`, CRIU 4.3 (criu-dev before it).
+    RestoreInit = 13, "RESTORE_INIT", "cr_plugin_restore_init";
+    /// `(int id)`, CRIU 4.3 (criu-dev before it).
+    DumpDevicesLate = 14, "DUMP_DEVICES_LATE", "cr_plugin_dump_devices_late";
     /// `(uint32_t family, uint32_t state, uint32_t *src_ip, uint32_t *dst_ip)`, CRIU 4.3.
-    UpdateInetsk = 15,
+    UpdateInetsk = 15, "UPDATE_INETSK", "cr_plugin_update_inetsk";
     /// `(int ret)`, CRIU 4.3: before the dumped tasks are released; `ret` non-zero when they
-    /// will be resumed because the dump failed (a failing post-dump script included).
-    DumpFinish = 16,
+    /// will be resumed because the dump failed (a failing post-dump script included). CRIU 4.3
+    /// has no legacy name for it; this one is in no CRIU.
+    DumpFinish = 16, "DUMP_FINISH", "cr_plugin_dump_finish";
 }
 
 impl HookId {
-    /// Every hook in slot order.
-    pub const ALL: [HookId; HOOK_SLOTS] = [
-        HookId::DumpUnixSk,
-        HookId::RestoreUnixSk,
-        HookId::DumpExtFile,
-        HookId::RestoreExtFile,
-        HookId::DumpExtMount,
-        HookId::RestoreExtMount,
-        HookId::DumpExtLink,
-        HookId::HandleDeviceVma,
-        HookId::UpdateVmaMap,
-        HookId::ResumeDevicesLate,
-        HookId::PauseDevices,
-        HookId::CheckpointDevices,
-        HookId::PostForking,
-        HookId::RestoreInit,
-        HookId::DumpDevicesLate,
-        HookId::UpdateInetsk,
-        HookId::DumpFinish,
-    ];
-
     /// The slot index in the descriptor's hook array.
     pub const fn index(self) -> usize {
         self as usize
-    }
-
-    /// The legacy symbol name CRIU looks up for this hook; it also sits in the `criu` binary's
-    /// read-only data of every host that knows the hook, which is how hosts are told apart.
-    pub const fn legacy_symbol(self) -> &'static str {
-        match self {
-            HookId::DumpUnixSk => "cr_plugin_dump_unix_sk",
-            HookId::RestoreUnixSk => "cr_plugin_restore_unix_sk",
-            HookId::DumpExtFile => "cr_plugin_dump_file",
-            HookId::RestoreExtFile => "cr_plugin_restore_file",
-            HookId::DumpExtMount => "cr_plugin_dump_ext_mount",
-            HookId::RestoreExtMount => "cr_plugin_restore_ext_mount",
-            HookId::DumpExtLink => "cr_plugin_dump_ext_link",
-            HookId::HandleDeviceVma => "cr_plugin_handle_device_vma",
-            HookId::UpdateVmaMap => "cr_plugin_update_vma_map",
-            HookId::ResumeDevicesLate => "cr_plugin_resume_devices_late",
-            HookId::PauseDevices => "cr_plugin_pause_devices",
-            HookId::CheckpointDevices => "cr_plugin_checkpoint_devices",
-            HookId::PostForking => "cr_plugin_post_forking",
-            HookId::RestoreInit => "cr_plugin_restore_init",
-            HookId::DumpDevicesLate => "cr_plugin_dump_devices_late",
-            HookId::UpdateInetsk => "cr_plugin_update_inetsk",
-            // CRIU 4.3 has no legacy name for it; this one is in no CRIU.
-            HookId::DumpFinish => "cr_plugin_dump_finish",
-        }
     }
 }
 

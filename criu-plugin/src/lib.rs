@@ -15,6 +15,8 @@
 //!   killed;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
 //!   refused, not waited on) and read with a bound;
+//! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
+//!   run time and bounded;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
 //! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
 //!   contain panics and map errors to negative errno, and [`export_plugin!`].
@@ -30,6 +32,7 @@ pub mod child;
 pub mod files;
 pub mod host;
 pub mod log;
+pub mod options;
 pub mod plugin;
 pub mod pstree;
 pub mod stream;

@@ -201,228 +201,6 @@ fn id_u32(id: c_int) -> u32 {
     id as u32
 }
 
-/// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
-///
-/// # Safety
-/// Every function here must be called only as CRIU calls the hook slot of the same name: with
-/// pointer arguments that are null or valid for the duration of the call.
-#[allow(clippy::missing_safety_doc)]
-pub mod trampolines {
-    use super::*;
-
-    /// `init`.
-    pub unsafe extern "C" fn init<P: Plugin>(stage: c_int) -> c_int {
-        guard::<P>("init", || {
-            CriuLogger::install(P::logger());
-            // Quieten Rust's default panic message on stderr: `guard` logs panics instead.
-            std::panic::set_hook(Box::new(|_| {}));
-            let Some(stage) = Stage::from_raw(stage) else {
-                log::error!("unknown CRIU stage {stage}");
-                return -libc::EINVAL;
-            };
-            ret(P::instance().init(stage), |_| 0)
-        })
-    }
-
-    /// `exit`.
-    pub unsafe extern "C" fn exit<P: Plugin>(stage: c_int, rc: c_int) {
-        guard::<P>("exit", || {
-            P::instance().exit(Stage::from_raw(stage), rc);
-            0
-        });
-    }
-
-    /// `DUMP_UNIX_SK`.
-    pub unsafe extern "C" fn dump_unix_sk<P: Plugin>(fd: c_int, id: c_int) -> c_int {
-        guard::<P>("DUMP_UNIX_SK", || {
-            ret(P::instance().dump_unix_sk(fd, id_u32(id)), |_| 0)
-        })
-    }
-
-    /// `RESTORE_UNIX_SK`.
-    pub unsafe extern "C" fn restore_unix_sk<P: Plugin>(id: c_int) -> c_int {
-        guard::<P>("RESTORE_UNIX_SK", || {
-            ret(P::instance().restore_unix_sk(id_u32(id)), |fd| fd)
-        })
-    }
-
-    /// `DUMP_EXT_FILE`.
-    pub unsafe extern "C" fn dump_ext_file<P: Plugin>(fd: c_int, id: c_int) -> c_int {
-        guard::<P>("DUMP_EXT_FILE", || {
-            ret(P::instance().dump_ext_file(fd, id_u32(id)), |_| 0)
-        })
-    }
-
-    /// `RESTORE_EXT_FILE` as CRIU up to 4.2 calls it.
-    pub unsafe extern "C" fn restore_ext_file<P: Plugin>(id: c_int) -> c_int {
-        guard::<P>("RESTORE_EXT_FILE", || {
-            ret(P::instance().restore_ext_file(id_u32(id), None), |fd| fd)
-        })
-    }
-
-    /// `RESTORE_EXT_FILE` as criu-dev calls it, with `bool *retry_needed`.
-    pub unsafe extern "C" fn restore_ext_file_retry<P: Plugin>(
-        id: c_int,
-        retry_needed: *mut bool,
-    ) -> c_int {
-        guard::<P>("RESTORE_EXT_FILE", || {
-            let mut retry = false;
-            let rc = ret(
-                P::instance().restore_ext_file(id_u32(id), Some(&mut retry)),
-                |fd| fd,
-            );
-            // The host leaves its flag uninitialised: always write it.
-            if !retry_needed.is_null() {
-                // SAFETY: criu-dev passes a pointer to a live bool on its stack.
-                unsafe { retry_needed.write(retry) };
-            }
-            rc
-        })
-    }
-
-    /// `DUMP_EXT_MOUNT`.
-    pub unsafe extern "C" fn dump_ext_mount<P: Plugin>(mp: *mut c_char, id: c_int) -> c_int {
-        guard::<P>("DUMP_EXT_MOUNT", || {
-            if mp.is_null() {
-                return -libc::EINVAL;
-            }
-            // SAFETY: CRIU passes a NUL-terminated mount point valid for the call.
-            let mp = unsafe { CStr::from_ptr(mp) };
-            ret(P::instance().dump_ext_mount(mp, id_u32(id)), |_| 0)
-        })
-    }
-
-    /// `RESTORE_EXT_MOUNT`.
-    pub unsafe extern "C" fn restore_ext_mount<P: Plugin>(
-        id: c_int,
-        mp: *mut c_char,
-        old_root: *mut c_char,
-        is_file: *mut c_int,
-    ) -> c_int {
-        guard::<P>("RESTORE_EXT_MOUNT", || {
-            if mp.is_null() || old_root.is_null() {
-                return -libc::EINVAL;
-            }
-            // SAFETY: CRIU passes NUL-terminated strings valid for the call.
-            let (mp, old_root) = unsafe { (CStr::from_ptr(mp), CStr::from_ptr(old_root)) };
-            let mut file = false;
-            let want_file = !is_file.is_null();
-            let r = P::instance().restore_ext_mount(
-                id_u32(id),
-                mp,
-                old_root,
-                want_file.then_some(&mut file),
-            );
-            if want_file {
-                // SAFETY: non-null `is_file` points to an int CRIU reads after the call.
-                unsafe { is_file.write(c_int::from(file)) };
-            }
-            ret(r, |_| 0)
-        })
-    }
-
-    /// `DUMP_EXT_LINK`.
-    pub unsafe extern "C" fn dump_ext_link<P: Plugin>(
-        index: c_int,
-        link_type: c_int,
-        kind: *mut c_char,
-    ) -> c_int {
-        guard::<P>("DUMP_EXT_LINK", || {
-            if kind.is_null() {
-                return -libc::EINVAL;
-            }
-            // SAFETY: CRIU passes a NUL-terminated link kind valid for the call.
-            let kind = unsafe { CStr::from_ptr(kind) };
-            ret(P::instance().dump_ext_link(index, link_type, kind), |_| 0)
-        })
-    }
-
-    /// `HANDLE_DEVICE_VMA`.
-    pub unsafe extern "C" fn handle_device_vma<P: Plugin>(
-        fd: c_int,
-        st: *const libc::stat,
-    ) -> c_int {
-        guard::<P>("HANDLE_DEVICE_VMA", || {
-            if st.is_null() {
-                return -libc::EINVAL;
-            }
-            // SAFETY: CRIU passes the stat of the mapping's file, valid for the call.
-            let st = unsafe { &*st };
-            ret(P::instance().handle_device_vma(fd, st), |_| 0)
-        })
-    }
-
-    /// `UPDATE_VMA_MAP`: returns 1 when the offset was replaced, as CRIU expects.
-    pub unsafe extern "C" fn update_vma_map<P: Plugin>(
-        path: *const c_char,
-        addr: u64,
-        old_pgoff: u64,
-        new_pgoff: *mut u64,
-        plugin_fd: *mut c_int,
-    ) -> c_int {
-        guard::<P>("UPDATE_VMA_MAP", || {
-            if path.is_null() || new_pgoff.is_null() {
-                return -libc::EINVAL;
-            }
-            // SAFETY: CRIU passes a NUL-terminated path valid for the call.
-            let path = unsafe { CStr::from_ptr(path) };
-            ret(P::instance().update_vma_map(path, addr, old_pgoff), |u| {
-                // SAFETY: CRIU passes pointers to its own locals for both outputs.
-                unsafe {
-                    new_pgoff.write(u.new_pgoff);
-                    if !plugin_fd.is_null() {
-                        plugin_fd.write(u.plugin_fd.unwrap_or(-1));
-                    }
-                }
-                1
-            })
-        })
-    }
-
-    /// `RESUME_DEVICES_LATE`.
-    pub unsafe extern "C" fn resume_devices_late<P: Plugin>(pid: c_int) -> c_int {
-        guard::<P>("RESUME_DEVICES_LATE", || {
-            ret(P::instance().resume_devices_late(pid), |_| 0)
-        })
-    }
-
-    /// `PAUSE_DEVICES`.
-    pub unsafe extern "C" fn pause_devices<P: Plugin>(pid: c_int) -> c_int {
-        guard::<P>("PAUSE_DEVICES", || {
-            ret(P::instance().pause_devices(pid), |_| 0)
-        })
-    }
-
-    /// `CHECKPOINT_DEVICES`.
-    pub unsafe extern "C" fn checkpoint_devices<P: Plugin>(pid: c_int) -> c_int {
-        guard::<P>("CHECKPOINT_DEVICES", || {
-            ret(P::instance().checkpoint_devices(pid), |_| 0)
-        })
-    }
-
-    /// `POST_FORKING`.
-    pub unsafe extern "C" fn post_forking<P: Plugin>() -> c_int {
-        guard::<P>("POST_FORKING", || ret(P::instance().post_forking(), |_| 0))
-    }
-
-    /// `RESTORE_INIT`.
-    pub unsafe extern "C" fn restore_init<P: Plugin>() -> c_int {
-        guard::<P>("RESTORE_INIT", || ret(P::instance().restore_init(), |_| 0))
-    }
-
-    /// `DUMP_DEVICES_LATE`.
-    pub unsafe extern "C" fn dump_devices_late<P: Plugin>(id: c_int) -> c_int {
-        guard::<P>("DUMP_DEVICES_LATE", || {
-            ret(P::instance().dump_devices_late(id), |_| 0)
-        })
-    }
-
-    /// `DUMP_FINISH`.
-    pub unsafe extern "C" fn dump_finish<P: Plugin>(rc: c_int) -> c_int {
-        guard::<P>("DUMP_FINISH", || ret(P::instance().dump_finish(rc), |_| 0))
-    }
-}
-
 macro_rules! erase {
     ($f:expr, $ty:ty) => {{
         let f: $ty = $f;
@@ -432,47 +210,206 @@ macro_rules! erase {
     }};
 }
 
-type PidHook = unsafe extern "C" fn(c_int) -> c_int;
-type FdIdHook = unsafe extern "C" fn(c_int, c_int) -> c_int;
-type VoidHook = unsafe extern "C" fn() -> c_int;
+/// Declares each hook's `extern "C"` trampoline once, with the C signature CRIU calls it with;
+/// [`hook_pointer`] is generated from the same list, so a trampoline and its slot cannot
+/// disagree on the signature. The body runs inside [`guard`] and returns the hook's C value.
+macro_rules! trampolines {
+    ($( $(#[$doc:meta])* $id:ident => fn $name:ident($($arg:ident: $ty:ty),*) $body:block )*) => {
+        /// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
+        ///
+        /// # Safety
+        /// Every function here must be called only as CRIU calls the hook slot of the same
+        /// name: with pointer arguments that are null or valid for the duration of the call.
+        #[allow(clippy::missing_safety_doc)]
+        pub mod trampolines {
+            use super::*;
 
-/// The hook pointer for slot `hook` of plugin `P`.
-pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
-    use trampolines as t;
-    match hook {
-        HookId::DumpUnixSk => erase!(t::dump_unix_sk::<P>, FdIdHook),
-        HookId::RestoreUnixSk => erase!(t::restore_unix_sk::<P>, PidHook),
-        HookId::DumpExtFile => erase!(t::dump_ext_file::<P>, FdIdHook),
-        HookId::RestoreExtFile => erase!(t::restore_ext_file::<P>, PidHook),
-        HookId::DumpExtMount => erase!(
-            t::dump_ext_mount::<P>,
-            unsafe extern "C" fn(*mut c_char, c_int) -> c_int
-        ),
-        HookId::RestoreExtMount => erase!(
-            t::restore_ext_mount::<P>,
-            unsafe extern "C" fn(c_int, *mut c_char, *mut c_char, *mut c_int) -> c_int
-        ),
-        HookId::DumpExtLink => erase!(
-            t::dump_ext_link::<P>,
-            unsafe extern "C" fn(c_int, c_int, *mut c_char) -> c_int
-        ),
-        HookId::HandleDeviceVma => erase!(
-            t::handle_device_vma::<P>,
-            unsafe extern "C" fn(c_int, *const libc::stat) -> c_int
-        ),
-        HookId::UpdateVmaMap => erase!(
-            t::update_vma_map::<P>,
-            unsafe extern "C" fn(*const c_char, u64, u64, *mut u64, *mut c_int) -> c_int
-        ),
-        HookId::ResumeDevicesLate => erase!(t::resume_devices_late::<P>, PidHook),
-        HookId::PauseDevices => erase!(t::pause_devices::<P>, PidHook),
-        HookId::CheckpointDevices => erase!(t::checkpoint_devices::<P>, PidHook),
-        HookId::PostForking => erase!(t::post_forking::<P>, VoidHook),
-        HookId::RestoreInit => erase!(t::restore_init::<P>, VoidHook),
-        HookId::DumpDevicesLate => erase!(t::dump_devices_late::<P>, PidHook),
-        // No plugin of this crate rewrites socket addresses.
-        HookId::UpdateInetsk => None,
-        HookId::DumpFinish => erase!(t::dump_finish::<P>, PidHook),
+            $(
+                $(#[$doc])*
+                pub unsafe extern "C" fn $name<P: Plugin>($($arg: $ty),*) -> c_int {
+                    guard::<P>(HookId::$id.label(), || $body)
+                }
+            )*
+
+            /// `init`.
+            pub unsafe extern "C" fn init<P: Plugin>(stage: c_int) -> c_int {
+                guard::<P>("init", || {
+                    CriuLogger::install(P::logger());
+                    // Quieten Rust's default panic message on stderr: `guard` logs panics.
+                    std::panic::set_hook(Box::new(|_| {}));
+                    let Some(stage) = Stage::from_raw(stage) else {
+                        log::error!("unknown CRIU stage {stage}");
+                        return -libc::EINVAL;
+                    };
+                    ret(P::instance().init(stage), |_| 0)
+                })
+            }
+
+            /// `exit`.
+            pub unsafe extern "C" fn exit<P: Plugin>(stage: c_int, rc: c_int) {
+                guard::<P>("exit", || {
+                    P::instance().exit(Stage::from_raw(stage), rc);
+                    0
+                });
+            }
+
+            /// `RESTORE_EXT_FILE` as CRIU 4.3 (and criu-dev before it) calls it, with
+            /// `bool *retry_needed`.
+            pub unsafe extern "C" fn restore_ext_file_retry<P: Plugin>(
+                id: c_int,
+                retry_needed: *mut bool,
+            ) -> c_int {
+                guard::<P>(HookId::RestoreExtFile.label(), || {
+                    let mut retry = false;
+                    let rc = ret(
+                        P::instance().restore_ext_file(id_u32(id), Some(&mut retry)),
+                        |fd| fd,
+                    );
+                    // The host leaves its flag uninitialised: always write it.
+                    if !retry_needed.is_null() {
+                        // SAFETY: the host passes a pointer to a live bool on its stack.
+                        unsafe { retry_needed.write(retry) };
+                    }
+                    rc
+                })
+            }
+        }
+
+        /// The hook pointer for slot `hook` of plugin `P`.
+        pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
+            match hook {
+                $(HookId::$id => erase!(
+                    trampolines::$name::<P>,
+                    unsafe extern "C" fn($($ty),*) -> c_int
+                ),)*
+                // No plugin of this crate rewrites socket addresses.
+                HookId::UpdateInetsk => None,
+            }
+        }
+    };
+}
+
+trampolines! {
+    /// `DUMP_UNIX_SK`.
+    DumpUnixSk => fn dump_unix_sk(fd: c_int, id: c_int) {
+        ret(P::instance().dump_unix_sk(fd, id_u32(id)), |_| 0)
+    }
+    /// `RESTORE_UNIX_SK`.
+    RestoreUnixSk => fn restore_unix_sk(id: c_int) {
+        ret(P::instance().restore_unix_sk(id_u32(id)), |fd| fd)
+    }
+    /// `DUMP_EXT_FILE`.
+    DumpExtFile => fn dump_ext_file(fd: c_int, id: c_int) {
+        ret(P::instance().dump_ext_file(fd, id_u32(id)), |_| 0)
+    }
+    /// `RESTORE_EXT_FILE` as CRIU up to 4.2 calls it.
+    RestoreExtFile => fn restore_ext_file(id: c_int) {
+        ret(P::instance().restore_ext_file(id_u32(id), None), |fd| fd)
+    }
+    /// `DUMP_EXT_MOUNT`.
+    DumpExtMount => fn dump_ext_mount(mp: *mut c_char, id: c_int) {
+        if mp.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: CRIU passes a NUL-terminated mount point valid for the call.
+        let mp = unsafe { CStr::from_ptr(mp) };
+        ret(P::instance().dump_ext_mount(mp, id_u32(id)), |_| 0)
+    }
+    /// `RESTORE_EXT_MOUNT`.
+    RestoreExtMount => fn restore_ext_mount(
+        id: c_int,
+        mp: *mut c_char,
+        old_root: *mut c_char,
+        is_file: *mut c_int
+    ) {
+        if mp.is_null() || old_root.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: CRIU passes NUL-terminated strings valid for the call.
+        let (mp, old_root) = unsafe { (CStr::from_ptr(mp), CStr::from_ptr(old_root)) };
+        let mut file = false;
+        let want_file = !is_file.is_null();
+        let r = P::instance().restore_ext_mount(
+            id_u32(id),
+            mp,
+            old_root,
+            want_file.then_some(&mut file),
+        );
+        if want_file {
+            // SAFETY: non-null `is_file` points to an int CRIU reads after the call.
+            unsafe { is_file.write(c_int::from(file)) };
+        }
+        ret(r, |_| 0)
+    }
+    /// `DUMP_EXT_LINK`.
+    DumpExtLink => fn dump_ext_link(index: c_int, link_type: c_int, kind: *mut c_char) {
+        if kind.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: CRIU passes a NUL-terminated link kind valid for the call.
+        let kind = unsafe { CStr::from_ptr(kind) };
+        ret(P::instance().dump_ext_link(index, link_type, kind), |_| 0)
+    }
+    /// `HANDLE_DEVICE_VMA`.
+    HandleDeviceVma => fn handle_device_vma(fd: c_int, st: *const libc::stat) {
+        if st.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: CRIU passes the stat of the mapping's file, valid for the call.
+        let st = unsafe { &*st };
+        ret(P::instance().handle_device_vma(fd, st), |_| 0)
+    }
+    /// `UPDATE_VMA_MAP`: returns 1 when the offset was replaced, as CRIU expects.
+    UpdateVmaMap => fn update_vma_map(
+        path: *const c_char,
+        addr: u64,
+        old_pgoff: u64,
+        new_pgoff: *mut u64,
+        plugin_fd: *mut c_int
+    ) {
+        if path.is_null() || new_pgoff.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: CRIU passes a NUL-terminated path valid for the call.
+        let path = unsafe { CStr::from_ptr(path) };
+        ret(P::instance().update_vma_map(path, addr, old_pgoff), |u| {
+            // SAFETY: CRIU passes pointers to its own locals for both outputs.
+            unsafe {
+                new_pgoff.write(u.new_pgoff);
+                if !plugin_fd.is_null() {
+                    plugin_fd.write(u.plugin_fd.unwrap_or(-1));
+                }
+            }
+            1
+        })
+    }
+    /// `RESUME_DEVICES_LATE`.
+    ResumeDevicesLate => fn resume_devices_late(pid: c_int) {
+        ret(P::instance().resume_devices_late(pid), |_| 0)
+    }
+    /// `PAUSE_DEVICES`.
+    PauseDevices => fn pause_devices(pid: c_int) {
+        ret(P::instance().pause_devices(pid), |_| 0)
+    }
+    /// `CHECKPOINT_DEVICES`.
+    CheckpointDevices => fn checkpoint_devices(pid: c_int) {
+        ret(P::instance().checkpoint_devices(pid), |_| 0)
+    }
+    /// `POST_FORKING`.
+    PostForking => fn post_forking() {
+        ret(P::instance().post_forking(), |_| 0)
+    }
+    /// `RESTORE_INIT`.
+    RestoreInit => fn restore_init() {
+        ret(P::instance().restore_init(), |_| 0)
+    }
+    /// `DUMP_DEVICES_LATE`.
+    DumpDevicesLate => fn dump_devices_late(id: c_int) {
+        ret(P::instance().dump_devices_late(id), |_| 0)
+    }
+    /// `DUMP_FINISH`.
+    DumpFinish => fn dump_finish(rc: c_int) {
+        ret(P::instance().dump_finish(rc), |_| 0)
     }
 }
 

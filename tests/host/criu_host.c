@@ -6,8 +6,10 @@
  * symbols the family it emulates has. One source, several builds:
  *
  *   -DHOST_HOOKS=N          CR_PLUGIN_HOOK__MAX: 7 (<3.17), 10 (3.17-3.19), 12 (4.0-4.1),
- *                           13 (4.2), 15 (criu-dev)
- *   -DHOST_RETRY=0|1        RESTORE_EXT_FILE(int id, bool *retry_needed) (criu-dev)
+ *                           13 (4.2), 15 (criu-dev before 4.3), 17 (4.3)
+ *   -DHOST_RETRY=0|1        RESTORE_EXT_FILE(int id, bool *retry_needed) (criu-dev, 4.3)
+ *   -DHOST_OPTIONS=0|1      exports criu_plugin_get_options (4.3), with the options given by
+ *                           --plugin-option
  *   -DHOST_V40_FREEZE=0|1   exports dont_use_freeze_cgroup (4.0 only)
  *   -DHOST_V41_API=0|1      exports set_compel_interrupt_only_mode and the inventory plugin
  *                           list functions (4.1 and later)
@@ -16,7 +18,7 @@
  * criu's: that is how the plugin tells hosts apart.
  *
  * Usage: criu_host [--out FILE] [--images DIR] [--inventory LIST] [--final-state N]
- *                  PLUGIN STAGE[,STAGE...]
+ *                  [--plugin-option PLUGIN.NAME[=VALUE]]... PLUGIN STAGE[,STAGE...]
  *        criu_host [--out FILE] --script PLUGIN OP[,OP...]
  *
  * --script calls the plugin's hooks in an order of the caller's choice, with no seizing, to
@@ -74,6 +76,9 @@
 #ifndef HOST_V41_API
 #define HOST_V41_API 0
 #endif
+#ifndef HOST_OPTIONS
+#define HOST_OPTIONS 0
+#endif
 
 #if HOST_RETRY && HOST_HOOKS < 15
 #error "only criu-dev has RESTORE_EXT_FILE with retry_needed"
@@ -104,10 +109,14 @@ static const char *const legacy_names[] = {
 	"cr_plugin_restore_init",
 	"cr_plugin_dump_devices_late",
 #endif
+#if HOST_HOOKS >= 17
+	/* 4.3 gives DUMP_FINISH no legacy name. */
+	"cr_plugin_update_inetsk",
+#endif
 };
 
-_Static_assert(sizeof(legacy_names) / sizeof(legacy_names[0]) == HOST_HOOKS,
-	       "HOST_HOOKS must be 7, 10, 12, 13 or 15");
+_Static_assert(sizeof(legacy_names) / sizeof(legacy_names[0]) + (HOST_HOOKS >= 17) == HOST_HOOKS,
+	       "HOST_HOOKS must be 7, 10, 12, 13, 15 or 17");
 
 /* Upper-case labels for the report (not the legacy names: those must not leak into rodata). */
 static const char *const hook_labels[HOOK_SLOTS] = {
@@ -304,6 +313,32 @@ static void inventory_written(void)
 }
 #endif
 
+#define MAX_OPTIONS 32
+
+#if HOST_OPTIONS
+/* Like 4.3's: argv[0] a placeholder, "--PLUGIN.NAME[=VALUE]" entries, argv[argc] NULL. */
+static char *plugin_argv[MAX_OPTIONS + 2] = { "criu-plugin-options" };
+static int plugin_argc = 1;
+
+int criu_plugin_get_options(int *argc, char ***argv)
+{
+	report("host criu_plugin_get_options argc=%d", plugin_argc);
+	*argc = plugin_argc;
+	*argv = plugin_argv;
+	return 0;
+}
+
+static void add_plugin_option(const char *opt)
+{
+	char *s;
+
+	if (plugin_argc == MAX_OPTIONS + 1 || asprintf(&s, "--%s", opt) < 0)
+		exit(2);
+	plugin_argv[plugin_argc++] = s;
+	plugin_argv[plugin_argc] = NULL;
+}
+#endif
+
 /* ---- the plugin as CRIU holds it ------------------------------------------------------ */
 
 struct loaded {
@@ -372,6 +407,18 @@ static int call_void_hook(const struct loaded *p, int idx)
 		return 0;
 	rc = f();
 	report("hook %s rc=%d", hook_labels[idx], rc);
+	return failed_rc(rc);
+}
+
+static __attribute__((unused)) int call_int_hook(const struct loaded *p, int idx, int arg)
+{
+	hook_pid_fn f = (hook_pid_fn)hook(p, idx);
+	int rc;
+
+	if (!f)
+		return 0;
+	rc = f(arg);
+	report("hook %s rc=%d arg=%d", hook_labels[idx], rc, arg);
 	return failed_rc(rc);
 }
 
@@ -516,6 +563,10 @@ static int dump_hooks(const struct loaded *p, enum stage_kind stage)
 			failed |= failed_rc(rc);
 		}
 		failed |= call_pid_hook(p, HOOK_DUMP_DEVICES_LATE, child, "child");
+#if HOST_HOOKS >= 17
+		/* 4.3: before the tasks are released; ret is the dump's result so far. */
+		failed |= call_int_hook(p, HOOK_DUMP_FINISH, failed ? -1 : 0);
+#endif
 #if HOST_V41_API
 		inventory_written();
 #endif
@@ -720,7 +771,7 @@ static int run_script(const char *path, char *ops)
 static void usage(void)
 {
 	fprintf(stderr, "usage: criu_host [--out FILE] [--images DIR] [--inventory LIST] "
-			"[--final-state N] PLUGIN STAGE[,STAGE...]\n");
+			"[--final-state N] [--plugin-option OPT]... PLUGIN STAGE[,STAGE...]\n");
 	exit(2);
 }
 
@@ -746,6 +797,13 @@ int main(int argc, char **argv)
 			inventory_list = argv[i + 1];
 		} else if (!strcmp(argv[i], "--final-state")) {
 			opts.final_state = atoi(argv[i + 1]);
+		} else if (!strcmp(argv[i], "--plugin-option")) {
+#if HOST_OPTIONS
+			add_plugin_option(argv[i + 1]);
+#else
+			report("result fail --plugin-option needs a 4.3 host");
+			return 2;
+#endif
 		} else if (!strcmp(argv[i], "--script")) {
 			script = 1;
 			i--; /* takes no value */
@@ -775,7 +833,7 @@ int main(int argc, char **argv)
 
 	if (script)
 		return run_script(plugin, stages);
-	for (i = 0; i < HOST_HOOKS; i++)
+	for (i = 0; i < (int)(sizeof(legacy_names) / sizeof(legacy_names[0])); i++)
 		report("legacy %s", legacy_names[i]);
 	report("host hooks=%d retry=%d v40_freeze=%d v41_api=%d", HOST_HOOKS, HOST_RETRY,
 	       HOST_V40_FREEZE, HOST_V41_API);
