@@ -16,6 +16,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_cuda;
+
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;

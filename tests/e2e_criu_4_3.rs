@@ -1,0 +1,290 @@
+//! What CRIU 4.3 adds, end to end with the real `criu` and the stand-in CUDA driver: plugin
+//! options (a GPU map handed over per restore, in this plugin's names and in the C cuda
+//! plugin's), and hooks broadcast to every plugin (`DUMP_DEVICES_LATE`, `DUMP_FINISH`,
+//! `RESTORE_INIT`, `POST_FORKING`) with a second plugin in the same directory.
+//!
+//! With an older CRIU these tests say so and pass: `scripts/test.sh` runs every end-to-end
+//! suite again against CRIU 4.3 (`CRIU_BIN=.criu-4.3/bin/criu`), where they run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::fake_cuda::*;
+use common::{cc, fixture, plugin_path};
+
+/// Skips (passes) where CRIU is older than 4.3.
+fn start(test: &str) -> Option<Fake> {
+    let f = Fake::start(test)?;
+    if f.e.criu_release().is_none_or(|r| r < (4, 3)) {
+        eprintln!(
+            "SKIPPED {test}: CRIU {:?} is older than 4.3 (run with CRIU_BIN=.criu-4.3/bin/criu)",
+            f.e.criu_release()
+        );
+        return None;
+    }
+    Some(f)
+}
+
+/// A plugin directory holding this plugin and the every-hook plugin of
+/// `tests/fixtures/other-plugin`.
+fn libdir_with_another_plugin(f: &Fake) -> PathBuf {
+    let other = cc(
+        "every_hook_plugin.so",
+        &[
+            "-shared".into(),
+            "-fPIC".into(),
+            format!("-I{}/include", common::MANIFEST_DIR),
+            fixture("other-plugin/every_hook_plugin.c"),
+        ],
+    );
+    let dir = f.e.dir().join("two-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(plugin_path(), dir.join("gpu_plugin.so")).unwrap();
+    std::fs::copy(other, dir.join("every_hook_plugin.so")).unwrap();
+    dir
+}
+
+fn other_calls(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_survives() {
+    let Some(f) = start("criu43-two-plugins") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = f.nvidia_proc("nv", &[("0000:00:06.0", &gpu.model, &gpu.uuid)]);
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let lib = libdir_with_another_plugin(&f).display().to_string();
+    let other_log = f.e.dir().join("other.log");
+    let env = |calls: &str| {
+        let mut env = f.env(&nv, calls);
+        env.push(("OTHER_PLUGIN_LOG", other_log.display().to_string()));
+        env
+    };
+    let images = f.e.images("img");
+    let root = w.root().to_string();
+
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env("dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    dump.assert_no_plugin_errors();
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    let seen = other_calls(&other_log);
+    for hook in ["DUMP_DEVICES_LATE", "DUMP_FINISH 0"] {
+        assert!(
+            seen.iter().any(|l| l.starts_with(hook)),
+            "the other plugin did not get {hook}: {seen:?}"
+        );
+    }
+    std::fs::remove_file(&other_log).unwrap();
+
+    let marks = w.marks();
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &env("restore.calls"),
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    let calls = f.calls("restore.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    let seen = other_calls(&other_log);
+    for hook in ["RESTORE_INIT", "POST_FORKING"] {
+        assert!(
+            seen.iter().any(|l| l.starts_with(hook)),
+            "the other plugin did not get {hook}: {seen:?}"
+        );
+    }
+    w.assert_all_running("after the restore beside another plugin");
+    w.assert_continues(&marks);
+    std::fs::remove_file(&other_log).unwrap();
+
+    // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
+    // GPU plugin gives every process its GPU back although the other one answered first.
+    let script = f.e.dir().join("fail-post-dump.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let failed = f.criu(
+        &[
+            "dump",
+            "-t",
+            &root,
+            "--action-script",
+            &script.display().to_string(),
+            "-L",
+            &lib,
+            "-v4",
+        ],
+        &f.e.images("img2"),
+        "dump2.log",
+        &env("dump2.calls"),
+    );
+    failed.assert_failed();
+    failed.assert_no_plugin_errors();
+    let calls = f.calls("dump2.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    let seen = other_calls(&other_log);
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("DUMP_FINISH ") && l != "DUMP_FINISH 0"),
+        "the other plugin did not hear the failure: {seen:?}"
+    );
+    w.assert_all_running("after the failed post-dump script");
+}
+
+#[test]
+fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_before_forking() {
+    let Some(f) = start("criu43-map-option") else {
+        return;
+    };
+    let gpus = f.gpus(2, 0);
+    let (a, b) = (&gpus[0], &gpus[1]);
+    let nv_a = f.nvidia_proc("nv-a", &[("0000:00:06.0", "Fake GPU", &a.uuid)]);
+    let nv_ab = f.nvidia_proc(
+        "nv-ab",
+        &[
+            ("0000:00:06.0", "Fake GPU", &a.uuid),
+            ("0000:00:07.0", "Fake GPU", &b.uuid),
+        ],
+    );
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let pid = w.root();
+    let lib = common::plugin_libdir().display().to_string();
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &pid.to_string(), "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv_a, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    f.clear_device_dir();
+    let pairs = f.dev.join(format!("restore-pairs.{pid}"));
+    let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
+    // The environment names a map too: the option wins over it.
+    let restore_env = |calls: &str| {
+        let mut env = f.env(&nv_ab, calls);
+        env.push(("FAKE_CUDA_GPUS", "2".into()));
+        env.push(("CRIU_GPU_CUDA_DEVICE_MAP", format!("{}={}", a.uuid, a.uuid)));
+        env
+    };
+
+    // A map to a GPU this machine lacks: refused in init, before anything is forked, with a
+    // message naming that GPU.
+    let missing = "GPU-0badc0de-0000-4000-8000-000000000000";
+    let refused = f.criu(
+        &[
+            "restore",
+            "-d",
+            "-L",
+            &lib,
+            "-v4",
+            &format!(
+                "--plugin-option=gpu_plugin.cuda.device-map={}={missing}",
+                a.uuid
+            ),
+        ],
+        &images,
+        "restore-missing.log",
+        &restore_env("missing.calls"),
+    );
+    refused.assert_failed();
+    let first = refused.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin") && first.contains(missing),
+        "the first error must name the missing GPU: {refused:?}"
+    );
+    assert!(
+        !refused.has("Forking task"),
+        "CRIU forked tasks: {refused:?}"
+    );
+    assert!(
+        f.calls("missing.calls").0.is_empty(),
+        "driver calls in a refused restore"
+    );
+    assert!(
+        !common::exists(pid),
+        "pid {pid} exists after the refused restore"
+    );
+
+    // This plugin's option name, then the C cuda plugin's: the same map either way.
+    for (n, option) in [
+        format!("gpu_plugin.cuda.device-map={}={}", a.uuid, b.uuid),
+        format!("cuda_plugin.device-map={}={}", a.uuid, b.uuid),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let marks = (n == 0).then(|| w.marks()).unwrap_or_default();
+        let run = f.criu(
+            &[
+                "restore",
+                "-d",
+                "-L",
+                &lib,
+                "-v4",
+                &format!("--plugin-option={option}"),
+            ],
+            &images,
+            &format!("restore-{n}.log"),
+            &restore_env(&format!("map{n}.calls")),
+        );
+        run.assert_ok();
+        run.assert_no_plugin_errors();
+        let name = option.split('=').next().unwrap();
+        assert!(
+            run.has(&format!("(plugin option {name})")),
+            "the settings line must say the map came from {name}: {run:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&pairs).unwrap_or_default(),
+            expected_pairs,
+            "GPU pairs with {option}: {run:?}"
+        );
+        w.assert_all_running("after a restore with a GPU map option");
+        // The second restore replays the same images: the counter starts again from them.
+        if n == 0 {
+            w.assert_continues(&marks);
+        }
+        f.e.kill_and_reap(&w.pids);
+        f.clear_device_dir();
+        let _ = std::fs::remove_file(&pairs);
+    }
+}
