@@ -252,7 +252,11 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
     .iter()
     .enumerate()
     {
-        let marks = (n == 0).then(|| w.marks()).unwrap_or_default();
+        let marks = if n == 0 {
+            w.marks()
+        } else {
+            Default::default()
+        };
         let run = f.criu(
             &[
                 "restore",
