@@ -9,8 +9,11 @@
 #                                   (tests/gpu/container_check.py; ARGS go to it, e.g. --out FILE);
 #                                   runc, busybox and the C plugin come from .gpu-carry/
 #                                   (scripts/gpu-carry.sh)
+#   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
+#                                   ones: postfail,mapopt,mapmissing)
 # The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
-# .criu/ (scripts/install-criu.sh; copy the folder along where the GPU machine has no network).
+# $CRIU (default .criu/bin/criu, scripts/install-criu.sh; e.g. CRIU=.criu-4.3/bin/criu; copy the
+# folder along where the GPU machine has no network).
 # Images go to $WORK (default /dev/shm/gpu-check: host memory, the preemption use case).
 # Prints one JSON line per case, a Markdown table, and "N passed, M failed"; exits non-zero on failure.
 set -euo pipefail
@@ -19,7 +22,9 @@ cd "$REPO"
 PLUGIN=${PLUGIN:-target/release/libcriu_gpu_plugin.so}
 WORK=${WORK:-/dev/shm/gpu-check}
 LOGS=${LOGS:-/tmp/gpu-check-logs}
-[ -x .criu/bin/criu ] || scripts/install-criu.sh
+CRIU=${CRIU:-.criu/bin/criu}
+[ -x "$CRIU" ] || [ "$CRIU" != .criu/bin/criu ] || scripts/install-criu.sh
+[ -x "$CRIU" ] || { echo "no CRIU at $CRIU" >&2; exit 1; }
 [ -f "$PLUGIN" ] || { echo "no plugin at $PLUGIN: run cargo build --release" >&2; exit 1; }
 lib=$(mktemp -d)
 cp "$PLUGIN" "$lib/gpu_plugin.so"
@@ -32,15 +37,17 @@ done
 if [ "${1:-}" = --containers ]; then
     shift
     # Later options win: ARGS can replace these defaults.
-    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/container_check.py --criu .criu/bin/criu --plugin "$PLUGIN" \
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/container_check.py --criu "$CRIU" --plugin "$PLUGIN" \
         --work "$WORK/containers" --out "$LOGS/containers/results.json" "$@"
 fi
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
-if [ "${1:-}" = --bench ]; then
+if [ "${1:-}" = --cases ]; then
+    cases=${2:?--cases needs a list}
+elif [ "${1:-}" = --bench ]; then
     cases=basic8,multi4,multi4seq
 else
     cases=basic1,tree,multi4,torch,leave,basic8
     [ "$gpus" -ge 2 ] && cases=$cases,mgpu_two,mgpu_conc,mgpu_seq,remap,refuse
 fi
-PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py --criu .criu/bin/criu --libdir "$lib" \
+PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py --criu "$CRIU" --libdir "$lib" \
     --work "$WORK" --logs "$LOGS" --cases "$cases"

@@ -8,6 +8,9 @@ Markdown table of timings and writes logs to --logs.
     python3 tests/gpu/gpu_check.py --criu .criu/bin/criu --libdir DIR --work /dev/shm/gpuck \\
         [--cases basic1,basic8,tree,multi4,torch,leave] [--bench] [--logs DIR]
 
+CRIU 4.3 cases: postfail (DUMP_FINISH after a failing post-dump script), mapopt and mapmissing
+(a GPU map given as --plugin-option).
+
 The script makes itself a child subreaper, so killed workloads are reaped at once and their pids
 are free for the restore (CRIU restores the same pids).
 """
@@ -326,6 +329,64 @@ def refuse_case(ctx, wl):
     return res
 
 
+def mapopt_case(ctx, wl):
+    """CRIU 4.3 plugin options: a restore given its GPU map as --plugin-option, in this plugin's
+    name and then in the C cuda plugin's (GPU 0 onto the last GPU: itself on a one-GPU machine)."""
+    uuids = gpu_uuids()
+    res = {"case": "mapopt", "gpus": uuids, "runs": []}
+    ok = True
+    for n, opt in enumerate(["gpu_plugin.cuda.device-map", "cuda_plugin.device-map"]):
+        name = f"mapopt{n}"
+        prefix, pids, img, _ = dump_only(ctx, name, [wl, "--gib", "1", "--device", "0", "--out"], 1)
+        counters = {p: last_counter(prefix, p) for p in pids}
+        ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log",
+                f"--plugin-option={opt}={uuids[0]}={uuids[-1]}"], log=f"{name}.restore.out")
+        log = open(os.path.join(img, "restore.log"), errors="replace").read()
+        shutil.copy(os.path.join(img, "restore.log"), os.path.join(ctx.logs, f"{name}.restore.log"))
+        time.sleep(1.0)
+        v = verify(prefix, pids)
+        run = {"option": opt, "named_in_log": f"(plugin option {opt})" in log,
+               "on_gpus_after": gpu_of(pids[0]), "detail": {str(k): v[k][2] for k in v}}
+        run["ok"] = (all(o and moved for o, moved, _ in v.values()) and run["named_in_log"]
+                     and run["on_gpus_after"] == [uuids[-1]]
+                     and all(last_counter(prefix, p) > counters[p] for p in pids))
+        ok = ok and run["ok"]
+        res["runs"].append(run)
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+        wait_gone(pids)
+        shutil.rmtree(img, ignore_errors=True)
+    res["ok"] = ok
+    ctx.results.append(res)
+    return res
+
+
+def mapmissing_case(ctx, wl):
+    """A GPU map option naming a GPU this machine lacks: refused before any task is forked,
+    with a message naming it; the same images then restore without the option."""
+    uuids = gpu_uuids()
+    missing = "GPU-0badc0de-0000-4000-8000-000000000000"
+    res = {"case": "mapmissing"}
+    prefix, pids, img, _ = dump_only(ctx, "mapmissing", [wl, "--gib", "1", "--out"], 1)
+    p, _ = ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "refused.log",
+                   f"--plugin-option=gpu_plugin.cuda.device-map={uuids[0]}={missing}"],
+                  log="mapmissing.refused.out", check=False)
+    log = open(os.path.join(img, "refused.log"), errors="replace").read()
+    shutil.copy(os.path.join(img, "refused.log"), os.path.join(ctx.logs, "mapmissing.refused.log"))
+    errors = [l for l in log.splitlines() if "Error" in l and "gpu_plugin" in l]
+    res["restore_rc"] = p.returncode
+    res["first_plugin_error"] = errors[0] if errors else None
+    res["forked_tasks"] = "Forking task" in log
+    refused = p.returncode != 0 and bool(errors) and missing in errors[0] and not res["forked_tasks"]
+    ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
+           log="mapmissing.restore.out")
+    time.sleep(1.0)
+    v = verify(prefix, pids)
+    res["detail"] = {str(k): v[k][2] for k in v}
+    res["ok"] = refused and all(o and moved for o, moved, _ in v.values())
+    return end_case(ctx, res, pids, img)
+
+
 def table(results):
     """The benchmark table for docs/performance.md."""
     rows = ["| case | processes | images GB | dump s | restore s | GPU checkpoint ms | GPU restore ms "
@@ -376,6 +437,8 @@ def main():
         "refuse": lambda: refuse_case(ctx, wl),
         "leave": lambda: dump_restore(ctx, "leave", [wl, "--gib", "1", "--out"], 1, leave_running=True),
         "postfail": lambda: postfail_case(ctx, wl),
+        "mapopt": lambda: mapopt_case(ctx, wl),
+        "mapmissing": lambda: mapmissing_case(ctx, wl),
         "torch": lambda: dump_restore(ctx, "torch", [sys.executable, os.path.join(HERE, "train.py"), "--out"],
                                       1, key="step"),
     }
