@@ -2,6 +2,7 @@
 //! checkpointed GPU with a restore GPU (upstream `device_properties_match`).
 
 use super::GpuNode;
+use super::properties::PROPERTIES;
 
 /// The seven `KFD_*_CHECK` switches. All default to on, as upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,130 +83,45 @@ impl CompatChecks {
         Self::from_env(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 }
-/// `device_properties_match`: the first property that rules `d` out for `s`.
+/// A `KFD_*_CHECK` switch, as a property rule refers to it.
+#[derive(Clone, Copy)]
+pub(super) struct Switch {
+    /// The environment variable, named in mismatch messages.
+    pub env_var: &'static str,
+    /// Whether the check is on.
+    pub on: fn(&CompatChecks) -> bool,
+}
+
+/// How a restore GPU's value of a property is compared with the
+/// checkpoint's.
+#[derive(Clone, Copy)]
+pub(super) enum Rule {
+    /// Must be equal.
+    Equal,
+    /// A bit mask that must be equal while the switch is on.
+    SameBits(Switch),
+    /// Restore must have at least the checkpoint's value while the switch is on.
+    AtLeast(Switch),
+    /// Recorded, not compared.
+    Ignored,
+}
+
+/// `device_properties_match`: the first property that rules `d` out for `s`,
+/// in the order of the property table.
 pub(super) fn property_mismatch(s: &GpuNode, d: &GpuNode, checks: &CompatChecks) -> Option<String> {
-    let exact: [(&str, u64, u64); 18] = [
-        ("simd_count", s.simd_count.into(), d.simd_count.into()),
-        (
-            "mem_banks_count",
-            s.mem_banks_count.into(),
-            d.mem_banks_count.into(),
-        ),
-        (
-            "io_links_count",
-            s.io_links_count.into(),
-            d.io_links_count.into(),
-        ),
-        (
-            "max_waves_per_simd",
-            s.max_waves_per_simd.into(),
-            d.max_waves_per_simd.into(),
-        ),
-        (
-            "lds_size_in_kb",
-            s.lds_size_in_kb.into(),
-            d.lds_size_in_kb.into(),
-        ),
-        (
-            "wave_front_size",
-            s.wave_front_size.into(),
-            d.wave_front_size.into(),
-        ),
-        ("array_count", s.array_count.into(), d.array_count.into()),
-        (
-            "simd_arrays_per_engine",
-            s.simd_arrays_per_engine.into(),
-            d.simd_arrays_per_engine.into(),
-        ),
-        (
-            "cu_per_simd_array",
-            s.cu_per_simd_array.into(),
-            d.cu_per_simd_array.into(),
-        ),
-        ("simd_per_cu", s.simd_per_cu.into(), d.simd_per_cu.into()),
-        (
-            "max_slots_scratch_cu",
-            s.max_slots_scratch_cu.into(),
-            d.max_slots_scratch_cu.into(),
-        ),
-        ("vendor_id", s.vendor_id.into(), d.vendor_id.into()),
-        ("device_id", s.device_id.into(), d.device_id.into()),
-        (
-            "num_sdma_engines",
-            s.num_sdma_engines.into(),
-            d.num_sdma_engines.into(),
-        ),
-        (
-            "num_sdma_xgmi_engines",
-            s.num_sdma_xgmi_engines.into(),
-            d.num_sdma_xgmi_engines.into(),
-        ),
-        (
-            "num_sdma_queues_per_engine",
-            s.num_sdma_queues_per_engine.into(),
-            d.num_sdma_queues_per_engine.into(),
-        ),
-        (
-            "num_cp_queues",
-            s.num_cp_queues.into(),
-            d.num_cp_queues.into(),
-        ),
-        ("vram_public", s.vram_public.into(), d.vram_public.into()),
-    ];
-    for (name, a, b) in exact {
-        if a != b {
-            return Some(format!("has {name} {b}, the checkpoint needs {a}"));
+    PROPERTIES.iter().find_map(|p| {
+        let (name, a, b) = (p.name, (p.get)(s), (p.get)(d));
+        match p.rule {
+            Rule::Equal if a != b => Some(format!("has {name} {b}, the checkpoint needs {a}")),
+            Rule::SameBits(sw) if (sw.on)(checks) && a != b => Some(format!(
+                "has {name} {b:#x}, the checkpoint needs {a:#x} ({})",
+                sw.env_var
+            )),
+            Rule::AtLeast(sw) if (sw.on)(checks) && a > b => Some(format!(
+                "has {name} {b}, the checkpoint needs at least {a} ({})",
+                sw.env_var
+            )),
+            _ => None,
         }
-    }
-    if checks.capability && s.capability != d.capability {
-        return Some(format!(
-            "has capability {:#x}, the checkpoint needs {:#x} (KFD_CAPABILITY_CHECK)",
-            d.capability, s.capability
-        ));
-    }
-    let at_least: [(bool, &str, &str, u64, u64); 5] = [
-        (
-            checks.vram_size,
-            "vram_size",
-            "KFD_VRAM_SIZE_CHECK",
-            s.vram_size,
-            d.vram_size,
-        ),
-        (
-            checks.num_gws,
-            "num_gws",
-            "KFD_NUM_GWS_CHECK",
-            s.num_gws.into(),
-            d.num_gws.into(),
-        ),
-        (
-            checks.caches_count,
-            "caches_count",
-            "KFD_CACHES_COUNT_CHECK",
-            s.caches_count.into(),
-            d.caches_count.into(),
-        ),
-        (
-            checks.fw_version,
-            "fw_version",
-            "KFD_FW_VER_CHECK",
-            s.fw_version.into(),
-            d.fw_version.into(),
-        ),
-        (
-            checks.sdma_fw_version,
-            "sdma_fw_version",
-            "KFD_SDMA_FW_VER_CHECK",
-            s.sdma_fw_version.into(),
-            d.sdma_fw_version.into(),
-        ),
-    ];
-    for (on, name, var, a, b) in at_least {
-        if on && a > b {
-            return Some(format!(
-                "has {name} {b}, the checkpoint needs at least {a} ({var})"
-            ));
-        }
-    }
-    None
+    })
 }

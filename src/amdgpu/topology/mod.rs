@@ -72,8 +72,10 @@
 //! # Where the parts live
 //!
 //! This file holds the node and link types, [`Topology`] and the image form;
-//! `sysfs` reads the sysfs tree; `compat` holds the `KFD_*_CHECK` switches
-//! and the property comparison; `map` the GPU mapping search.
+//! `properties` lists the GPU properties once (struct fields, image fields,
+//! sysfs names and comparison rules); `sysfs` reads the sysfs tree;
+//! `compat` holds the `KFD_*_CHECK` switches and the property comparison;
+//! `map` the GPU mapping search.
 
 use std::collections::HashSet;
 use std::error::Error;
@@ -86,12 +88,14 @@ use super::image::IoLink as EntryLink;
 
 mod compat;
 mod map;
+mod properties;
 mod sysfs;
 #[cfg(test)]
 mod tests;
 
 pub use compat::CompatChecks;
 pub use map::{GpuMap, GpuMapping, MapError, map_gpus};
+pub use properties::GpuNode;
 pub use sysfs::{present_render_minors, render_node_path};
 
 /// Where amdkfd exposes its topology.
@@ -178,52 +182,6 @@ pub struct CpuNode {
     pub io_links: Vec<IoLink>,
 }
 
-/// A GPU node: the properties the plugin stores in the image and compares.
-/// Fields without a comment carry the sysfs property of the same name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuNode {
-    /// KFD node id (the directory name under `nodes/`).
-    pub node_id: u32,
-    /// KFD gpu id. Local (actual) id when parsed from sysfs; the user id when
-    /// rebuilt from an image.
-    pub gpu_id: u32,
-    pub simd_count: u32,
-    pub mem_banks_count: u32,
-    pub caches_count: u32,
-    /// Raw `io_links_count` property (all links, valid or not).
-    pub io_links_count: u32,
-    pub max_waves_per_simd: u32,
-    pub lds_size_in_kb: u32,
-    pub num_gws: u32,
-    pub wave_front_size: u32,
-    pub array_count: u32,
-    pub simd_arrays_per_engine: u32,
-    pub cu_per_simd_array: u32,
-    pub simd_per_cu: u32,
-    pub max_slots_scratch_cu: u32,
-    pub vendor_id: u32,
-    pub device_id: u32,
-    /// PCI domain (not compared).
-    pub domain: u32,
-    /// Render-node minor (`/dev/dri/renderD<minor>`, not compared).
-    pub drm_render_minor: u32,
-    /// XGMI hive id (not compared; hives come from the links).
-    pub hive_id: u64,
-    pub num_sdma_engines: u32,
-    pub num_sdma_xgmi_engines: u32,
-    pub num_sdma_queues_per_engine: u32,
-    pub num_cp_queues: u32,
-    pub fw_version: u32,
-    pub capability: u32,
-    pub sdma_fw_version: u32,
-    /// True when the first frame-buffer bank is public (heap type 1).
-    pub vram_public: bool,
-    /// Size of the first frame-buffer bank in bytes.
-    pub vram_size: u64,
-    /// Links of kinds PCIe and XGMI, in numeric directory order.
-    pub io_links: Vec<IoLink>,
-}
-
 /// One node of a [`Topology`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TopologyNode {
@@ -296,47 +254,6 @@ fn dev_links(links: &[IoLink]) -> Vec<EntryLink> {
         .collect()
 }
 
-impl GpuNode {
-    /// The image entry for this GPU, recorded under `image_gpu_id` (the user
-    /// gpu id KFD reported for the process). Links are copied as they are.
-    pub fn to_device_entry(&self, image_gpu_id: u32) -> DeviceEntry {
-        DeviceEntry {
-            node_id: self.node_id,
-            gpu_id: image_gpu_id,
-            cpu_cores_count: 0,
-            simd_count: self.simd_count,
-            mem_banks_count: self.mem_banks_count,
-            caches_count: self.caches_count,
-            io_links_count: self.io_links_count,
-            max_waves_per_simd: self.max_waves_per_simd,
-            lds_size_in_kb: self.lds_size_in_kb,
-            gds_size_in_kb: 0,
-            num_gws: self.num_gws,
-            wave_front_size: self.wave_front_size,
-            array_count: self.array_count,
-            simd_arrays_per_engine: self.simd_arrays_per_engine,
-            cu_per_simd_array: self.cu_per_simd_array,
-            simd_per_cu: self.simd_per_cu,
-            max_slots_scratch_cu: self.max_slots_scratch_cu,
-            vendor_id: self.vendor_id,
-            device_id: self.device_id,
-            domain: self.domain,
-            drm_render_minor: self.drm_render_minor,
-            hive_id: self.hive_id,
-            num_sdma_engines: self.num_sdma_engines,
-            num_sdma_xgmi_engines: self.num_sdma_xgmi_engines,
-            num_sdma_queues_per_engine: self.num_sdma_queues_per_engine,
-            num_cp_queues: self.num_cp_queues,
-            fw_version: self.fw_version,
-            capability: self.capability,
-            sdma_fw_version: self.sdma_fw_version,
-            vram_public: u32::from(self.vram_public),
-            vram_size: self.vram_size,
-            iolinks: dev_links(&self.io_links),
-        }
-    }
-}
-
 impl CpuNode {
     /// The image entry for this CPU node. Links are copied as they are.
     pub fn to_device_entry(&self) -> DeviceEntry {
@@ -371,38 +288,7 @@ impl From<&DeviceEntry> for TopologyNode {
                 io_links,
             });
         }
-        Self::Gpu(GpuNode {
-            node_id: d.node_id,
-            gpu_id: d.gpu_id,
-            simd_count: d.simd_count,
-            mem_banks_count: d.mem_banks_count,
-            caches_count: d.caches_count,
-            io_links_count: d.io_links_count,
-            max_waves_per_simd: d.max_waves_per_simd,
-            lds_size_in_kb: d.lds_size_in_kb,
-            num_gws: d.num_gws,
-            wave_front_size: d.wave_front_size,
-            array_count: d.array_count,
-            simd_arrays_per_engine: d.simd_arrays_per_engine,
-            cu_per_simd_array: d.cu_per_simd_array,
-            simd_per_cu: d.simd_per_cu,
-            max_slots_scratch_cu: d.max_slots_scratch_cu,
-            vendor_id: d.vendor_id,
-            device_id: d.device_id,
-            domain: d.domain,
-            drm_render_minor: d.drm_render_minor,
-            hive_id: d.hive_id,
-            num_sdma_engines: d.num_sdma_engines,
-            num_sdma_xgmi_engines: d.num_sdma_xgmi_engines,
-            num_sdma_queues_per_engine: d.num_sdma_queues_per_engine,
-            num_cp_queues: d.num_cp_queues,
-            fw_version: d.fw_version,
-            capability: d.capability,
-            sdma_fw_version: d.sdma_fw_version,
-            vram_public: d.vram_public != 0,
-            vram_size: d.vram_size,
-            io_links,
-        })
+        Self::Gpu(GpuNode::from_device_entry(d, io_links))
     }
 }
 

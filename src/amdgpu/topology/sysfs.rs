@@ -6,6 +6,7 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use super::properties::{PROPERTIES, PropertySetter};
 use super::{
     CpuNode, GpuNode, IoLink, IoLinkType, MAX_DIR_ENTRIES, MAX_PROPERTY_NAME_LEN,
     MAX_SYSFS_FILE_BYTES, RENDER_MINOR_FIRST, RENDER_MINOR_LAST, Topology, TopologyError,
@@ -209,42 +210,23 @@ fn for_each_property(
 }
 
 fn narrow(path: &Path, name: &str, value: u64) -> Result<u32, TopologyError> {
-    u32::try_from(value).map_err(|_| {
-        malformed(
-            path,
-            format!("the value {value} of {name} does not fit in 32 bits"),
-        )
-    })
+    u32::try_from(value).map_err(|_| too_wide(path, name, value))
 }
 
-fn gpu_field<'a>(g: &'a mut GpuNode, name: &str) -> Option<&'a mut u32> {
-    Some(match name {
-        "simd_count" => &mut g.simd_count,
-        "mem_banks_count" => &mut g.mem_banks_count,
-        "caches_count" => &mut g.caches_count,
-        "io_links_count" => &mut g.io_links_count,
-        "max_waves_per_simd" => &mut g.max_waves_per_simd,
-        "lds_size_in_kb" => &mut g.lds_size_in_kb,
-        "num_gws" => &mut g.num_gws,
-        "wave_front_size" => &mut g.wave_front_size,
-        "array_count" => &mut g.array_count,
-        "simd_arrays_per_engine" => &mut g.simd_arrays_per_engine,
-        "cu_per_simd_array" => &mut g.cu_per_simd_array,
-        "simd_per_cu" => &mut g.simd_per_cu,
-        "max_slots_scratch_cu" => &mut g.max_slots_scratch_cu,
-        "vendor_id" => &mut g.vendor_id,
-        "device_id" => &mut g.device_id,
-        "domain" => &mut g.domain,
-        "drm_render_minor" => &mut g.drm_render_minor,
-        "num_sdma_engines" => &mut g.num_sdma_engines,
-        "num_sdma_xgmi_engines" => &mut g.num_sdma_xgmi_engines,
-        "num_sdma_queues_per_engine" => &mut g.num_sdma_queues_per_engine,
-        "num_cp_queues" => &mut g.num_cp_queues,
-        "fw_version" => &mut g.fw_version,
-        "capability" => &mut g.capability,
-        "sdma_fw_version" => &mut g.sdma_fw_version,
-        _ => return None,
-    })
+fn too_wide(path: &Path, name: &str, value: u64) -> TopologyError {
+    malformed(
+        path,
+        format!("the value {value} of {name} does not fit in 32 bits"),
+    )
+}
+
+/// How to store the GPU property `name` of a `properties` file; `None` for
+/// names the plugin does not keep.
+fn gpu_property_setter(name: &str) -> Option<PropertySetter> {
+    PROPERTIES
+        .iter()
+        .find(|p| p.name == name)
+        .and_then(|p| p.set)
 }
 
 fn parse_node(dir: &Path, node_id: u32, gpu_id: u32) -> Result<TopologyNode, TopologyError> {
@@ -259,10 +241,8 @@ fn parse_node(dir: &Path, node_id: u32, gpu_id: u32) -> Result<TopologyNode, Top
     for_each_property(&path, &text, |name, value| {
         if name == "cpu_cores_count" {
             cores = narrow(&path, name, value)?;
-        } else if name == "hive_id" {
-            gpu.hive_id = value;
-        } else if let Some(slot) = gpu_field(&mut gpu, name) {
-            *slot = narrow(&path, name, value)?;
+        } else if let Some(set) = gpu_property_setter(name) {
+            set(&mut gpu, value).map_err(|_| too_wide(&path, name, value))?;
         }
         // A CPU node needs nothing past its core count (as upstream).
         Ok(!(gpu_id == 0 && cores >= 1))
