@@ -262,14 +262,26 @@ fn parse_node(dir: &Path, node_id: u32, gpu_id: u32) -> Result<TopologyNode, Top
     Ok(TopologyNode::Gpu(gpu))
 }
 
+/// The `properties` files of the numbered subdirectories of `dir` (memory
+/// banks or io links), as (path, text), each read only when reached so that
+/// a caller that stops early reads no further.
+fn numbered_properties(
+    dir: &Path,
+    optional: bool,
+) -> Result<impl Iterator<Item = Result<(PathBuf, String), TopologyError>>, TopologyError> {
+    Ok(numeric_entries(dir, optional)?
+        .into_iter()
+        .filter(|(_, sub)| sub.is_dir())
+        .map(|(_, sub)| {
+            let path = sub.join("properties");
+            read_text(&path).map(|text| (path, text))
+        }))
+}
+
 /// The first frame-buffer bank: (public, size).
 fn parse_vram(dir: &Path) -> Result<(bool, u64), TopologyError> {
-    for (_, bank) in numeric_entries(&dir.join("mem_banks"), false)? {
-        if !bank.is_dir() {
-            continue;
-        }
-        let path = bank.join("properties");
-        let text = read_text(&path)?;
+    for entry in numbered_properties(&dir.join("mem_banks"), false)? {
+        let (path, text) = entry?;
         let mut heap_type = 0u32;
         let mut size = 0u64;
         for_each_property(&path, &text, |name, value| {
@@ -294,12 +306,8 @@ fn parse_vram(dir: &Path) -> Result<(bool, u64), TopologyError> {
 
 fn parse_io_links(dir: &Path) -> Result<Vec<IoLink>, TopologyError> {
     let mut links = Vec::new();
-    for (_, link_dir) in numeric_entries(&dir.join("io_links"), true)? {
-        if !link_dir.is_dir() {
-            continue;
-        }
-        let path = link_dir.join("properties");
-        let text = read_text(&path)?;
+    for entry in numbered_properties(&dir.join("io_links"), true)? {
+        let (path, text) = entry?;
         let mut raw_type = 0u32;
         let mut node_to = None;
         for_each_property(&path, &text, |name, value| {

@@ -30,8 +30,7 @@ fn hives_touching_through_a_partial_mesh_merge() {
         t.gpu(i, 0x100 + i, 1);
     }
     for (a, b) in [(1, 2), (3, 4), (2, 3)] {
-        t.link(a, XGMI, b);
-        t.link(b, XGMI, a);
+        t.link_both(a, XGMI, b);
     }
     let hives = t.build().xgmi_hives();
     assert_eq!(hives.len(), 1);
@@ -50,18 +49,11 @@ fn eight_in_two_hives(base: u32, hive_nodes: [[u32; 4]; 2], dev: [u32; 2]) -> To
         for &n in nodes {
             t.gpu(n, base + n, dev[h]);
             let cpu = u32::try_from(h).expect("small");
-            t.link(n, PCIE, cpu);
-            t.link(cpu, PCIE, n);
+            t.link_both(n, PCIE, cpu);
         }
     }
     for nodes in &hive_nodes {
-        for &a in nodes {
-            for &b in nodes {
-                if a != b {
-                    t.link(a, XGMI, b);
-                }
-            }
-        }
+        t.full_mesh(nodes, XGMI);
     }
     // Nodes must be listed in id order like a parsed topology.
     t.nodes.sort_by_key(TopologyNode::node_id);
@@ -109,32 +101,29 @@ fn eight_gpus_hive_device_ids_force_a_cross_mapping() {
 #[test]
 fn split_restore_hive_fails_with_named_hive() {
     let src = eight_in_two_hives(0xA000, [[2, 3, 4, 5], [6, 7, 8, 9]], [0xD000, 0xD000]);
+    // Eight restore GPUs, four per CPU, that the cases below join in hives.
+    let restore_gpus = || {
+        let mut t = Tb::default();
+        t.cpu(0);
+        t.cpu(1);
+        for n in 2..10u32 {
+            let cpu = u32::from(n >= 6);
+            t.gpu(n, 0xB000 + n, 0xD000);
+            t.link_both(n, PCIE, cpu);
+        }
+        t
+    };
     // Restore host: the second hive is split into two pairs, so it has
     // three hives (4 + 2 + 2) and the second checkpoint hive fits nowhere.
-    let mut t = Tb::default();
-    t.cpu(0);
-    t.cpu(1);
-    for n in 2..10u32 {
-        let cpu = u32::from(n >= 6);
-        t.gpu(n, 0xB000 + n, 0xD000);
-        t.link(n, PCIE, cpu);
-        t.link(cpu, PCIE, n);
-    }
+    let mut t = restore_gpus();
     let groups: [&[u32]; 3] = [&[2, 3, 4, 5], &[6, 7], &[8, 9]];
     for g in groups {
-        for &a in g {
-            for &b in g {
-                if a != b {
-                    t.link(a, XGMI, b);
-                }
-            }
-        }
+        t.full_mesh(g, XGMI);
     }
     // Keep the raw link count equal to the checkpoint's (it is compared
     // exactly) by adding PCIe links inside the split pairs.
     for (a, b) in [(6, 8), (6, 9), (7, 8), (7, 9)] {
-        t.link(a, PCIE, b);
-        t.link(b, PCIE, a);
+        t.link_both(a, PCIE, b);
     }
     let dst = t.build();
     assert_eq!(dst.xgmi_hives().len(), 3);
@@ -151,22 +140,8 @@ fn split_restore_hive_fails_with_named_hive() {
     );
 
     // Restore host: one hive of 4 and 4 loose GPUs.
-    let mut t = Tb::default();
-    t.cpu(0);
-    t.cpu(1);
-    for n in 2..10u32 {
-        let cpu = u32::from(n >= 6);
-        t.gpu(n, 0xB000 + n, 0xD000);
-        t.link(n, PCIE, cpu);
-        t.link(cpu, PCIE, n);
-    }
-    for a in 2..6 {
-        for b in 2..6 {
-            if a != b {
-                t.link(a, XGMI, b);
-            }
-        }
-    }
+    let mut t = restore_gpus();
+    t.full_mesh(&[2, 3, 4, 5], XGMI);
     let err = map_gpus(&src, &t.build(), &CompatChecks::default()).unwrap_err();
     assert!(matches!(err, MapError::HiveCountMismatch { .. }), "{err}");
     assert!(
@@ -188,8 +163,7 @@ fn backtracks_across_hives_where_the_c_search_could_not() {
         t.cpu(0);
         for n in 2..6u32 {
             t.gpu(n, base + n, 0xD000);
-            t.link(n, PCIE, 0);
-            t.link(0, PCIE, n);
+            t.link_both(n, PCIE, 0);
         }
         for node in &mut t.nodes {
             if let TopologyNode::Gpu(g) = node {
@@ -198,8 +172,7 @@ fn backtracks_across_hives_where_the_c_search_could_not() {
             }
         }
         for (a, b) in [(2, 3), (4, 5)] {
-            t.link(a, XGMI, b);
-            t.link(b, XGMI, a);
+            t.link_both(a, XGMI, b);
         }
         t.build()
     };
@@ -231,8 +204,7 @@ fn single(gpu: GpuNode) -> Topology {
     let mut t = Tb::default();
     t.cpu(0);
     t.nodes.push(TopologyNode::Gpu(gpu));
-    t.link(node_id, PCIE, 0);
-    t.link(0, PCIE, node_id);
+    t.link_both(node_id, PCIE, 0);
     t.build()
 }
 
@@ -347,8 +319,7 @@ fn numa_switch() {
         for (i, cpu) in cpus.into_iter().enumerate() {
             let n = u32::try_from(i).unwrap() + 2;
             t.gpu(n, base + n, 0xD000);
-            t.link(n, PCIE, cpu);
-            t.link(cpu, PCIE, n);
+            t.link_both(n, PCIE, cpu);
         }
         t.build()
     };
@@ -452,8 +423,7 @@ fn search_stays_bounded_on_many_identical_gpus() {
         for n in 2..18u32 {
             let cpu = if spread { n & 1 } else { 0 };
             t.gpu(n, base + n, 0xD000);
-            t.link(n, PCIE, cpu);
-            t.link(cpu, PCIE, n);
+            t.link_both(n, PCIE, cpu);
         }
         t.build()
     };

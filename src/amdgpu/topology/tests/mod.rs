@@ -54,6 +54,59 @@ impl Tb {
         });
     }
 
+    /// Links `a` to `b` and `b` back to `a`.
+    fn link_both(&mut self, a: u32, kind: IoLinkType, b: u32) {
+        self.link(a, kind, b);
+        self.link(b, kind, a);
+    }
+
+    /// Links every node of `nodes` to every other one, in list order.
+    fn full_mesh(&mut self, nodes: &[u32], kind: IoLinkType) {
+        for &a in nodes {
+            for &b in nodes {
+                if a != b {
+                    self.link(a, kind, b);
+                }
+            }
+        }
+    }
+
+    /// Four GPUs on the nodes from `first`, with gpu ids from `first_id`,
+    /// each linked to CPU `i & 1`; `back(i)` says whether that CPU links
+    /// back to GPU `i`.
+    fn gpu_quad(&mut self, first: u32, first_id: u32, device_id: u32, back: impl Fn(u32) -> bool) {
+        for i in 0..4 {
+            self.gpu(first + i, first_id + i, device_id);
+            self.link(first + i, PCIE, i & 1);
+            if back(i) {
+                self.link(i & 1, PCIE, first + i);
+            }
+        }
+    }
+
+    /// The upstream hive layout: each of the four nodes from `first` links
+    /// to the next three, wrapping around.
+    fn ring_mesh(&mut self, first: u32, kind: IoLinkType) {
+        for i in 0..4 {
+            for j in 1..4 {
+                self.link(first + i, kind, first + (i + j) % 4);
+            }
+        }
+    }
+
+    /// PCIe P2P links from each of the four nodes from `from` to those of the
+    /// four nodes from `to` that `keep` accepts, starting at its own position.
+    fn quad_p2p(&mut self, from: u32, to: u32, keep: impl Fn(u32) -> bool) {
+        for i in 0..4 {
+            for j in 0..4 {
+                let target = to + (i + j) % 4;
+                if keep(target) {
+                    self.link(from + i, PCIE, target);
+                }
+            }
+        }
+    }
+
     fn build(self) -> Topology {
         Topology::from_nodes(self.nodes).expect("valid test topology")
     }
@@ -65,37 +118,12 @@ fn two_hives(base: u32, dev: [u32; 2], partial: bool) -> Topology {
     let mut t = Tb::default();
     t.cpu(0);
     t.cpu(1);
-    for i in 0..4u32 {
-        t.gpu(i + 2, base + i, dev[0]);
-        t.link(i + 2, PCIE, i & 1);
-        t.link(i & 1, PCIE, i + 2);
-    }
-    for i in 0..4u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 2);
-        }
-        for j in 4..8 {
-            let to = (i + j) % 4 + 6;
-            if !partial || to < 8 {
-                t.link(i + 2, PCIE, to);
-            }
-        }
-    }
-    for i in 4..8u32 {
-        t.gpu(i + 2, base + 0x10 + i, dev[1]);
-        t.link(i + 2, PCIE, i & 1);
-        if !partial || i < 6 {
-            t.link(i & 1, PCIE, i + 2);
-        }
-    }
-    for i in 4..8u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 6);
-        }
-        for j in 4..8 {
-            t.link(i + 2, PCIE, (i + j) % 4 + 2);
-        }
-    }
+    t.gpu_quad(2, base, dev[0], |_| true);
+    t.ring_mesh(2, XGMI);
+    t.quad_p2p(2, 6, |to| !partial || to < 8);
+    t.gpu_quad(6, base + 0x14, dev[1], |i| !partial || i < 2);
+    t.ring_mesh(6, XGMI);
+    t.quad_p2p(6, 2, |_| true);
     t.build()
 }
 
@@ -105,24 +133,10 @@ fn hives_one_cpu_backlink(base: u32, back: [u32; 2]) -> Topology {
     let mut t = Tb::default();
     t.cpu(0);
     t.cpu(1);
-    for i in 0..4u32 {
-        t.gpu(i + 2, base + i, 0xD000);
-        t.link(i + 2, PCIE, i & 1);
-    }
-    for i in 0..4u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 2);
-        }
-    }
-    for i in 4..8u32 {
-        t.gpu(i + 2, base + 0x10 + i, 0xD001);
-        t.link(i + 2, PCIE, i & 1);
-    }
-    for i in 4..8u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 6);
-        }
-    }
+    t.gpu_quad(2, base, 0xD000, |_| false);
+    t.ring_mesh(2, XGMI);
+    t.gpu_quad(6, base + 0x14, 0xD001, |_| false);
+    t.ring_mesh(6, XGMI);
     t.link(0, PCIE, back[0]);
     t.link(1, PCIE, back[1]);
     t.build()
@@ -133,32 +147,12 @@ fn one_hive_four_pcie(base: u32) -> Topology {
     let mut t = Tb::default();
     t.cpu(0);
     t.cpu(1);
-    for i in 0..4u32 {
-        t.gpu(i + 2, base + i, 0xD000);
-        t.link(i + 2, PCIE, i & 1);
-        t.link(i & 1, PCIE, i + 2);
-    }
-    for i in 0..4u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 2);
-        }
-        for j in 4..8 {
-            t.link(i + 2, PCIE, (i + j) % 4 + 6);
-        }
-    }
-    for i in 4..8u32 {
-        t.gpu(i + 2, base + 0x10 + i, 0xD000);
-        t.link(i + 2, PCIE, i & 1);
-        t.link(i & 1, PCIE, i + 2);
-    }
-    for i in 4..8u32 {
-        for j in 1..4 {
-            t.link(i + 2, PCIE, (i + j) % 4 + 6);
-        }
-        for j in 4..8 {
-            t.link(i + 2, PCIE, (i + j) % 4 + 2);
-        }
-    }
+    t.gpu_quad(2, base, 0xD000, |_| true);
+    t.ring_mesh(2, XGMI);
+    t.quad_p2p(2, 6, |_| true);
+    t.gpu_quad(6, base + 0x14, 0xD000, |_| true);
+    t.ring_mesh(6, PCIE);
+    t.quad_p2p(6, 2, |_| true);
     t.build()
 }
 
@@ -169,8 +163,7 @@ fn five_gpus(base: u32, devs: [u32; 5], limit: u32) -> Topology {
     t.cpu(0);
     for i in 0..5u32 {
         t.gpu(i + 1, base + i, devs[i as usize]);
-        t.link(i + 1, PCIE, 0);
-        t.link(0, PCIE, i + 1);
+        t.link_both(i + 1, PCIE, 0);
     }
     for i in 0..5u32 {
         for j in 1..5 {
@@ -189,24 +182,13 @@ fn hive_plus_four(base: u32, second_hive: bool) -> Topology {
     let mut t = Tb::default();
     t.cpu(0);
     t.cpu(1);
-    for i in 0..4u32 {
-        t.gpu(i + 2, base + i, 0xD000);
-        t.link(i + 2, PCIE, i & 1);
-    }
-    for i in 0..4u32 {
-        for j in 1..4 {
-            t.link(i + 2, XGMI, (i + j) % 4 + 2);
-        }
-    }
-    for i in 4..8u32 {
-        t.gpu(i + 2, base + 0x10 + i, 0xD000);
+    t.gpu_quad(2, base, 0xD000, |_| false);
+    t.ring_mesh(2, XGMI);
+    for i in 0..4 {
+        t.gpu(6 + i, base + 0x14 + i, 0xD000);
     }
     if second_hive {
-        for i in 4..8u32 {
-            for j in 1..4 {
-                t.link(i + 2, XGMI, (i + j) % 4 + 6);
-            }
-        }
+        t.ring_mesh(6, XGMI);
     }
     t.build()
 }
