@@ -307,6 +307,17 @@ pub struct RestoreJob {
     pub unlock: bool,
 }
 
+impl RestoreJob {
+    /// Restores the process onto `pairs` (empty: its own GPUs), then unlocks it if asked.
+    pub fn restore(&self, driver: &Driver, pairs: &[GpuPair]) -> Result<(), DriverError> {
+        driver.restore(self.pid, pairs)?;
+        if self.unlock {
+            driver.unlock(self.pid)?;
+        }
+        Ok(())
+    }
+}
+
 /// Restores (and unlocks) `jobs` from a helper that first calls `cuInit`, as the driver
 /// requires of a restoring process when persistence mode is off. The helper runs the jobs at
 /// once when `parallel`, one after another otherwise; `deadline` bounds the whole batch.
@@ -324,11 +335,9 @@ pub fn restore_with_init(
         if init.is_ok() {
             let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
             let results = super::batch::run_each(&pids, parallel, |pid| {
-                driver.restore(pid, pairs)?;
-                if jobs.iter().any(|j| j.pid == pid && j.unlock) {
-                    driver.unlock(pid)?;
-                }
-                Ok::<(), DriverError>(())
+                jobs.iter()
+                    .find(|j| j.pid == pid)
+                    .map_or(Ok(()), |j| j.restore(driver, pairs))
             });
             w.u64(results.len() as u64);
             for (pid, r, took) in &results {

@@ -226,13 +226,7 @@ fn restore_jobs(
         jobs,
         pairs,
         parallel,
-        |j| {
-            driver.restore(j.pid, pairs)?;
-            if j.unlock {
-                driver.unlock(j.pid)?;
-            }
-            Ok::<(), DriverError>(())
-        },
+        |j| j.restore(driver, pairs),
         |_| Ok(()),
     )
 }
