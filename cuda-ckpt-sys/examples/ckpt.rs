@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cuda_ckpt_sys::ffi::{CUcheckpointLockArgs, PFN_cuCheckpointProcessLock};
+use cuda_ckpt_sys::ffi::CUcheckpointLockArgs;
 use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair};
 
 fn pid_arg(args: &[String], i: usize) -> Result<i32, String> {
@@ -125,22 +125,10 @@ fn run(args: &[String]) -> Result<String, String> {
         }
         "lock-dirty" => {
             let pid = pid_arg(args, i + 1)?;
-            let name = std::ffi::CString::new(lib.as_deref().unwrap_or("libcuda.so.1"))
-                .map_err(|e| e.to_string())?;
-            // SAFETY: dlopen/dlsym with valid NUL-terminated names; the symbol, when found, is
-            // cuCheckpointProcessLock, whose prototype PFN_cuCheckpointProcessLock matches.
-            let f = unsafe {
-                let h = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-                let p = if h.is_null() {
-                    std::ptr::null_mut()
-                } else {
-                    libc::dlsym(h, c"cuCheckpointProcessLock".as_ptr())
-                };
-                if p.is_null() {
-                    return Err("no cuCheckpointProcessLock".into());
-                }
-                std::mem::transmute::<*mut libc::c_void, PFN_cuCheckpointProcessLock>(p)
-            };
+            let f = cuda_ckpt_sys::loader::load(lib.as_deref().unwrap_or("libcuda.so.1"))
+                .map_err(de)?
+                .lock
+                .ok_or("no cuCheckpointProcessLock")?;
             let mut a = CUcheckpointLockArgs::with_timeout(1000);
             a.reserved0 = 1;
             // SAFETY: `f` is cuCheckpointProcessLock and `a` a live 64-byte struct.

@@ -1,11 +1,14 @@
-//! [`Driver`]: `libcuda.so.1` loaded at run time, with safe wrappers.
+//! [`Driver`]: the crate's safe layer. Every call goes through the function table that
+//! [`crate::loader`] resolved, with its arguments set up and its result turned into a
+//! [`DriverError`].
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int};
 use std::fmt;
 use std::path::Path;
 
 use crate::error::{CudaError, DriverError};
 use crate::ffi::*;
+use crate::loader::{self, Functions};
 use crate::uuid::{GpuPair, GpuUuid};
 use crate::{GPU_PAIRS_VERSION, MIN_CHECKPOINT_VERSION};
 
@@ -90,39 +93,6 @@ pub struct DeviceInfo {
     pub total_mem: u64,
 }
 
-/// Function pointers resolved from the library; `None` where the library lacks the symbol.
-#[derive(Clone, Copy, Default)]
-struct Symbols {
-    driver_get_version: Option<PFN_cuDriverGetVersion>,
-    get_error_name: Option<PFN_cuGetErrorString>,
-    get_error_string: Option<PFN_cuGetErrorString>,
-    init: Option<PFN_cuInit>,
-    device_get_count: Option<PFN_cuDeviceGetCount>,
-    device_get: Option<PFN_cuDeviceGet>,
-    device_get_uuid: Option<PFN_cuDeviceGetUuid>,
-    device_get_name: Option<PFN_cuDeviceGetName>,
-    device_total_mem: Option<PFN_cuDeviceTotalMem>,
-    get_restore_thread_id: Option<PFN_cuCheckpointProcessGetRestoreThreadId>,
-    get_state: Option<PFN_cuCheckpointProcessGetState>,
-    lock: Option<PFN_cuCheckpointProcessLock>,
-    checkpoint: Option<PFN_cuCheckpointProcessCheckpoint>,
-    restore: Option<PFN_cuCheckpointProcessRestore>,
-    unlock: Option<PFN_cuCheckpointProcessUnlock>,
-}
-
-/// Looks up `$name` in `$handle` and reinterprets it as the function pointer type `$ty`.
-/// Must be used inside `unsafe`: the caller vouches that `$ty` is the symbol's C prototype.
-macro_rules! resolve {
-    ($handle:expr, $name:literal, $ty:ty) => {{
-        let p: *mut c_void = libc::dlsym($handle, concat!($name, "\0").as_ptr().cast::<c_char>());
-        if p.is_null() {
-            None
-        } else {
-            Some(std::mem::transmute::<*mut c_void, $ty>(p))
-        }
-    }};
-}
-
 /// `libcuda.so.1` (or a stand-in), loaded with `dlopen(RTLD_NOW | RTLD_LOCAL)`.
 ///
 /// Holds only function pointers, so it is `Send + Sync`; the driver API itself is thread-safe. The
@@ -132,7 +102,7 @@ macro_rules! resolve {
 #[derive(Clone)]
 pub struct Driver {
     path: String,
-    syms: Symbols,
+    syms: Functions,
 }
 
 impl fmt::Debug for Driver {
@@ -171,70 +141,15 @@ impl Driver {
     }
 
     fn open_name(name: &str) -> Result<Self> {
-        let cname = CString::new(name).map_err(|_| DriverError::Load {
-            path: name.to_owned(),
-            reason: "path contains a NUL byte".into(),
-        })?;
-        // SAFETY: `cname` is a valid NUL-terminated string. Loading runs the library's constructors;
-        // that is the point of loading a driver and cannot be made safer from here.
-        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(DriverError::Load {
-                path: name.to_owned(),
-                reason: last_dl_error(),
-            });
-        }
-        // SAFETY: `handle` is a live dlopen handle that is never closed, so the pointers stay valid
-        // for the life of the process. Each type below is the C prototype of that symbol in
-        // NVIDIA's cuda.h (see `ffi`), so calling through it is sound.
-        let syms = unsafe {
-            Symbols {
-                driver_get_version: resolve!(handle, "cuDriverGetVersion", PFN_cuDriverGetVersion),
-                get_error_name: resolve!(handle, "cuGetErrorName", PFN_cuGetErrorString),
-                get_error_string: resolve!(handle, "cuGetErrorString", PFN_cuGetErrorString),
-                init: resolve!(handle, "cuInit", PFN_cuInit),
-                device_get_count: resolve!(handle, "cuDeviceGetCount", PFN_cuDeviceGetCount),
-                device_get: resolve!(handle, "cuDeviceGet", PFN_cuDeviceGet),
-                device_get_uuid: resolve!(handle, "cuDeviceGetUuid_v2", PFN_cuDeviceGetUuid)
-                    .or_else(|| resolve!(handle, "cuDeviceGetUuid", PFN_cuDeviceGetUuid)),
-                device_get_name: resolve!(handle, "cuDeviceGetName", PFN_cuDeviceGetName),
-                device_total_mem: resolve!(handle, "cuDeviceTotalMem_v2", PFN_cuDeviceTotalMem),
-                get_restore_thread_id: resolve!(
-                    handle,
-                    "cuCheckpointProcessGetRestoreThreadId",
-                    PFN_cuCheckpointProcessGetRestoreThreadId
-                ),
-                get_state: resolve!(
-                    handle,
-                    "cuCheckpointProcessGetState",
-                    PFN_cuCheckpointProcessGetState
-                ),
-                lock: resolve!(
-                    handle,
-                    "cuCheckpointProcessLock",
-                    PFN_cuCheckpointProcessLock
-                ),
-                checkpoint: resolve!(
-                    handle,
-                    "cuCheckpointProcessCheckpoint",
-                    PFN_cuCheckpointProcessCheckpoint
-                ),
-                restore: resolve!(
-                    handle,
-                    "cuCheckpointProcessRestore",
-                    PFN_cuCheckpointProcessRestore
-                ),
-                unlock: resolve!(
-                    handle,
-                    "cuCheckpointProcessUnlock",
-                    PFN_cuCheckpointProcessUnlock
-                ),
-            }
-        };
         Ok(Self {
             path: name.to_owned(),
-            syms,
+            syms: loader::load(name)?,
         })
+    }
+
+    /// The raw function table behind this driver, for calls this wrapper does not offer.
+    pub fn functions(&self) -> &Functions {
+        &self.syms
     }
 
     /// What was opened.
@@ -525,20 +440,6 @@ fn error_text(f: Option<PFN_cuGetErrorString>, code: CUresult) -> Option<String>
     }
     // SAFETY: on success the driver returned a NUL-terminated string with static lifetime.
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-}
-
-/// `dlerror()` as a String.
-fn last_dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc (thread-local in glibc),
-    // valid until the next dl* call on this thread; it is copied out at once.
-    unsafe {
-        let p = libc::dlerror();
-        if p.is_null() {
-            "unknown dlopen error".to_owned()
-        } else {
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
-    }
 }
 
 #[cfg(test)]

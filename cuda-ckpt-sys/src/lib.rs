@@ -1,5 +1,13 @@
 //! The CUDA driver's process-checkpoint API (`cuCheckpointProcess*`), loaded at run time.
 //!
+//! # Two layers
+//! - The raw layer, what the `-sys` name promises: [`ffi`] (the C types, constants and
+//!   function-pointer types of `cuda.h`) and [`loader`] (the run-time `dlopen` and the table of
+//!   resolved function pointers). Calling through it is `unsafe`, under the C rules.
+//! - The safe layer over it: [`Driver`], one method per driver call, with [`ProcessState`],
+//!   [`GpuUuid`]/[`GpuPair`] and the errors ([`DriverError`], [`CudaError`]). The plugin uses
+//!   only this layer.
+//!
 //! # What is loaded
 //! [`Driver::open_default`] `dlopen`s `libcuda.so.1` (the soname NVIDIA's own `cuda-checkpoint`
 //! links against) with `RTLD_NOW | RTLD_LOCAL`; [`Driver::open`] takes an explicit path instead, so
@@ -52,6 +60,7 @@
 
 pub mod error;
 pub mod ffi;
+pub mod loader;
 
 mod driver;
 mod uuid;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use criu_plugin::child::{self, ChildError};
 use cuda_ckpt_sys::{CUresult, CudaError, Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
+use super::batch::Timed;
 use super::nvml::{self, GpuMemory};
 
 /// The most GPUs or processes one reply may describe.
@@ -166,7 +167,7 @@ fn state_from_code(c: u64) -> ProcessState {
 /// NVML's memory figures for `uuids`, asked in a helper process.
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
     if lib.contains('/') {
-        super::library_file(std::path::Path::new(lib))?;
+        super::driver::library_file(std::path::Path::new(lib))?;
     }
     let reply = child::run(NVML_DEADLINE, MAX_REPLY, || {
         let mut w = Writer::default();
@@ -297,9 +298,6 @@ pub fn unlock_if_locked(driver: &Driver, pid: i32, deadline: Duration) -> Result
         .map_err(|e| e.to_string())
 }
 
-/// One process's result and the time its calls took.
-pub type Timed = (i32, Result<(), DriverError>, Duration);
-
 /// One process for [`restore_with_init`]: its pid and whether to unlock it after the restore.
 #[derive(Clone, Copy, Debug)]
 pub struct RestoreJob {
@@ -307,6 +305,17 @@ pub struct RestoreJob {
     pub pid: i32,
     /// Unlock after the restore (it was running when dumped).
     pub unlock: bool,
+}
+
+impl RestoreJob {
+    /// Restores the process onto `pairs` (empty: its own GPUs), then unlocks it if asked.
+    pub fn restore(&self, driver: &Driver, pairs: &[GpuPair]) -> Result<(), DriverError> {
+        driver.restore(self.pid, pairs)?;
+        if self.unlock {
+            driver.unlock(self.pid)?;
+        }
+        Ok(())
+    }
 }
 
 /// Restores (and unlocks) `jobs` from a helper that first calls `cuInit`, as the driver
@@ -325,12 +334,10 @@ pub fn restore_with_init(
         w.driver_result(&init);
         if init.is_ok() {
             let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
-            let results = super::run_each(&pids, parallel, |pid| {
-                driver.restore(pid, pairs)?;
-                if jobs.iter().any(|j| j.pid == pid && j.unlock) {
-                    driver.unlock(pid)?;
-                }
-                Ok::<(), DriverError>(())
+            let results = super::batch::run_each(&pids, parallel, |pid| {
+                jobs.iter()
+                    .find(|j| j.pid == pid)
+                    .map_or(Ok(()), |j| j.restore(driver, pairs))
             });
             w.u64(results.len() as u64);
             for (pid, r, took) in &results {

@@ -40,7 +40,8 @@ pub enum FoundState {
 }
 
 impl FoundState {
-    fn as_str(self) -> &'static str {
+    /// The word the image records (and the logs show).
+    pub fn as_str(self) -> &'static str {
         match self {
             FoundState::Running => "running",
             FoundState::Locked => "locked",

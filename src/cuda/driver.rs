@@ -1,0 +1,92 @@
+//! The NVIDIA driver as a run finds it: `libcuda` loaded as the settings say (its checkpoint
+//! support checked), the kernel module's release, and the GPUs' memory from NVML.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuUuid};
+
+use super::batch::ms;
+use super::gpus::Gpu;
+use super::helper;
+use super::settings::CudaSettings;
+
+/// Loads the CUDA driver the settings name and checks that it can checkpoint processes;
+/// returns it with its version.
+pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
+    if let Some(p) = &settings.libcuda {
+        library_file(p)?;
+    }
+    let driver = match &settings.libcuda {
+        Some(p) => Driver::open(p),
+        None => Driver::open_default(),
+    }
+    .map_err(|e| e.to_string())?;
+    let version = driver.check_checkpoint_support().map_err(|e| {
+        format!(
+            "{e}: the CUDA checkpoint API needs driver 570 or later (CUDA {})",
+            cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
+        )
+    })?;
+    Ok((driver, version))
+}
+
+/// Refuses a configured library path that is not a regular file: `dlopen` of a FIFO blocks
+/// for good.
+pub fn library_file(p: &Path) -> Result<(), String> {
+    match std::fs::metadata(p) {
+        Ok(m) if !m.is_file() => Err(format!("{} is not a regular file", p.display())),
+        _ => Ok(()),
+    }
+}
+
+/// The kernel driver's release from `version` beside the GPU listing (normally
+/// `/proc/driver/nvidia/version`).
+pub fn read_release(gpus_dir: &Path) -> Option<String> {
+    let mut text = String::new();
+    let bytes =
+        criu_plugin::files::read_regular(None, &gpus_dir.parent()?.join("version"), false, 4096)
+            .ok()?;
+    text.push_str(&String::from_utf8_lossy(&bytes));
+    // "NVRM version: NVIDIA UNIX [Open ]Kernel Module for x86_64  580.159.04  Release Build ..."
+    let line = text.lines().next()?;
+    line.split_whitespace()
+        .find(|w| {
+            w.split('.').count() >= 2
+                && w.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
+}
+
+/// Fills in each GPU's total memory from NVML and returns the free memory by UUID, or `None`
+/// (with a log line) when NVML cannot answer.
+pub fn fill_memory(nvml: &str, gpus: &mut [Gpu]) -> Option<BTreeMap<GpuUuid, u64>> {
+    let t = Instant::now();
+    let uuids: Vec<_> = gpus.iter().map(|g| g.uuid).collect();
+    match helper::query_memory(nvml, &uuids) {
+        Ok(mem) => {
+            for g in gpus.iter_mut() {
+                if let Some(m) = mem.get(&g.uuid) {
+                    g.memory = m.total;
+                }
+            }
+            log::debug!("cuda: NVML memory query {:.1} ms", ms(t.elapsed()));
+            Some(mem.into_iter().map(|(u, m)| (u, m.free)).collect())
+        }
+        Err(e) => {
+            log::info!("cuda: GPU memory sizes unknown ({e}); the free-memory check is skipped");
+            None
+        }
+    }
+}
+
+/// Whether the driver's answer about `pid` means the process does not use CUDA (no CUDA at
+/// all, or none the driver knows of).
+pub fn not_a_cuda_process(e: &DriverError) -> bool {
+    matches!(
+        e.cuda_code(),
+        Some(CUresult::NOT_INITIALIZED | CUresult::INVALID_VALUE | CUresult::NOT_FOUND)
+    )
+}

@@ -1,0 +1,398 @@
+//! Restore: `init` reads the metadata and refuses early what cannot work (older driver, GPUs
+//! missing or of another model, too little free GPU memory) and plans the GPU map;
+//! `RESUME_DEVICES_LATE` restores and unlocks every process of the restored tree at once.
+//!
+//! Processes are matched by their pid in their own pid namespace, which a container keeps
+//! across a restore while the host pid changes. A process that cannot get its GPU state back
+//! ends the restored tree: CRIU ignores what `RESUME_DEVICES_LATE` returns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use criu_plugin::{HookError, HookResult, InventoryListing};
+use cuda_ckpt_sys::{Driver, DriverError, GpuPair};
+
+use super::batch::{Batch, Timed, ms, restore_each};
+use super::error::Failure;
+use super::helper::RestoreJob;
+use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
+use super::settings::CudaSettings;
+use super::{driver, gpus, image, nvml, procfs};
+
+/// One restore's state, from `init` to `exit`.
+pub struct RestoreRun {
+    driver: Driver,
+    parallel: bool,
+    /// What the image's metadata says; `None` for an image without it (made by CRIU's C
+    /// plugin), whose processes are then restored one at a time.
+    image: Option<ImageRestore>,
+}
+
+/// A restore planned from the image's metadata.
+struct ImageRestore {
+    metadata: CudaMetadata,
+    gpu_map: Vec<GpuPair>,
+    /// Answers by host pid (already logged), once the tree has been restored.
+    results: Option<BTreeMap<i32, HookResult>>,
+}
+
+impl RestoreRun {
+    /// Prepares a restore: `None` when the image does not need the NVIDIA side; a failure
+    /// when it does but cannot be restored here.
+    pub fn start(
+        settings: &CudaSettings,
+        listing: InventoryListing,
+    ) -> Result<Option<RestoreRun>, Failure> {
+        // An image that does not need the plugin is none of its business: whatever file of
+        // our name lies in it (stale, misplaced, hostile) is not even opened.
+        if listing == InventoryListing::NotListed {
+            return Ok(None);
+        }
+        let run = |driver, image| RestoreRun {
+            driver,
+            parallel: settings.parallel,
+            image,
+        };
+        let Some(md) = image::read_metadata()? else {
+            // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
+            return match listing {
+                InventoryListing::NotListed => Ok(None),
+                // Old images list nothing: CUDA may or may not be in there.
+                InventoryListing::NoList => Ok(settings
+                    .nvidia_proc
+                    .is_dir()
+                    .then(|| driver::load(settings).ok())
+                    .flatten()
+                    .map(|(d, _)| run(d, None))),
+                InventoryListing::Listed => {
+                    let (d, _) = require_driver(
+                        settings,
+                        "the image needs cuda_plugin (it holds CUDA processes)",
+                    )?;
+                    Ok(Some(run(d, None)))
+                }
+            };
+        };
+        if md.processes.is_empty() {
+            if listing == InventoryListing::Listed {
+                // Our dump records every CUDA process it checkpointed: restoring on would
+                // leave them checkpointed for good behind a successful restore.
+                return Err(Failure::new(
+                    libc::EINVAL,
+                    format!(
+                        "the image needs cuda_plugin but {} records no CUDA process (truncated or edited?); its CUDA processes could not be given their GPU state back",
+                        metadata::FILE_NAME
+                    ),
+                ));
+            }
+            return Ok(None);
+        }
+        check_records_in_tree(&md)?;
+        let (d, version) = require_driver(
+            settings,
+            &format!("the image holds {} CUDA process(es)", md.processes.len()),
+        )?;
+        if version < md.driver_version {
+            return Err(Failure::new(
+                libc::EINVAL,
+                format!(
+                    "the image was made with CUDA driver {} (CUDA {}); this machine's driver supports only CUDA {}",
+                    md.driver_release.as_deref().unwrap_or("?"),
+                    cuda_ckpt_sys::format_version(md.driver_version),
+                    cuda_ckpt_sys::format_version(version)
+                ),
+            ));
+        }
+        let gpu_map = plan_gpus(settings, &md, version)?;
+        Ok(Some(run(
+            d,
+            Some(ImageRestore {
+                metadata: md,
+                gpu_map,
+                results: None,
+            }),
+        )))
+    }
+
+    /// `RESUME_DEVICES_LATE`: CRIU calls it for the root task first, and the whole tree is
+    /// restored then; each process then gets its own answer.
+    pub fn resume(&mut self, pid: i32) -> HookResult {
+        let Some(image) = &mut self.image else {
+            return resume_one(&self.driver, pid);
+        };
+        let results = match &image.results {
+            Some(r) => r,
+            None => image
+                .results
+                .insert(image.restore_tree(&self.driver, self.parallel, pid)),
+        };
+        results
+            .get(&pid)
+            .copied()
+            .unwrap_or(Err(HookError::NotMine))
+    }
+}
+
+impl ImageRestore {
+    /// Restores every process of the restored tree rooted at `root` (host pid) at once.
+    fn restore_tree(
+        &self,
+        driver: &Driver,
+        parallel: bool,
+        root: i32,
+    ) -> BTreeMap<i32, HookResult> {
+        let mut results = BTreeMap::new();
+        // Host pid of each recorded process: match by the pid in its own namespace.
+        let mut by_ns: BTreeMap<i32, &ProcessRecord> =
+            self.metadata.processes.iter().map(|p| (p.pid, p)).collect();
+        let mut todo: Vec<(i32, &ProcessRecord)> = Vec::new();
+        for host_pid in procfs::tree(root) {
+            let ns = procfs::ns_pid(host_pid).unwrap_or(host_pid);
+            if let Some(rec) = by_ns.remove(&ns) {
+                if rec.found == FoundState::Checkpointed {
+                    log::info!("cuda: pid {host_pid}: was checkpointed when dumped; left so");
+                    results.insert(host_pid, Ok(()));
+                } else {
+                    todo.push((host_pid, rec));
+                }
+            }
+        }
+        let unmatched: Vec<i32> = by_ns.keys().copied().collect();
+        if !unmatched.is_empty() {
+            log::error!(
+                "cuda: process(es) {} of the image are not in the restored tree; their GPU state is not restored",
+                list_pids(&unmatched)
+            );
+        }
+        let mut batch = Batch::new(parallel);
+        let mut jobs = Vec::with_capacity(todo.len());
+        for &(pid, rec) in &todo {
+            // Thread ids change with the pid namespace: ask the driver (it answers for a
+            // stopped process).
+            let started = batch
+                .restore_thread_id(driver, pid)
+                .map_err(|e| e.to_string())
+                .and_then(|tid| batch.add(pid, tid).map_err(|e| e.to_string()));
+            match started {
+                Ok(()) => jobs.push(RestoreJob {
+                    pid,
+                    unlock: rec.found == FoundState::Running,
+                }),
+                Err(e) => {
+                    let why = format!("cuda: pid {pid}: cannot let its restore thread run: {e}");
+                    results.insert(pid, Err(Failure::new(libc::EIO, why).report()));
+                }
+            }
+        }
+        let mut ran = batch.run(|_, parallel| restore_jobs(driver, &jobs, &self.gpu_map, parallel));
+        ran.log_not_stopped();
+        for (pid, r, took) in ran.results {
+            let answer = match r {
+                Ok(()) => {
+                    log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
+                    Ok(())
+                }
+                Err(e) => Err(Failure::driver(pid, &e).report()),
+            };
+            results.insert(pid, answer);
+        }
+        ran.phase.log("restore");
+        let failed: Vec<i32> = results
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(p, _)| *p)
+            .collect();
+        if !failed.is_empty() || !unmatched.is_empty() {
+            let why = if failed.is_empty() {
+                &unmatched
+            } else {
+                &failed
+            };
+            end_restored(&procfs::tree(root), why);
+        }
+        results
+    }
+}
+
+/// Restores (and unlocks) `jobs`, from a helper process for those that need `cuInit`.
+fn restore_jobs(
+    driver: &Driver,
+    jobs: &[RestoreJob],
+    pairs: &[GpuPair],
+    parallel: bool,
+) -> Vec<Timed> {
+    restore_each(
+        driver,
+        jobs,
+        pairs,
+        parallel,
+        |j| j.restore(driver, pairs),
+        |_| Ok(()),
+    )
+}
+
+/// Restore of an image without our metadata (CRIU's C plugin made it): one process at a time.
+fn resume_one(driver: &Driver, pid: i32) -> HookResult {
+    let tid = match driver.restore_thread_id(pid) {
+        Ok(tid) => tid,
+        Err(e) if driver::not_a_cuda_process(&e) => return Err(HookError::NotMine),
+        // A CUDA process the driver cannot name a restore thread for stays checkpointed:
+        // it must not run on frozen behind a successful restore.
+        Err(e) => return Err(end_one(pid, &e)),
+    };
+    let mut batch = Batch::new(false);
+    if let Err(e) = batch.add(pid, tid) {
+        let why = format!("cuda: pid {pid}: cannot let restore thread {tid} run: {e}");
+        return Err(Failure::os(&e, why).report());
+    }
+    let jobs = [RestoreJob { pid, unlock: true }];
+    let mut ran = batch.run(|_, parallel| restore_jobs(driver, &jobs, &[], parallel));
+    ran.log_not_stopped();
+    if let Some((_, Err(e), _)) = ran.results.pop() {
+        return Err(end_one(pid, &e));
+    }
+    log::info!(
+        "cuda: pid {pid}: restore and unlock {:.1} ms",
+        ms(ran.phase.wall())
+    );
+    Ok(())
+}
+
+/// Reports the driver's failure for `pid`, restored alone, and ends it.
+fn end_one(pid: i32, e: &DriverError) -> HookError {
+    let err = Failure::driver(pid, e).report();
+    end_restored(&[pid], &[pid]);
+    err
+}
+
+/// Loads the driver for a restore that cannot do without it; `why` starts the error.
+fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), Failure> {
+    let proc_dir = &settings.nvidia_proc;
+    if !proc_dir.is_dir() {
+        return Err(Failure::new(
+            libc::ENODEV,
+            format!(
+                "{why} but this machine has no NVIDIA driver ({} is missing)",
+                proc_dir.display()
+            ),
+        ));
+    }
+    driver::load(settings).map_err(|e| Failure::new(libc::ENODEV, format!("{why} but {e}")))
+}
+
+/// Checks the image's GPUs against this machine's (model, count, free memory) and plans the
+/// GPU map: empty when every GPU restores onto itself.
+fn plan_gpus(
+    settings: &CudaSettings,
+    md: &CudaMetadata,
+    driver_version: i32,
+) -> Result<Vec<GpuPair>, Failure> {
+    let explicit = gpus::parse_device_map(&settings.device_map)
+        .map_err(|e| Failure::new(libc::EINVAL, format!("settings: cuda.device-map: {e}")))?;
+    let mut local = gpus::read_gpus(&settings.nvidia_proc, Path::new("/dev"))
+        .map_err(|e| Failure::new(libc::EIO, format!("cannot list this machine's GPUs: {e}")))?;
+    let free = driver::fill_memory(&settings.nvml, &mut local);
+    let plan = gpus::plan_gpu_map(&md.gpus, &local, &explicit).map_err(|e| {
+        Failure::new(
+            libc::ENODEV,
+            format!("cannot restore onto this machine's GPUs: {e}"),
+        )
+    })?;
+    if let Some(free) = free {
+        let need = total_bytes(
+            md.processes
+                .iter()
+                .filter(|p| p.found != FoundState::Checkpointed)
+                .map(|p| p.host_bytes),
+        );
+        let targets: BTreeSet<_> = plan.iter().map(|p| p.new).collect();
+        let have = total_bytes(targets.iter().filter_map(|u| free.get(u).copied()));
+        nvml::check_free_memory(need, have, targets.len())
+            .map_err(|e| Failure::new(libc::ENOMEM, format!("cannot restore: {e}")))?;
+    }
+    let gpu_map = if gpus::is_identity(&plan) {
+        Vec::new()
+    } else {
+        for p in &plan {
+            log::info!("cuda: GPU {} restores onto {}", p.old, p.new);
+        }
+        if driver_version < cuda_ckpt_sys::GPU_PAIRS_VERSION {
+            return Err(Failure::new(
+                libc::EOPNOTSUPP,
+                "restoring onto other GPUs needs driver 580 (CUDA 13.0) or later",
+            ));
+        }
+        plan
+    };
+    log::info!(
+        "cuda: {} CUDA process(es) to restore, checked against {} local GPU(s)",
+        md.processes.len(),
+        local.len()
+    );
+    Ok(gpu_map)
+}
+
+/// Refuses records of processes the restore will not create (per the image's
+/// `pstree.img`): their GPU state would be restored nowhere, and the task that is restored
+/// in their place would stay checkpointed. Unreadable trees (`--stream`) are not checked.
+fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
+    let Some(dir) = image::image_dir() else {
+        return Ok(());
+    };
+    let pids: BTreeSet<u32> = match criu_plugin::pstree::read_pids(dir) {
+        Ok(p) => p.into_iter().collect(),
+        Err(e) => {
+            log::debug!("cuda: process tree not checked: {e}");
+            return Ok(());
+        }
+    };
+    let missing: Vec<i32> = md
+        .processes
+        .iter()
+        .map(|p| p.pid)
+        .filter(|&p| u32::try_from(p).map_or(true, |p| !pids.contains(&p)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        libc::EINVAL,
+        format!(
+            "{} records CUDA process(es) {} that the image's process tree does not hold (a damaged or mismatched image); the restore would leave processes without their GPU state",
+            metadata::FILE_NAME,
+            list_pids(&missing)
+        ),
+    ))
+}
+
+/// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU
+/// state back. CRIU ignores what `RESUME_DEVICES_LATE` returns, so the processes would
+/// otherwise run on frozen behind "Restore finished successfully"; once they are gone, CRIU's
+/// own detach from them fails and CRIU fails the restore. The image is left as it is, for
+/// another try.
+fn end_restored(tree: &[i32], failed: &[i32]) {
+    log::error!(
+        "cuda: the GPU state of pid(s) {} could not be restored: ending the {} restored process(es) so that the restore fails instead of leaving them frozen; the image is unchanged for another try",
+        list_pids(failed),
+        tree.len()
+    );
+    for &pid in tree {
+        // SAFETY: kill(2) of a task this restore created (CRIU still holds it under ptrace).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Up to eight pids, then how many more: a hostile image must not make a huge message.
+pub(super) fn list_pids(pids: &[i32]) -> String {
+    let mut s: Vec<String> = pids.iter().take(8).map(|p| p.to_string()).collect();
+    if pids.len() > 8 {
+        s.push(format!("and {} more", pids.len() - 8));
+    }
+    s.join(", ")
+}
+
+/// The sum of sizes that come from an image or a driver, saturating instead of wrapping: a
+/// record claiming 2^64 − 1 bytes must not add up with another to a small number.
+pub(super) fn total_bytes(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0, u64::saturating_add)
+}

@@ -1,0 +1,51 @@
+//! Unit tests of the NVIDIA backend's own logic (no driver needed).
+
+use super::batch::run_each;
+use super::error::{Failure, HookFailure};
+use super::nvml;
+use super::restore::{list_pids, total_bytes};
+use criu_plugin::HookError;
+use cuda_ckpt_sys::DriverError;
+
+#[test]
+fn sizes_from_images_do_not_wrap() {
+    assert_eq!(total_bytes([u64::MAX, 1].into_iter()), u64::MAX);
+    assert_eq!(total_bytes([1 << 30, 1 << 30].into_iter()), 2 << 30);
+    assert!(nvml::check_free_memory(total_bytes([u64::MAX, 1].into_iter()), 80 << 30, 1).is_err());
+}
+
+#[test]
+fn long_pid_lists_are_cut() {
+    assert_eq!(list_pids(&[1, 2, 3]), "1, 2, 3");
+    let many: Vec<i32> = (1..=10).collect();
+    assert_eq!(list_pids(&many), "1, 2, 3, 4, 5, 6, 7, 8, and 2 more");
+}
+
+#[test]
+fn failures_keep_their_errno() {
+    assert_eq!(
+        Failure::new(libc::EBUSY, "busy").report(),
+        HookError::Errno(libc::EBUSY)
+    );
+    let e = DriverError::InvalidArgument("bad".into());
+    assert_eq!(
+        Failure::driver(7, &e).report(),
+        HookError::Errno(libc::EINVAL)
+    );
+    assert_eq!(HookFailure::NotMine.report(), HookError::NotMine);
+}
+
+#[test]
+fn a_panicking_step_is_that_pid_s_failure() {
+    for parallel in [false, true] {
+        let r = run_each(&[1, 2, 3], parallel, |pid| {
+            if pid == 2 {
+                panic!("step failed");
+            }
+            Ok::<(), DriverError>(())
+        });
+        let pids: Vec<i32> = r.iter().map(|(p, _, _)| *p).collect();
+        assert_eq!(pids, [1, 2, 3]);
+        assert!(r[0].1.is_ok() && r[1].1.is_err() && r[2].1.is_ok());
+    }
+}
