@@ -292,3 +292,71 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
         let _ = std::fs::remove_file(&pairs);
     }
 }
+
+/// `cuda_plugin.backend=cuda-checkpoint` (the C plugin's mode that runs NVIDIA's utility) is not
+/// this plugin's: a dump of a CUDA process fails with an error saying so, before the process is
+/// touched, while a tree without CUDA still dumps (with a warning).
+#[test]
+fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else() {
+    let Some(f) = start("criu43-backend-option") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = f.nvidia_proc("nv", &[("0000:00:06.0", &gpu.model, &gpu.uuid)]);
+    let lib = common::plugin_libdir().display().to_string();
+    let option = "--plugin-option=cuda_plugin.backend=cuda-checkpoint";
+
+    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let refused = f.criu(
+        &[
+            "dump",
+            "-t",
+            &w.root().to_string(),
+            "-L",
+            &lib,
+            "-v4",
+            option,
+        ],
+        &f.e.images("img"),
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    refused.assert_failed();
+    let first = refused.first_error().unwrap_or_default();
+    assert!(
+        first.contains("gpu_plugin")
+            && first.contains("cuda.backend = cuda-checkpoint (plugin option cuda_plugin.backend)")
+            && first.contains("use auto or driver-api"),
+        "the first error must say why: {refused:?}"
+    );
+    let calls = f.calls("dump.calls");
+    assert!(
+        calls.transitions(w.root()).is_empty(),
+        "the process was touched: {calls:?}"
+    );
+    w.assert_all_running("after the refused dump");
+    f.e.kill_and_reap(&w.pids);
+
+    let tree = common::Tree::start(&f.e, "tree.out", &[]);
+    let plain = f.criu(
+        &[
+            "dump",
+            "-t",
+            &tree.root.to_string(),
+            "-L",
+            &lib,
+            "-v4",
+            option,
+        ],
+        &f.e.images("img-plain"),
+        "plain.log",
+        &f.env(&nv, "plain.calls"),
+    );
+    plain.assert_ok();
+    plain.assert_no_plugin_errors();
+    assert!(
+        plain.has("a dump or restore of CUDA processes fails until it is fixed"),
+        "{plain:?}"
+    );
+    f.e.reap(&tree.pids());
+}

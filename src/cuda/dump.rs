@@ -141,6 +141,7 @@ impl DumpRun {
                 .into());
             }
         };
+        self.settings.check(&format!("cuda: pid {pid} uses CUDA"))?;
         self.claim(pid)?;
         check_runnable(pid, tid)?;
         let locked = self.lock(pid)?;

@@ -267,6 +267,7 @@ fn end_one(pid: i32, e: &DriverError) -> HookError {
 
 /// Loads the driver for a restore that cannot do without it; `why` starts the error.
 fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), Failure> {
+    settings.check(why)?;
     let proc_dir = &settings.nvidia_proc;
     if !proc_dir.is_dir() {
         return Err(Failure::new(

@@ -20,14 +20,23 @@ pub struct CudaSettings {
     pub device_map: String,
     /// NVML library for memory sizes.
     pub nvml: String,
+    /// Bad values, each kept at its default: warned about at `init`, and they fail a dump or
+    /// restore that has CUDA processes, naming the key and where its value came from.
+    pub problems: Vec<String>,
 }
 
+/// The CUDA backends `cuda.backend` (`cuda_plugin.backend`) may name; both mean the driver's
+/// checkpoint API, called in-process.
+const BACKENDS: &[&str] = &["auto", "driver-api"];
+
 impl CudaSettings {
-    /// Reads the settings; a bad value is warned about and replaced by its default, since a
-    /// typo in a GPU setting must not fail every CRIU run on the host.
+    /// Reads the settings. A bad value keeps its default and is added to
+    /// [`CudaSettings::problems`], since a typo in a GPU setting must not fail the CRIU runs of
+    /// processes without CUDA.
     pub fn from_config(cfg: &crate::config::Config) -> CudaSettings {
+        let mut problems = Vec::new();
         let parallel = cfg.get_bool("cuda.parallel", true).unwrap_or_else(|e| {
-            log::warn!("cuda: settings: {e}; using true");
+            problems.push(e);
             true
         });
         // 0 would ask the driver to wait for good: a lock must always end by itself.
@@ -40,10 +49,27 @@ impl CudaSettings {
             }
             Ok(n) => n.min(u64::from(u32::MAX)),
             Err(e) => {
-                log::warn!("cuda: settings: {e}; using {DEFAULT_LOCK_TIMEOUT_MS}");
+                problems.push(e);
                 DEFAULT_LOCK_TIMEOUT_MS
             }
         };
+        match cfg.get("cuda.backend").map(str::trim) {
+            None => {}
+            Some(b) if BACKENDS.contains(&b) => {}
+            Some("cuda-checkpoint") => problems.push(format!(
+                "cuda.backend = cuda-checkpoint ({}): this plugin calls the driver's checkpoint API itself and does not run NVIDIA's cuda-checkpoint utility; use auto or driver-api",
+                cfg.describe_origin("cuda.backend")
+            )),
+            Some(b) => problems.push(format!(
+                "cuda.backend = {b} ({}): expected auto or driver-api",
+                cfg.describe_origin("cuda.backend")
+            )),
+        }
+        for p in &problems {
+            log::warn!(
+                "cuda: settings: {p}; a dump or restore of CUDA processes fails until it is fixed"
+            );
+        }
         CudaSettings {
             libcuda: cfg.get("libcuda").map(PathBuf::from),
             nvidia_proc: PathBuf::from(
@@ -54,6 +80,18 @@ impl CudaSettings {
             lock_timeout_ms,
             device_map: cfg.get("cuda.device-map").unwrap_or("").to_string(),
             nvml: cfg.get("nvml").unwrap_or("libnvidia-ml.so.1").to_string(),
+            problems,
+        }
+    }
+
+    /// The first bad value, as a failure of a run that needs CUDA (`why` starts the message).
+    pub fn check(&self, why: &str) -> Result<(), super::error::Failure> {
+        match self.problems.first() {
+            None => Ok(()),
+            Some(p) => Err(super::error::Failure::new(
+                libc::EINVAL,
+                format!("{why} but a setting is bad: {p}"),
+            )),
         }
     }
 }

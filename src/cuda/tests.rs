@@ -49,3 +49,22 @@ fn a_panicking_step_is_that_pid_s_failure() {
         assert!(r[0].1.is_ok() && r[1].1.is_err() && r[2].1.is_ok());
     }
 }
+
+#[test]
+fn bad_settings_are_kept_for_the_runs_that_need_cuda() {
+    use super::settings::CudaSettings;
+    let cfg = crate::config::Config::parse(
+        "cuda.parallel = maybe\ncuda.lock-timeout-ms = soon\ncuda.backend = cuda-checkpoint\n",
+    );
+    let s = CudaSettings::from_config(&cfg);
+    assert!(s.parallel);
+    assert_eq!(s.problems.len(), 3, "{:?}", s.problems);
+    assert!(s.problems[2].contains("cuda.backend = cuda-checkpoint (line 3 of the settings)"));
+    assert!(s.check("the image holds 1 CUDA process(es)").is_err());
+    for good in ["auto", "driver-api"] {
+        let s = CudaSettings::from_config(&crate::config::Config::parse(&format!(
+            "cuda.backend = {good}\n"
+        )));
+        assert!(s.problems.is_empty() && s.check("x").is_ok());
+    }
+}
