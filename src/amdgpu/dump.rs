@@ -96,17 +96,19 @@ pub struct DumpCtx<'a> {
 
 impl DumpCtx<'_> {
     fn topology<'s>(&self, state: &'s mut DumpState) -> Result<&'s Topology> {
-        if state.topology.is_none() {
-            let root = &self.settings.topology_root;
-            let t = Topology::from_sysfs(root).map_err(|e| {
-                Error::new(
-                    libc::EIO,
-                    format!("cannot read the KFD topology at {}: {e}", root.display()),
-                )
-            })?;
-            state.topology = Some(t);
-        }
-        Ok(state.topology.as_ref().expect("set above"))
+        let topology = match state.topology.take() {
+            Some(t) => t,
+            None => {
+                let root = &self.settings.topology_root;
+                Topology::from_sysfs(root).map_err(|e| {
+                    Error::new(
+                        libc::EIO,
+                        format!("cannot read the KFD topology at {}: {e}", root.display()),
+                    )
+                })?
+            }
+        };
+        Ok(state.topology.insert(topology))
     }
 }
 

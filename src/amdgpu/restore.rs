@@ -249,10 +249,11 @@ pub fn restore_kfd(
         .open_kfd()
         .map_err(|e| Error::io(&e, "cannot open /dev/kfd"))?;
     check_kfd_version(ctx.dev, kfd.as_fd())?;
-    if task.map.is_none() {
-        task.map = Some(compute_map(ctx, image)?);
-    }
-    let map = task.map.clone().expect("set above");
+    let map = match task.map.take() {
+        Some(m) => m,
+        None => compute_map(ctx, image)?,
+    };
+    let map = task.map.insert(map).clone();
     // Fail on a bad pages file before creating anything in the kernel.
     drop(open_pages(ctx.images, id, image)?);
 
@@ -381,24 +382,20 @@ pub fn restore_render(
     }
     let me = ctx.dev.current_task();
     let mut fd_min = criu_ext::first_free_fd(me);
-    if task.map.is_none() {
-        // The map of this task's process comes from its KFD image, found by pid (CRIU
-        // restores pids), whether or not that file was restored yet.
-        let mut found = None;
-        for kid in ctx.images.kfd_ids(super::parallel::MAX_REQUESTS * 8)? {
-            let k = ctx.images.dir()?.read_kfd(kid, &ctx.images.limits)?;
-            if k.pid == me {
-                found = Some(k);
-                break;
+    let map = match task.map.take() {
+        Some(map) => map,
+        None => {
+            // The map of this task's process comes from its KFD image, found by pid (CRIU
+            // restores pids), whether or not that file was restored yet.
+            let mut found = None;
+            for kid in ctx.images.kfd_ids(super::parallel::MAX_REQUESTS * 8)? {
+                let k = ctx.images.dir()?.read_kfd(kid, &ctx.images.limits)?;
+                if k.pid == me {
+                    found = Some(k);
+                    break;
+                }
             }
-        }
-        match found {
-            Some(k) => {
-                check_image(&k, &ctx.limits)?;
-                fd_min = criu_ext::first_free_fd(k.pid);
-                task.map = Some(compute_map(ctx, &k)?);
-            }
-            None => {
+            let Some(k) = found else {
                 // A process with a render node but no KFD state: the same GPU, if present.
                 let root = &ctx.settings.topology_root;
                 let local = Topology::from_sysfs(root).map_err(|e| {
@@ -419,11 +416,13 @@ pub fn restore_render(
                 let minor = g.drm_render_minor;
                 open_task_render(ctx, task, minor, fd_min)?;
                 return dup_for_criu(task, minor);
-            }
+            };
+            check_image(&k, &ctx.limits)?;
+            fd_min = criu_ext::first_free_fd(k.pid);
+            compute_map(ctx, &k)?
         }
-    }
-    let map = task.map.as_ref().expect("set above");
-    let m = map.get(image.gpu_id).ok_or_else(|| {
+    };
+    let m = task.map.insert(map).get(image.gpu_id).ok_or_else(|| {
         Error::new(
             libc::ENODEV,
             format!("render node image {id} is for GPU {:#x}, which the process's KFD image does not list", image.gpu_id),
