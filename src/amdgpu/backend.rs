@@ -35,7 +35,7 @@ use super::error::Error;
 use super::hw::HwDevice;
 use super::image::open_image_dir;
 use super::images::{Images, ImagesDir};
-use super::parallel::{CriuFdStore, FdStore, KeyTable, RestoreQueue};
+use super::parallel::{CriuFdStore, FdStore, Handover};
 use super::settings::AmdgpuSettings;
 use crate::backend::{GpuBackend, InitContext};
 use dump_run::DumpRun;
@@ -255,35 +255,22 @@ impl AmdgpuBackend {
             }
         }
         // Shared state must exist before CRIU forks the tasks, which is now.
-        let fdstore = self
+        let publish_dmabufs = base.images.count_prefix("amdgpu-dmabuf_").unwrap_or(0) > 0;
+        let parallel = base.settings.parallel_restore && ctx.host.has_hook(HookId::PostForking);
+        let handover = self
             .options
             .fdstore
             .clone()
-            .or_else(|| CriuFdStore::resolve().map(|s| Arc::new(s) as Arc<dyn FdStore>));
-        let mut queue = None;
-        if fdstore.is_some()
-            && base.settings.parallel_restore
-            && ctx.host.has_hook(HookId::PostForking)
-        {
-            match RestoreQueue::create() {
-                Ok(q) => queue = Some(Arc::new(q)),
-                Err(e) => log::warn!("amdgpu: no parallel restore: {e}"),
-            }
-        }
-        let publish_dmabufs = base.images.count_prefix("amdgpu-dmabuf_").unwrap_or(0) > 0;
-        let mut keys = None;
-        if publish_dmabufs && fdstore.is_some() {
-            match KeyTable::create() {
-                Ok(t) => keys = Some(Arc::new(t)),
-                Err(e) => log::warn!("amdgpu: dma-bufs only within a task: {e}"),
-            }
-        }
-        log_start(&base, stage, queue.is_some());
+            .or_else(|| CriuFdStore::resolve().map(|s| Arc::new(s) as Arc<dyn FdStore>))
+            .map(|store| Handover::create(store, parallel, publish_dmabufs));
+        log_start(
+            &base,
+            stage,
+            handover.as_ref().is_some_and(Handover::parallel),
+        );
         Ok(Run::Restore(RestoreRun::new(
             base,
-            queue,
-            fdstore,
-            keys,
+            handover,
             publish_dmabufs,
         )))
     }

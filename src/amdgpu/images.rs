@@ -164,6 +164,11 @@ impl PagesOut<'_> {
         Ok(self.writer.write_chunk(bo, offset, data)?)
     }
 
+    /// The file's layout.
+    pub fn layout(&self) -> &PagesLayout {
+        self.writer.layout()
+    }
+
     /// Checks that every BO was written in full and closes the file.
     pub fn finish(self) -> Result<()> {
         Ok(self.writer.finish()?)

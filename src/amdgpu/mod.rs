@@ -1,6 +1,7 @@
 //! AMD GPUs through the KFD driver (`/dev/kfd`).
 
 pub mod backend;
+pub mod contents;
 pub mod copy;
 pub mod criu_ext;
 pub mod device;

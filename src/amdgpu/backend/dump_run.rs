@@ -9,7 +9,7 @@ use std::time::Instant;
 use criu_plugin::stream::ImageStream;
 use criu_plugin::{CriuSymbols, HookError, HookId, HookResult};
 
-use super::super::device::{FileIdentity, FileKind, classify};
+use super::super::device::{self, FileIdentity, FileKind, classify};
 use super::super::dump::{self, DumpCtx, DumpState};
 use super::super::error::Error;
 use super::super::topology::Topology;
@@ -205,7 +205,7 @@ impl DumpRun {
             .dev
             .open_kfd()
             .map_err(|e| fail(Error::io(&e, "cannot open /dev/kfd")))?;
-        dump::check_kfd_version(ctx.dev, own.as_fd())
+        device::check_kfd_version(ctx.dev, own.as_fd())
             .map_err(|e| fail(e.context(format!("file {id}"))))?;
         drop(own);
         let info = dump::pause(&ctx, &mut self.state, fd, id)

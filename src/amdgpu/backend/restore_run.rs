@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::fd::{AsFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::time::Instant;
 
 use criu_plugin::{HookError, HookResult, VmaUpdate};
 
+use super::super::contents;
 use super::super::device;
 use super::super::error::Error;
-use super::super::parallel::{FdStore, KeyTable, Outcome, RestoreQueue};
+use super::super::parallel::{Handover, Outcome};
 use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
 use super::{CopyKind, CopyRecord, MAX_KFD_IMAGES, RunBase, fail};
 
@@ -21,12 +21,9 @@ use super::{CopyKind, CopyRecord, MAX_KFD_IMAGES, RunBase, fail};
 /// restored task.
 pub(super) struct RestoreRun {
     base: RunBase,
-    /// The parallel-restore queue, when on (set up before CRIU forks).
-    queue: Option<Arc<RestoreQueue>>,
-    /// fd passing between the restore processes.
-    fdstore: Option<Arc<dyn FdStore>>,
-    /// dma-bufs published for other tasks (set up before CRIU forks).
-    keys: Option<Arc<KeyTable>>,
+    /// What the restore processes pass each other (set up before CRIU forks), when CRIU has
+    /// an fdstore.
+    handover: Option<Handover>,
     /// Whether the image has dma-buf files (restored BOs are then published by key).
     publish_dmabufs: bool,
     /// How the parallel restore ended, once it did.
@@ -41,16 +38,12 @@ pub(super) struct RestoreRun {
 impl RestoreRun {
     pub(super) fn new(
         base: RunBase,
-        queue: Option<Arc<RestoreQueue>>,
-        fdstore: Option<Arc<dyn FdStore>>,
-        keys: Option<Arc<KeyTable>>,
+        handover: Option<Handover>,
         publish_dmabufs: bool,
     ) -> RestoreRun {
         RestoreRun {
             base,
-            queue,
-            fdstore,
-            keys,
+            handover,
             publish_dmabufs,
             outcome: None,
             tasks: HashMap::new(),
@@ -65,9 +58,7 @@ impl RestoreRun {
             settings: &self.base.settings,
             images: &self.base.images,
             limits: self.base.limits,
-            queue: self.queue.as_deref(),
-            fdstore: self.fdstore.as_deref(),
-            keys: self.keys.as_deref(),
+            handover: self.handover.as_ref(),
             publish_dmabufs: self.publish_dmabufs,
         }
     }
@@ -92,7 +83,7 @@ impl RestoreRun {
                 .map_err(|e| fail(e.context("restore preflight")))?;
             restore::check_image(&image, &ctx.limits)
                 .and_then(|()| restore::compute_map(&ctx, &image))
-                .and_then(|_| restore::open_pages(ctx.images, *id, &image).map(drop))
+                .and_then(|_| contents::open_pages(ctx.images, *id, &image).map(drop))
                 .map_err(|e| fail(e.context(format!("restore preflight of KFD file {id}"))))?;
         }
         log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());
@@ -205,7 +196,7 @@ impl RestoreRun {
 
     /// `POST_FORKING`: claims the parallel restore.
     pub(super) fn post_forking(&mut self) -> HookResult {
-        if self.queue.is_none() || self.fdstore.is_none() {
+        if !self.handover.as_ref().is_some_and(Handover::parallel) {
             return Err(HookError::NotMine);
         }
         // A thread serving the queue from here on would still run when CRIU enters the
@@ -260,8 +251,8 @@ impl RestoreRun {
     /// `exit`: the copies a failed restore left, then the fdstore is cleared.
     pub(super) fn finish(&mut self) {
         self.finish_worker();
-        if let Some(s) = &self.fdstore {
-            s.clear();
+        if let Some(h) = &self.handover {
+            h.clear();
         }
     }
 
@@ -269,24 +260,18 @@ impl RestoreRun {
     /// main process (with the copy pipeline's threads, joined before it returns), logs what
     /// was done and keeps the outcome.
     fn finish_worker(&mut self) {
-        let Some(q) = self.queue.clone() else {
+        let Some(h) = &self.handover else {
             return;
         };
-        if self.outcome.is_some() {
+        if !h.parallel() || self.outcome.is_some() {
             return;
         }
         let started = Instant::now();
-        let mut served = Vec::new();
-        if let Some(store) = &self.fdstore {
-            restore::serve_ready(
-                self.base.dev.as_ref(),
-                &self.base.settings,
-                &self.base.images,
-                store.as_ref(),
-                &q,
-                &mut served,
-            );
-        }
+        let served = h.serve_ready(
+            self.base.dev.as_ref(),
+            &self.base.settings,
+            &self.base.images,
+        );
         for s in &served {
             if let Ok(stats) = &s.result {
                 self.copies.push(CopyRecord {
@@ -306,7 +291,7 @@ impl RestoreRun {
                 Err(e) => log::error!("amdgpu: file {}: {e}", s.file_id),
             }
         }
-        let o = q.outcome();
+        let o = h.outcome().unwrap_or_default();
         if !served.is_empty() || !o.failed.is_empty() {
             log::info!(
                 "amdgpu: parallel restore: {} file(s) done, {} failed; waited {:.3} s",

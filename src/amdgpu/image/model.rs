@@ -202,6 +202,26 @@ pub struct KfdCheckpoint {
 const CRIU_KFD: &str = "criu_kfd";
 
 impl KfdCheckpoint {
+    /// The BOs whose contents the image's pages files hold (VRAM or GTT), as
+    /// `(index, size)` in image order.
+    pub fn content_bos(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.bos
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.has_contents())
+            .map(|(i, b)| (i, b.size))
+    }
+
+    /// The GPUs with a pages file (at least one BO with contents), by user gpu_id, in
+    /// device order.
+    pub fn content_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.devices
+            .iter()
+            .filter(|d| d.gpu_id != 0)
+            .map(|d| d.gpu_id)
+            .filter(|&gpu| self.bos.iter().any(|b| b.gpu_id == gpu && b.has_contents()))
+    }
+
     /// Checks the rules the C plugin's restore relies on:
     /// `num_of_gpus + num_of_cpus` equals the number of device entries,
     /// GPU ids are unique, every BO belongs to a GPU listed among the
