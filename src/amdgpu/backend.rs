@@ -32,11 +32,11 @@ use criu_plugin::{HookError, HookId, HookResult, InventoryListing, Stage, VmaUpd
 
 use super::device::{self, CriuLimits, KfdDevice};
 use super::error::Error;
-use super::hw::HwDevice;
-use super::image::open_image_dir;
-use super::images::{Images, ImagesDir};
+use super::image::{DMABUF_FILE_PREFIX, open_image_dir};
+use super::kernel::KernelKfd;
 use super::parallel::{CriuFdStore, FdStore, Handover};
 use super::settings::AmdgpuSettings;
+use super::store::{ImageStore, StoreLocation};
 use crate::backend::{GpuBackend, InitContext};
 use dump_run::DumpRun;
 use restore_run::RestoreRun;
@@ -109,7 +109,7 @@ enum Run {
 struct RunBase {
     dev: Arc<dyn KfdDevice>,
     settings: AmdgpuSettings,
-    images: Images,
+    images: ImageStore,
     limits: CriuLimits,
 }
 
@@ -132,7 +132,7 @@ impl AmdgpuBackend {
     /// The backend on this machine's amdkfd.
     pub fn new() -> Self {
         Self::with_device_factory(
-            Box::new(|| Ok(Arc::new(HwDevice::new()) as Arc<dyn KfdDevice>)),
+            Box::new(|| Ok(Arc::new(KernelKfd::new()) as Arc<dyn KfdDevice>)),
             BackendOptions {
                 use_process_env: true,
                 ..Default::default()
@@ -194,12 +194,12 @@ impl AmdgpuBackend {
             return Ok(Run::Idle);
         }
         let images = match &self.options.images_dir {
-            Some(p) => ImagesDir::Owned(open_image_dir(p).map_err(|e| {
+            Some(p) => StoreLocation::Owned(open_image_dir(p).map_err(|e| {
                 Error::io(&e, format!("cannot open images directory {}", p.display()))
             })?),
-            None => ImagesDir::Criu,
+            None => StoreLocation::Criu,
         };
-        let images = Images::new(images, self.options.image_quota);
+        let images = ImageStore::new(images, self.options.image_quota);
         let found = (self.factory)().and_then(|d| d.kfd_rdev().map(|r| (d, r)));
         let (dev, kfd_rdev) = match found {
             Ok(found) => found,
@@ -213,7 +213,7 @@ impl AmdgpuBackend {
                 // Too many files to count is not "none".
                 let n = match images.kfd_ids(MAX_KFD_IMAGES) {
                     Ok(v) => v.len().to_string(),
-                    Err(_) => "more than 65536".to_string(),
+                    Err(_) => format!("more than {MAX_KFD_IMAGES}"),
                 };
                 if n != "0" {
                     return Err(Error::new(
@@ -255,7 +255,7 @@ impl AmdgpuBackend {
             }
         }
         // Shared state must exist before CRIU forks the tasks, which is now.
-        let publish_dmabufs = base.images.count_prefix("amdgpu-dmabuf_").unwrap_or(0) > 0;
+        let publish_dmabufs = base.images.count_prefix(DMABUF_FILE_PREFIX).unwrap_or(0) > 0;
         let parallel = base.settings.parallel_restore && ctx.host.has_hook(HookId::PostForking);
         let handover = self
             .options

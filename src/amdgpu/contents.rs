@@ -13,9 +13,9 @@ use super::copy::{self, CopyStats, Piece};
 use super::device::{self, KfdDevice};
 use super::error::{Error, Result};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader};
-use super::images::Images;
 use super::sdma::SdmaEngines;
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 
 /// The pages-file side of a copy, per piece.
 enum Files<'a> {
@@ -57,7 +57,7 @@ fn open_files<F>(
 /// Opens the pages file of each GPU with contents, checked against the BO list; returns
 /// them and, per BO, the index of its file.
 pub fn open_pages(
-    images: &Images,
+    images: &ImageStore,
     id: u32,
     image: &KfdCheckpoint,
 ) -> Result<(Vec<PagesReader>, Vec<usize>)> {
@@ -74,7 +74,7 @@ pub struct Contents<'a> {
     /// Settings (the staging plan).
     pub settings: &'a AmdgpuSettings,
     /// Where the pages files are.
-    pub images: &'a Images,
+    pub images: &'a ImageStore,
     /// CRIU file id of the KFD file.
     pub id: u32,
     /// Its image.

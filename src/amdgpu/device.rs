@@ -8,7 +8,7 @@
 //! the render-node GEM and command-submission operations ([`AmdgpuRender`]) from which the
 //! SDMA engine that copies buffer-object (BO) contents is built.
 //!
-//! Two implementations exist: [`super::hw::HwDevice`] (the real kernel, `/dev/kfd` and
+//! Two implementations exist: [`super::kernel::KernelKfd`] (the real kernel, `/dev/kfd` and
 //! `/dev/dri/renderD*`) and, for tests and benchmarks, `sim::SimKfd` (the `kfd-sim` feature), which follows
 //! the kernel's CRIU semantics with BOs held in host memory. The backend's dump and restore
 //! code is the same for both.
@@ -32,10 +32,7 @@ use kfd_sys::{
 
 /// Major number of DRM character devices (`DRM_MAJOR`, fixed by Linux).
 pub const DRM_MAJOR: u32 = 226;
-/// First render-node minor (`renderD128`).
-pub const RENDER_MINOR_FIRST: u32 = 128;
-/// Last render-node minor (`renderD255`).
-pub const RENDER_MINOR_LAST: u32 = 255;
+pub use super::topology::{RENDER_MINOR_FIRST, RENDER_MINOR_LAST};
 
 /// Oldest KFD interface with the CRIU operations the backend needs (1.8: dma-bufs for GTT
 /// BOs as well as VRAM).

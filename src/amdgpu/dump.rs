@@ -40,9 +40,12 @@ use super::contents;
 use super::copy;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice};
 use super::error::{Error, Result};
-use super::image::{BoEntry, KfdCheckpoint, RenderNodeDrm, RenderNodeImage};
-use super::images::Images;
+use super::image::{
+    BoEntry, DmabufImage, KfdCheckpoint, RenderNodeDrm, RenderNodeImage, dmabuf_file_name,
+    kfd_file_name, render_node_file_name,
+};
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 use super::topology::Topology;
 
 /// A KFD file whose process's queues this dump evicted.
@@ -88,7 +91,7 @@ pub struct DumpCtx<'a> {
     /// Settings.
     pub settings: &'a AmdgpuSettings,
     /// Where images go.
-    pub images: &'a Images,
+    pub images: &'a ImageStore,
     /// Bounds on what PROCESS_INFO may ask for.
     pub limits: CriuLimits,
 }
@@ -301,7 +304,7 @@ pub fn checkpoint(
     }
     .save()?;
     drop(dmabufs);
-    ctx.images.write_kfd(id, &image)?;
+    ctx.images.write_message(&kfd_file_name(id), &image)?;
     Ok(KfdDumpStats {
         gpus: num_of_gpus as usize,
         bos: image.bos.len(),
@@ -353,11 +356,8 @@ pub fn dump_dmabuf(
         let Ok(Some(key)) = bo_key(ctx, state, minor, fd, false) else {
             continue;
         };
-        let image = super::image::DmabufImage { gem_handle: key };
-        let name = super::image::dmabuf_file_name(id);
-        let len = super::image::encode_framed(&image, &name)?.len() as u64;
-        ctx.images.charge(len, &name)?;
-        ctx.images.dir()?.write_dmabuf(id, &image)?;
+        let image = DmabufImage { gem_handle: key };
+        ctx.images.write_message(&dmabuf_file_name(id), &image)?;
         state.dmabuf_files += 1;
         log::info!("amdgpu: file {id}: dma-buf of the BO with key {key} (renderD{minor})");
         return Ok(true);
@@ -446,10 +446,8 @@ pub fn dump_render_node(
             bos: Vec::new(),
         }),
     };
-    let name = super::image::render_node_file_name(id);
-    let len = super::image::encode_framed(&image, &name)?.len() as u64;
-    ctx.images.charge(len, &name)?;
-    ctx.images.dir()?.write_render_node(id, &image)?;
+    ctx.images
+        .write_message(&render_node_file_name(id), &image)?;
     state.render_files += 1;
     Ok(Some(user))
 }

@@ -29,8 +29,8 @@ use super::contents;
 use super::copy::CopyStats;
 use super::device::KfdDevice;
 use super::error::{Error, Result};
-use super::images::Images;
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 
 /// Requests the queue holds (restored processes with KFD state).
 pub const MAX_REQUESTS: usize = 512;
@@ -576,7 +576,7 @@ impl Handover {
         &self,
         dev: &dyn KfdDevice,
         settings: &AmdgpuSettings,
-        images: &Images,
+        images: &ImageStore,
     ) -> Vec<Served> {
         let mut out = Vec::new();
         let Some(queue) = &self.queue else {
@@ -606,7 +606,7 @@ impl Handover {
         &self,
         dev: &dyn KfdDevice,
         settings: &AmdgpuSettings,
-        images: &Images,
+        images: &ImageStore,
         req: &Request,
     ) -> Result<CopyStats> {
         let image = images.dir()?.read_kfd(req.file_id, &images.limits)?;

@@ -25,14 +25,14 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 
 use super::contents;
 use super::copy;
-use super::criu_ext;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
 use super::error::{Error, Result};
 use super::image::{KfdCheckpoint, RenderNodeImage};
-use super::images::Images;
 use super::parallel::Handover;
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 use super::topology::{GpuMap, Topology, map_gpus};
+use criu_plugin::fds;
 
 /// A device mapping whose offset changes at restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub struct RestoreCtx<'a> {
     /// Settings.
     pub settings: &'a AmdgpuSettings,
     /// Where images are.
-    pub images: &'a Images,
+    pub images: &'a ImageStore,
     /// Bounds for images.
     pub limits: CriuLimits,
     /// What the restore processes pass each other (the parallel restore's queue, dma-bufs
@@ -180,7 +180,7 @@ pub fn restore_kfd(
     // Fail on a bad pages file before creating anything in the kernel.
     drop(contents::open_pages(ctx.images, id, image)?);
 
-    let fd_min = criu_ext::first_free_fd(image.pid);
+    let fd_min = fds::first_free_fd(image.pid);
     let mut bufs = CriuBuffers {
         num_objects: image.num_of_objects,
         priv_data: image.priv_data.clone(),
@@ -307,7 +307,7 @@ pub fn restore_render(
         }
     }
     let me = ctx.dev.current_task();
-    let mut fd_min = criu_ext::first_free_fd(me);
+    let mut fd_min = fds::first_free_fd(me);
     let map = match task.map.take() {
         Some(map) => map,
         None => {
@@ -344,7 +344,7 @@ pub fn restore_render(
                 return dup_for_criu(task, minor);
             };
             check_image(&k, &ctx.limits)?;
-            fd_min = criu_ext::first_free_fd(k.pid);
+            fd_min = fds::first_free_fd(k.pid);
             compute_map(ctx, &k)?
         }
     };
@@ -437,7 +437,7 @@ fn open_task_render(
         .dev
         .open_render_node(minor)
         .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))?;
-    let fd = criu_ext::place_fd(fd, fd_min)
+    let fd = fds::place_fd(fd, fd_min)
         .map_err(|e| Error::io(&e, format!("cannot move the fd of renderD{minor}")))?;
     let raw = fd.as_raw_fd();
     task.render.insert(minor, fd);

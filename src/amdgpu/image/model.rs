@@ -10,7 +10,8 @@ use std::fmt;
 
 use super::proto;
 use super::wire::{self, MessageRules};
-use super::{ImageMessage, KFD_ALLOC_MEM_FLAGS_GTT, KFD_ALLOC_MEM_FLAGS_VRAM, NO_GEM_HANDLE};
+use super::{ImageMessage, NO_GEM_HANDLE};
+use crate::amdgpu::device::alloc_flags;
 
 /// A message that decodes but breaks a rule of the format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +173,7 @@ impl BoEntry {
     /// Whether the BO's contents are saved in the GPU's pages file
     /// (VRAM or GTT; userptr, doorbell and MMIO BOs are not).
     pub fn has_contents(&self) -> bool {
-        self.alloc_flags & (KFD_ALLOC_MEM_FLAGS_VRAM | KFD_ALLOC_MEM_FLAGS_GTT) != 0
+        self.alloc_flags & alloc_flags::WITH_CONTENTS != 0
     }
 }
 
