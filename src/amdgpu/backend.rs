@@ -54,6 +54,7 @@ pub struct BackendOptions {
     pub images_dir: Option<PathBuf>,
     /// Bytes the backend may write into the images directory; more fails with `ENOSPC`
     /// (simulates a full disk in tests).
+    #[cfg(feature = "kfd-sim")]
     pub image_quota: Option<u64>,
     /// Read environment overrides (`KFD_*`, `CRIU_GPU_AMDGPU_*`).
     pub use_process_env: bool,
@@ -62,6 +63,7 @@ pub struct BackendOptions {
 }
 
 /// Who copied a file's BO contents.
+#[cfg(feature = "kfd-sim")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyKind {
     /// Dump: GPU to pages files, in CRIU's dumping process.
@@ -73,6 +75,7 @@ pub enum CopyKind {
 }
 
 /// One BO content copy of a run.
+#[cfg(feature = "kfd-sim")]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CopyRecord {
     /// CRIU file id of the KFD file.
@@ -89,6 +92,7 @@ pub struct AmdgpuBackend {
     options: BackendOptions,
     run: Run,
     /// The copies of the last run, once it ended.
+    #[cfg(feature = "kfd-sim")]
     copies: Vec<CopyRecord>,
 }
 
@@ -131,7 +135,7 @@ const MAX_KFD_IMAGES: usize = 1 << 16;
 impl AmdgpuBackend {
     /// The backend on this machine's amdkfd.
     pub fn new() -> Self {
-        Self::with_device_factory(
+        Self::build(
             Box::new(|| Ok(Arc::new(KernelKfd::new()) as Arc<dyn KfdDevice>)),
             BackendOptions {
                 use_process_env: true,
@@ -141,16 +145,23 @@ impl AmdgpuBackend {
     }
 
     /// A backend whose runs use the devices `factory` makes (the KFD simulator in tests).
+    #[cfg(feature = "kfd-sim")]
     pub fn with_device_factory(factory: DeviceFactory, options: BackendOptions) -> Self {
+        Self::build(factory, options)
+    }
+
+    fn build(factory: DeviceFactory, options: BackendOptions) -> Self {
         AmdgpuBackend {
             factory,
             options,
             run: Run::Idle,
+            #[cfg(feature = "kfd-sim")]
             copies: Vec::new(),
         }
     }
 
     /// The BO content copies of the current or last run (dump or restore), in order.
+    #[cfg(feature = "kfd-sim")]
     pub fn copies(&self) -> &[CopyRecord] {
         match &self.run {
             Run::PreDump(r) | Run::Dump(r) => &r.copies,
@@ -199,7 +210,10 @@ impl AmdgpuBackend {
             })?),
             None => StoreLocation::Criu,
         };
+        #[cfg(feature = "kfd-sim")]
         let images = ImageStore::new(images, self.options.image_quota);
+        #[cfg(not(feature = "kfd-sim"))]
+        let images = ImageStore::new(images);
         let found = (self.factory)().and_then(|d| d.kfd_rdev().map(|r| (d, r)));
         let (dev, kfd_rdev) = match found {
             Ok(found) => found,
@@ -299,6 +313,7 @@ impl GpuBackend for AmdgpuBackend {
     fn init(&mut self, ctx: &InitContext<'_>, stage: Stage) -> Result<bool, HookError> {
         // The last run's state (fds, shared mappings) goes before a new one is set up.
         self.run = Run::Idle;
+        #[cfg(feature = "kfd-sim")]
         self.copies.clear();
         match self.start_run(ctx, stage) {
             Ok(Run::Idle) => Ok(false),
@@ -353,17 +368,17 @@ impl GpuBackend for AmdgpuBackend {
     }
 
     fn finish(&mut self, _stage: Stage, ret: i32) {
-        self.copies = match std::mem::replace(&mut self.run, Run::Idle) {
-            Run::Idle => return,
-            Run::PreDump(run) => run.copies,
-            Run::Dump(mut run) => {
-                run.finish(ret);
-                run.copies
-            }
-            Run::Restore(mut run) => {
-                run.finish();
-                run.copies
-            }
-        };
+        let mut run = std::mem::replace(&mut self.run, Run::Idle);
+        match &mut run {
+            Run::Dump(r) => r.finish(ret),
+            Run::Restore(r) => r.finish(),
+            Run::PreDump(_) | Run::Idle => {}
+        }
+        #[cfg(feature = "kfd-sim")]
+        match run {
+            Run::PreDump(r) | Run::Dump(r) => self.copies = r.copies,
+            Run::Restore(r) => self.copies = r.copies,
+            Run::Idle => {}
+        }
     }
 }

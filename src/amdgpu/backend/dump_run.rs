@@ -13,7 +13,9 @@ use super::super::device::{self, FileIdentity, FileKind, classify};
 use super::super::dump::{self, DumpCtx, DumpState};
 use super::super::error::Error;
 use super::super::topology::Topology;
-use super::{CopyKind, CopyRecord, INVENTORY_NAME, RunBase, fail};
+#[cfg(feature = "kfd-sim")]
+use super::{CopyKind, CopyRecord};
+use super::{INVENTORY_NAME, RunBase, fail};
 use crate::backend::InitContext;
 
 /// The state of a dump (or pre-dump) run.
@@ -29,6 +31,7 @@ pub(super) struct DumpRun {
     /// CRIU's image stream (`--stream`), looked up on first need.
     stream: OnceCell<Option<ImageStream>>,
     state: DumpState,
+    #[cfg(feature = "kfd-sim")]
     pub(super) copies: Vec<CopyRecord>,
 }
 
@@ -58,6 +61,7 @@ impl DumpRun {
             settings_error,
             stream: OnceCell::new(),
             state: DumpState::default(),
+            #[cfg(feature = "kfd-sim")]
             copies: Vec::new(),
         }
     }
@@ -213,6 +217,7 @@ impl DumpRun {
         match dump::checkpoint(&ctx, &mut self.state, fd, id, &info) {
             Ok(stats) => {
                 dump::log_stats(id, info.pid, &stats, started);
+                #[cfg(feature = "kfd-sim")]
                 self.copies.push(CopyRecord {
                     file_id: id,
                     kind: CopyKind::Dump,

@@ -15,7 +15,9 @@ use super::super::device;
 use super::super::error::Error;
 use super::super::parallel::{Handover, Outcome};
 use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
-use super::{CopyKind, CopyRecord, MAX_KFD_IMAGES, RunBase, fail};
+#[cfg(feature = "kfd-sim")]
+use super::{CopyKind, CopyRecord};
+use super::{MAX_KFD_IMAGES, RunBase, fail};
 
 /// The state of a restore run, in CRIU's main process and (as forked copies) in every
 /// restored task.
@@ -32,6 +34,7 @@ pub(super) struct RestoreRun {
     tasks: HashMap<u32, TaskState>,
     /// The `/dev/kfd` RESUME goes through, opened on first use.
     resume_kfd: Option<OwnedFd>,
+    #[cfg(feature = "kfd-sim")]
     pub(super) copies: Vec<CopyRecord>,
 }
 
@@ -48,6 +51,7 @@ impl RestoreRun {
             outcome: None,
             tasks: HashMap::new(),
             resume_kfd: None,
+            #[cfg(feature = "kfd-sim")]
             copies: Vec::new(),
         }
     }
@@ -111,6 +115,10 @@ impl RestoreRun {
             Ok(image) => {
                 let (fd, copied) = restore::restore_kfd(&ctx, task, id, &image)
                     .map_err(|e| fail(e.context(format!("restoring KFD file {id}"))))?;
+                // Only builds with the simulator keep a record of the copies.
+                #[cfg(not(feature = "kfd-sim"))]
+                let _ = copied;
+                #[cfg(feature = "kfd-sim")]
                 if let Some(stats) = copied {
                     self.copies.push(CopyRecord {
                         file_id: id,
@@ -273,6 +281,7 @@ impl RestoreRun {
             &self.base.images,
         );
         for s in &served {
+            #[cfg(feature = "kfd-sim")]
             if let Ok(stats) = &s.result {
                 self.copies.push(CopyRecord {
                     file_id: s.file_id,
