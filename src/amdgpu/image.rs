@@ -104,6 +104,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use criu_plugin::files;
+
 pub use model::{
     BoEntry, DeviceEntry, DmabufImage, DrmBoEntry, DrmVmEntry, FormatError, IoLink, KfdCheckpoint,
     RenderNodeDrm, RenderNodeImage,
@@ -573,12 +575,9 @@ impl<'fd> ImageDir<'fd> {
         Self { fd }
     }
 
-    fn openat(
-        &self,
-        name: &str,
-        flags: libc::c_int,
-        action: &'static str,
-    ) -> Result<File, ImageError> {
+    /// Creates (or truncates) an image file for writing, mode 0600, refusing a
+    /// link or anything but a regular file.
+    pub(crate) fn create(&self, name: &str) -> Result<File, ImageError> {
         check_file_name(name)?;
         let c_name = CString::new(name).map_err(|_| ImageError::InvalidName {
             name: name.to_owned(),
@@ -590,12 +589,12 @@ impl<'fd> ImageDir<'fd> {
             libc::openat(
                 self.fd.as_raw_fd(),
                 c_name.as_ptr(),
-                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                 0o600 as libc::c_uint,
             )
         };
         if fd < 0 {
-            return Err(io_error(name, action, io::Error::last_os_error()));
+            return Err(io_error(name, "create", io::Error::last_os_error()));
         }
         // SAFETY: `fd` was just returned by a successful `openat`, so it is a
         // valid descriptor that nothing else owns.
@@ -609,20 +608,23 @@ impl<'fd> ImageDir<'fd> {
         Ok(file)
     }
 
-    /// Opens an existing image file for reading. `O_NONBLOCK` keeps a FIFO
-    /// planted under the name from blocking the open; it has no effect on
-    /// regular files.
+    /// Opens an existing image file for reading, through the plugin crate's
+    /// hardened open: `O_NONBLOCK` keeps a FIFO planted under the name from
+    /// blocking the open (it has no effect on regular files), `O_NOFOLLOW`
+    /// refuses a link, and only a regular file is accepted.
     pub(crate) fn open_read(&self, name: &str) -> Result<File, ImageError> {
-        self.openat(name, libc::O_RDONLY | libc::O_NONBLOCK, "open")
-    }
-
-    /// Creates (or truncates) an image file for writing, mode 0600.
-    pub(crate) fn create(&self, name: &str) -> Result<File, ImageError> {
-        self.openat(
-            name,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-            "create",
-        )
+        check_file_name(name)?;
+        files::open_regular(Some(self.fd), Path::new(name), true).map_err(|e| {
+            // Its only refusal without an errno is of a file that is not regular
+            // (the name, checked above, has no NUL).
+            if e.raw_os_error().is_none() && e.kind() == io::ErrorKind::InvalidInput {
+                ImageError::NotRegularFile {
+                    file: name.to_owned(),
+                }
+            } else {
+                io_error(name, "open", e)
+            }
+        })
     }
 
     /// Reads the one message held in file `name`.
