@@ -29,6 +29,7 @@
 
 pub mod abi;
 pub mod child;
+pub mod fds;
 pub mod files;
 pub mod host;
 pub mod log;

@@ -8,7 +8,7 @@
 //! the render-node GEM and command-submission operations ([`AmdgpuRender`]) from which the
 //! SDMA engine that copies buffer-object (BO) contents is built.
 //!
-//! Two implementations exist: [`super::hw::HwDevice`] (the real kernel, `/dev/kfd` and
+//! Two implementations exist: [`super::kernel::KernelKfd`] (the real kernel, `/dev/kfd` and
 //! `/dev/dri/renderD*`) and, for tests and benchmarks, `sim::SimKfd` (the `kfd-sim` feature), which follows
 //! the kernel's CRIU semantics with BOs held in host memory. The backend's dump and restore
 //! code is the same for both.
@@ -23,6 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 
+use super::error::Error;
 use kfd_sys::{
     KFD_CRIU_OP_CHECKPOINT, KFD_CRIU_OP_PROCESS_INFO, KFD_CRIU_OP_RESTORE, KFD_CRIU_OP_RESUME,
     KFD_CRIU_OP_UNPAUSE, KFD_INVALID_FD, kfd_criu_bo_bucket, kfd_criu_device_bucket,
@@ -31,10 +32,7 @@ use kfd_sys::{
 
 /// Major number of DRM character devices (`DRM_MAJOR`, fixed by Linux).
 pub const DRM_MAJOR: u32 = 226;
-/// First render-node minor (`renderD128`).
-pub const RENDER_MINOR_FIRST: u32 = 128;
-/// Last render-node minor (`renderD255`).
-pub const RENDER_MINOR_LAST: u32 = 255;
+pub use super::topology::{RENDER_MINOR_FIRST, RENDER_MINOR_LAST};
 
 /// Oldest KFD interface with the CRIU operations the backend needs (1.8: dma-bufs for GTT
 /// BOs as well as VRAM).
@@ -568,10 +566,21 @@ pub fn checkpoint(
     kfd: BorrowedFd<'_>,
     bufs: &mut CriuBuffers,
 ) -> io::Result<DmabufFds> {
+    criu_op_on_buffers(dev, kfd, bufs, KFD_CRIU_OP_CHECKPOINT)
+}
+
+/// The CRIU operation `op` (CHECKPOINT or RESTORE) over the arrays of `bufs`; returns the
+/// dma-buf fds the kernel installed, one slot per BO.
+fn criu_op_on_buffers(
+    dev: &dyn KfdDevice,
+    kfd: BorrowedFd<'_>,
+    bufs: &mut CriuBuffers,
+    op: u32,
+) -> io::Result<DmabufFds> {
     for b in &mut bufs.bos {
         b.dmabuf_fd = KFD_INVALID_FD;
     }
-    let mut args = bufs.args(KFD_CRIU_OP_CHECKPOINT, 0)?;
+    let mut args = bufs.args(op, 0)?;
     // SAFETY: `args` points at the three vectors of `bufs`, whose lengths are the counts and
     // size in `args`; they are exclusively borrowed and outlive the call.
     unsafe { dev.criu_op(kfd, &mut args) }?;
@@ -596,14 +605,9 @@ pub fn restore(
     bufs: &mut CriuBuffers,
 ) -> io::Result<DmabufFds> {
     for b in &mut bufs.bos {
-        b.dmabuf_fd = KFD_INVALID_FD;
         b.restored_offset = 0;
     }
-    let mut args = bufs.args(KFD_CRIU_OP_RESTORE, 0)?;
-    // SAFETY: `args` points at the three vectors of `bufs`, whose lengths are the counts and
-    // size in `args`; they are exclusively borrowed and outlive the call.
-    unsafe { dev.criu_op(kfd, &mut args) }?;
-    take_dmabufs(&bufs.bos)
+    criu_op_on_buffers(dev, kfd, bufs, KFD_CRIU_OP_RESTORE)
 }
 
 /// RESUME of process `pid` (as the caller's pid namespace sees it).
@@ -615,6 +619,24 @@ pub fn resume(dev: &dyn KfdDevice, kfd: BorrowedFd<'_>, pid: u32) -> io::Result<
     };
     // SAFETY: RESUME uses no user pointers.
     unsafe { dev.criu_op(kfd, &mut args) }
+}
+
+/// Checks that the kernel's KFD interface, asked through `kfd` (a `/dev/kfd` the caller
+/// opened itself), has the CRIU operations the backend needs.
+pub fn check_kfd_version(dev: &dyn KfdDevice, kfd: BorrowedFd<'_>) -> Result<(u32, u32), Error> {
+    let v = dev
+        .get_version(kfd)
+        .map_err(|e| Error::io(&e, "cannot query the KFD version"))?;
+    if v.0 != MIN_KFD_VERSION.0 || v.1 < MIN_KFD_VERSION.1 {
+        return Err(Error::new(
+            libc::EOPNOTSUPP,
+            format!(
+                "the kernel's KFD interface is {}.{}; checkpointing needs {}.{} or a later 1.x",
+                v.0, v.1, MIN_KFD_VERSION.0, MIN_KFD_VERSION.1
+            ),
+        ));
+    }
+    Ok(v)
 }
 
 /// Human-readable byte counts for logs.

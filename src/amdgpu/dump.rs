@@ -16,7 +16,8 @@
 //!    but KFD did not report for the process, as in a container limited to some GPUs, are
 //!    left out (the C plugin failed the dump).
 //! 5. BO contents of VRAM/GTT BOs, read by each GPU's SDMA engine ([`super::sdma`]) through
-//!    the copy pipeline ([`super::copy`]) into one pages file per GPU, every thread's error
+//!    the copy pipeline ([`super::contents`], [`super::copy`]) into one pages file per GPU, every
+//!    thread's error
 //!    propagated (the C plugin's copy loses submission, fence and file errors).
 //! 6. `amdgpu-kfd-ID.img`, its write error reported (the C plugin drops it).
 //!
@@ -35,15 +36,16 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
+use super::contents;
 use super::copy;
-use super::device::{
-    self, Bytes, CriuBuffers, CriuLimits, KfdDevice, MIN_KFD_VERSION, alloc_flags,
-};
+use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice};
 use super::error::{Error, Result};
-use super::image::{BoEntry, KfdCheckpoint, PagesLayout, RenderNodeDrm, RenderNodeImage};
-use super::images::{Images, PagesOut};
-use super::sdma::SdmaEngines;
+use super::image::{
+    BoEntry, DmabufImage, KfdCheckpoint, RenderNodeDrm, RenderNodeImage, dmabuf_file_name,
+    kfd_file_name, render_node_file_name,
+};
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 use super::topology::Topology;
 
 /// A KFD file whose process's queues this dump evicted.
@@ -89,24 +91,26 @@ pub struct DumpCtx<'a> {
     /// Settings.
     pub settings: &'a AmdgpuSettings,
     /// Where images go.
-    pub images: &'a Images,
+    pub images: &'a ImageStore,
     /// Bounds on what PROCESS_INFO may ask for.
     pub limits: CriuLimits,
 }
 
 impl DumpCtx<'_> {
     fn topology<'s>(&self, state: &'s mut DumpState) -> Result<&'s Topology> {
-        if state.topology.is_none() {
-            let root = &self.settings.topology_root;
-            let t = Topology::from_sysfs(root).map_err(|e| {
-                Error::new(
-                    libc::EIO,
-                    format!("cannot read the KFD topology at {}: {e}", root.display()),
-                )
-            })?;
-            state.topology = Some(t);
-        }
-        Ok(state.topology.as_ref().expect("set above"))
+        let topology = match state.topology.take() {
+            Some(t) => t,
+            None => {
+                let root = &self.settings.topology_root;
+                Topology::from_sysfs(root).map_err(|e| {
+                    Error::new(
+                        libc::EIO,
+                        format!("cannot read the KFD topology at {}: {e}", root.display()),
+                    )
+                })?
+            }
+        };
+        Ok(state.topology.insert(topology))
     }
 }
 
@@ -124,24 +128,6 @@ fn render_fd<'s>(
         ),
     };
     Ok(fd.as_fd())
-}
-
-/// Checks that the kernel's KFD interface, asked through `kfd` (a `/dev/kfd` the caller
-/// opened itself), has the CRIU operations the backend needs.
-pub fn check_kfd_version(dev: &dyn KfdDevice, kfd: BorrowedFd<'_>) -> Result<(u32, u32)> {
-    let v = dev
-        .get_version(kfd)
-        .map_err(|e| Error::io(&e, "cannot query the KFD version"))?;
-    if v.0 != MIN_KFD_VERSION.0 || v.1 < MIN_KFD_VERSION.1 {
-        return Err(Error::new(
-            libc::EOPNOTSUPP,
-            format!(
-                "the kernel's KFD interface is {}.{}; checkpointing needs {}.{} or a later 1.x",
-                v.0, v.1, MIN_KFD_VERSION.0, MIN_KFD_VERSION.1
-            ),
-        ));
-    }
-    Ok(v)
 }
 
 /// Evicts the queues of the process behind the drained KFD fd `fd` (PROCESS_INFO) and
@@ -259,16 +245,26 @@ pub fn checkpoint(
     for (&a, &u) in &user_of {
         state.user_ids.insert(a, u);
     }
+    // The render node of each GPU: for the cross-reference keys, and for the copies, which
+    // go through the SDMA engine of each BO's actual GPU (in render-node files of the
+    // engine's own).
+    let mut minor_of = HashMap::new();
+    for (&user, &actual) in &actual_of {
+        let minor = topo
+            .gpu_by_id(actual)
+            .map(|g| g.drm_render_minor)
+            .ok_or_else(|| {
+                Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
+            })?;
+        minor_of.insert(user, minor);
+    }
     // Cross-reference keys, so that dma-buf fds of these BOs can be matched to them.
     let mut bos = bos;
     for (i, b) in bos.iter_mut().enumerate() {
         let Some(fd) = &dmabufs[i] else {
             continue;
         };
-        let minor = topo
-            .gpu_by_id(actual_of[&b.gpu_id])
-            .map(|g| g.drm_render_minor)
-            .unwrap_or(0);
+        let minor = minor_of[&b.gpu_id];
         match bo_key(ctx, state, minor, fd.as_fd(), true) {
             Ok(k) => b.handle = k,
             Err(e) => log::warn!("amdgpu: BO {i} at {:#x}: no dma-buf key: {e}", b.addr),
@@ -297,91 +293,23 @@ pub fn checkpoint(
         )
     })?;
 
-    let copy = save_contents(ctx, id, &image, &actual_of, &dmabufs, &topo)?;
+    let copy = contents::Contents {
+        dev: ctx.dev,
+        settings: ctx.settings,
+        images: ctx.images,
+        id,
+        image: &image,
+        minor_of: &minor_of,
+        dmabufs: &dmabufs,
+    }
+    .save()?;
     drop(dmabufs);
-    ctx.images.write_kfd(id, &image)?;
+    ctx.images.write_message(&kfd_file_name(id), &image)?;
     Ok(KfdDumpStats {
         gpus: num_of_gpus as usize,
         bos: image.bos.len(),
         copy,
     })
-}
-
-/// Copies the VRAM/GTT BOs of `image` into one pages file per GPU.
-fn save_contents(
-    ctx: &DumpCtx<'_>,
-    id: u32,
-    image: &KfdCheckpoint,
-    actual_of: &HashMap<u32, u32>,
-    dmabufs: &[Option<OwnedFd>],
-    topo: &Topology,
-) -> Result<copy::CopyStats> {
-    // One pages file per GPU, named by the user gpu id, in image device order.
-    let mut gpus: Vec<u32> = Vec::new();
-    for d in image.devices.iter().filter(|d| d.gpu_id != 0) {
-        if image
-            .bos
-            .iter()
-            .any(|b| b.gpu_id == d.gpu_id && b.has_contents())
-        {
-            gpus.push(d.gpu_id);
-        }
-    }
-    let mut writers: Vec<PagesOut<'_>> = Vec::new();
-    let mut writer_of = vec![usize::MAX; image.bos.len()];
-    let mut streams: Vec<Vec<(usize, u64)>> = Vec::new();
-    for &user in &gpus {
-        let layout = PagesLayout::for_kfd_gpu(image, user)
-            .map_err(|e| Error::new(libc::EINVAL, format!("pages of GPU {user:#x}: {e}")))?;
-        for span in layout.spans() {
-            writer_of[span.bo] = writers.len();
-        }
-        streams.push(layout.spans().iter().map(|s| (s.bo, s.size)).collect());
-        writers.push(ctx.images.create_pages(id, user, layout)?);
-    }
-    // The copies go through the SDMA engine of each BO's actual GPU, in render-node files
-    // of the engine's own.
-    let mut minor_of = HashMap::new();
-    for &user in &gpus {
-        let actual = actual_of[&user];
-        let minor = topo
-            .gpu_by_id(actual)
-            .map(|g| g.drm_render_minor)
-            .ok_or_else(|| {
-                Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
-            })?;
-        minor_of.insert(user, minor);
-    }
-    let mut engines = SdmaEngines::new(ctx.dev);
-    let (buffers, largest) = engines.import_contents(&image.bos, dmabufs, &minor_of, "")?;
-    let (chunk, threads) = ctx.settings.staging_plan(largest);
-    let pieces = copy::plan_interleaved(&streams, chunk);
-    let describe = |i: usize| device::describe_bo(&image.bos[i], i);
-    let stats = copy::run(
-        &pieces,
-        threads,
-        chunk,
-        // SAFETY: `run` hands each thread's own staging mapping, unmapped only after the
-        // thread's lane is dropped, and never once the lane keeps it.
-        |staging| Ok(unsafe { engines.lane(staging) }),
-        |lane, p, dst| {
-            let buf = buffers[p.bo].expect("pieces only of BOs with contents");
-            lane.download(buf, p.offset, dst)
-                .map_err(|e| e.context(format!("reading {}", describe(p.bo))))
-        },
-        |_, p, src| {
-            writers[writer_of[p.bo]]
-                .write_chunk(p.bo, p.offset, src)
-                .map_err(|e| e.context(format!("saving {}", describe(p.bo))))
-        },
-    )?;
-    engines
-        .finish()
-        .map_err(|e| e.context("after the BO copies"))?;
-    for w in writers {
-        w.finish()?;
-    }
-    Ok(stats)
 }
 
 /// The cross-reference key of the BO behind `dmabuf` on the GPU of render node `minor`: a
@@ -428,11 +356,8 @@ pub fn dump_dmabuf(
         let Ok(Some(key)) = bo_key(ctx, state, minor, fd, false) else {
             continue;
         };
-        let image = super::image::DmabufImage { gem_handle: key };
-        let name = super::image::dmabuf_file_name(id);
-        let len = super::image::encode_framed(&image, &name)?.len() as u64;
-        ctx.images.charge(len, &name)?;
-        ctx.images.dir()?.write_dmabuf(id, &image)?;
+        let image = DmabufImage { gem_handle: key };
+        ctx.images.write_message(&dmabuf_file_name(id), &image)?;
         state.dmabuf_files += 1;
         log::info!("amdgpu: file {id}: dma-buf of the BO with key {key} (renderD{minor})");
         return Ok(true);
@@ -521,10 +446,8 @@ pub fn dump_render_node(
             bos: Vec::new(),
         }),
     };
-    let name = super::image::render_node_file_name(id);
-    let len = super::image::encode_framed(&image, &name)?.len() as u64;
-    ctx.images.charge(len, &name)?;
-    ctx.images.dir()?.write_render_node(id, &image)?;
+    ctx.images
+        .write_message(&render_node_file_name(id), &image)?;
     state.render_files += 1;
     Ok(Some(user))
 }
@@ -543,14 +466,4 @@ pub fn log_stats(id: u32, pid: u32, s: &KfdDumpStats, started: Instant) {
         Bytes(c.staging_bytes),
         started.elapsed().as_secs_f64()
     );
-}
-
-/// BOs with contents of a KFD image, as `(index, size)`.
-pub fn content_bos(image: &KfdCheckpoint) -> impl Iterator<Item = (usize, u64)> + '_ {
-    image
-        .bos
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| b.alloc_flags & alloc_flags::WITH_CONTENTS != 0)
-        .map(|(i, b)| (i, b.size))
 }

@@ -104,6 +104,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use criu_plugin::files;
+
 pub use model::{
     BoEntry, DeviceEntry, DmabufImage, DrmBoEntry, DrmVmEntry, FormatError, IoLink, KfdCheckpoint,
     RenderNodeDrm, RenderNodeImage,
@@ -125,16 +127,30 @@ pub const HEADER_LEN: usize = size_of::<usize>();
 /// more; BO contents are not messages and are not subject to it.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
 
-/// KFD BO `alloc_flags` bit: BO in VRAM (`KFD_IOC_ALLOC_MEM_FLAGS_VRAM`).
-pub const KFD_ALLOC_MEM_FLAGS_VRAM: u32 = 1 << 0;
-/// KFD BO `alloc_flags` bit: BO in GTT (`KFD_IOC_ALLOC_MEM_FLAGS_GTT`).
-pub const KFD_ALLOC_MEM_FLAGS_GTT: u32 = 1 << 1;
+/// The KFD BO `alloc_flags` bits that say whether a BO's contents are in a pages file
+/// (VRAM, GTT), under the kernel's names.
+pub use super::device::alloc_flags::{
+    GTT as KFD_ALLOC_MEM_FLAGS_GTT, VRAM as KFD_ALLOC_MEM_FLAGS_VRAM,
+};
 /// `kfd_bo_entry.handle` value the C plugin writes for "no GEM handle".
 pub const NO_GEM_HANDLE: u32 = u32::MAX;
 
+/// Start of the name of every KFD image.
+pub const KFD_FILE_PREFIX: &str = "amdgpu-kfd-";
+/// Start of the name of every dma-buf image.
+pub const DMABUF_FILE_PREFIX: &str = "amdgpu-dmabuf_";
+
 /// Name of the KFD image for CRIU file id `id`: `amdgpu-kfd-ID.img`.
 pub fn kfd_file_name(id: u32) -> String {
-    format!("amdgpu-kfd-{id}.img")
+    format!("{KFD_FILE_PREFIX}{id}.img")
+}
+
+/// The CRIU file id of KFD image file `name`; `None` for any other name.
+pub fn kfd_file_id(name: &str) -> Option<u32> {
+    name.strip_prefix(KFD_FILE_PREFIX)?
+        .strip_suffix(".img")?
+        .parse()
+        .ok()
 }
 
 /// Name of the render-node image for CRIU file id `id`: `amdgpu-renderD-ID.img`.
@@ -144,7 +160,7 @@ pub fn render_node_file_name(id: u32) -> String {
 
 /// Name of the dma-buf image for CRIU file id `id`: `amdgpu-dmabuf_ID.img`.
 pub fn dmabuf_file_name(id: u32) -> String {
-    format!("amdgpu-dmabuf_{id}.img")
+    format!("{DMABUF_FILE_PREFIX}{id}.img")
 }
 
 /// Name of the KFD BO contents of one GPU: `amdgpu-pages-ID-GPU.img`, with
@@ -559,12 +575,9 @@ impl<'fd> ImageDir<'fd> {
         Self { fd }
     }
 
-    fn openat(
-        &self,
-        name: &str,
-        flags: libc::c_int,
-        action: &'static str,
-    ) -> Result<File, ImageError> {
+    /// Creates (or truncates) an image file for writing, mode 0600, refusing a
+    /// link or anything but a regular file.
+    pub(crate) fn create(&self, name: &str) -> Result<File, ImageError> {
         check_file_name(name)?;
         let c_name = CString::new(name).map_err(|_| ImageError::InvalidName {
             name: name.to_owned(),
@@ -576,12 +589,12 @@ impl<'fd> ImageDir<'fd> {
             libc::openat(
                 self.fd.as_raw_fd(),
                 c_name.as_ptr(),
-                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                 0o600 as libc::c_uint,
             )
         };
         if fd < 0 {
-            return Err(io_error(name, action, io::Error::last_os_error()));
+            return Err(io_error(name, "create", io::Error::last_os_error()));
         }
         // SAFETY: `fd` was just returned by a successful `openat`, so it is a
         // valid descriptor that nothing else owns.
@@ -595,20 +608,23 @@ impl<'fd> ImageDir<'fd> {
         Ok(file)
     }
 
-    /// Opens an existing image file for reading. `O_NONBLOCK` keeps a FIFO
-    /// planted under the name from blocking the open; it has no effect on
-    /// regular files.
+    /// Opens an existing image file for reading, through the plugin crate's
+    /// hardened open: `O_NONBLOCK` keeps a FIFO planted under the name from
+    /// blocking the open (it has no effect on regular files), `O_NOFOLLOW`
+    /// refuses a link, and only a regular file is accepted.
     pub(crate) fn open_read(&self, name: &str) -> Result<File, ImageError> {
-        self.openat(name, libc::O_RDONLY | libc::O_NONBLOCK, "open")
-    }
-
-    /// Creates (or truncates) an image file for writing, mode 0600.
-    pub(crate) fn create(&self, name: &str) -> Result<File, ImageError> {
-        self.openat(
-            name,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-            "create",
-        )
+        check_file_name(name)?;
+        files::open_regular(Some(self.fd), Path::new(name), true).map_err(|e| {
+            // Its only refusal without an errno is of a file that is not regular
+            // (the name, checked above, has no NUL).
+            if e.raw_os_error().is_none() && e.kind() == io::ErrorKind::InvalidInput {
+                ImageError::NotRegularFile {
+                    file: name.to_owned(),
+                }
+            } else {
+                io_error(name, "open", e)
+            }
+        })
     }
 
     /// Reads the one message held in file `name`.
@@ -641,9 +657,14 @@ impl<'fd> ImageDir<'fd> {
     /// Writes `msg` as the one message of file `name` (created or truncated).
     pub fn write_message<T: ImageMessage>(&self, name: &str, msg: &T) -> Result<(), ImageError> {
         check_file_name(name)?;
-        let bytes = encode_framed(msg, name)?;
+        self.write_framed(name, &encode_framed(msg, name)?)
+    }
+
+    /// Writes `bytes` (a message with its size header, from [`encode_framed`]) as file
+    /// `name` (created or truncated).
+    pub fn write_framed(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         let file = self.create(name)?;
-        file.write_all_at(&bytes, 0)
+        file.write_all_at(bytes, 0)
             .map_err(|e| io_error(name, "write", e))
     }
 

@@ -23,17 +23,16 @@ use std::time::Instant;
 
 use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 
+use super::contents;
 use super::copy;
-use super::criu_ext;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
-use super::dump::check_kfd_version;
 use super::error::{Error, Result};
-use super::image::{KfdCheckpoint, PagesLayout, PagesReader, RenderNodeImage};
-use super::images::Images;
-use super::parallel::{FdStore, KeyTable, RestoreQueue};
-use super::sdma::SdmaEngines;
+use super::image::{KfdCheckpoint, RenderNodeImage};
+use super::parallel::Handover;
 use super::settings::AmdgpuSettings;
+use super::store::ImageStore;
 use super::topology::{GpuMap, Topology, map_gpus};
+use criu_plugin::fds;
 
 /// A device mapping whose offset changes at restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,15 +70,12 @@ pub struct RestoreCtx<'a> {
     /// Settings.
     pub settings: &'a AmdgpuSettings,
     /// Where images are.
-    pub images: &'a Images,
+    pub images: &'a ImageStore,
     /// Bounds for images.
     pub limits: CriuLimits,
-    /// The queue to CRIU's main process, when parallel restore is on.
-    pub queue: Option<&'a RestoreQueue>,
-    /// The fdstore for the queue and the key table.
-    pub fdstore: Option<&'a dyn FdStore>,
-    /// dma-bufs published for other tasks, when the image has dma-buf files.
-    pub keys: Option<&'a KeyTable>,
+    /// What the restore processes pass each other (the parallel restore's queue, dma-bufs
+    /// published by key), when CRIU has an fdstore.
+    pub handover: Option<&'a Handover>,
     /// Whether the image has dma-buf files (restored BOs are then published by key).
     pub publish_dmabufs: bool,
 }
@@ -160,79 +156,6 @@ pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap
     Ok(map)
 }
 
-/// Opens the pages file of each GPU with contents, checked against the BO list.
-pub fn open_pages(
-    images: &Images,
-    id: u32,
-    image: &KfdCheckpoint,
-) -> Result<(Vec<PagesReader>, Vec<usize>)> {
-    let mut readers = Vec::new();
-    let mut reader_of = vec![usize::MAX; image.bos.len()];
-    for d in image.devices.iter().filter(|d| d.gpu_id != 0) {
-        if !image
-            .bos
-            .iter()
-            .any(|b| b.gpu_id == d.gpu_id && b.has_contents())
-        {
-            continue;
-        }
-        let layout = PagesLayout::for_kfd_gpu(image, d.gpu_id)
-            .map_err(|e| Error::new(libc::EINVAL, format!("pages of GPU {:#x}: {e}", d.gpu_id)))?;
-        for span in layout.spans() {
-            reader_of[span.bo] = readers.len();
-        }
-        readers.push(images.dir()?.open_kfd_pages(id, d.gpu_id, layout)?);
-    }
-    Ok((readers, reader_of))
-}
-
-/// Writes the contents of the VRAM/GTT BOs of `image` from its pages files into the BOs
-/// behind `dmabufs` (one slot per BO), through fresh render nodes of the restore GPUs
-/// (`minor_of`: user gpu id → restore minor). Returns the copy statistics.
-pub fn write_contents(
-    dev: &dyn KfdDevice,
-    settings: &AmdgpuSettings,
-    images: &Images,
-    id: u32,
-    image: &KfdCheckpoint,
-    minor_of: &HashMap<u32, u32>,
-    dmabufs: &[Option<OwnedFd>],
-) -> Result<copy::CopyStats> {
-    let (readers, reader_of) = open_pages(images, id, image)?;
-    // The SDMA engine's own render-node files, not the ones bound to the process's VMs.
-    let mut engines = SdmaEngines::new(dev);
-    let (buffers, largest) = engines.import_contents(&image.bos, dmabufs, minor_of, "restored ")?;
-    let (chunk, threads) = settings.staging_plan(largest);
-    let streams: Vec<Vec<(usize, u64)>> = readers
-        .iter()
-        .map(|r| r.layout().spans().iter().map(|s| (s.bo, s.size)).collect())
-        .collect();
-    let pieces = copy::plan_interleaved(&streams, chunk);
-    let describe = |i: usize| device::describe_bo(&image.bos[i], i);
-    let stats = copy::run(
-        &pieces,
-        threads,
-        chunk,
-        // SAFETY: `run` hands each thread's own staging mapping, unmapped only after the
-        // thread's lane is dropped, and never once the lane keeps it.
-        |staging| Ok(unsafe { engines.lane(staging) }),
-        |_, p, dst| {
-            readers[reader_of[p.bo]]
-                .read_chunk(p.bo, p.offset, dst)
-                .map_err(|e| Error::from(e).context(format!("reading {}", describe(p.bo))))
-        },
-        |lane, p, src| {
-            let buf = buffers[p.bo].expect("pieces only of BOs with contents");
-            lane.upload(buf, p.offset, src)
-                .map_err(|e| e.context(format!("writing {}", describe(p.bo))))
-        },
-    )?;
-    engines
-        .finish()
-        .map_err(|e| e.context("after the BO copies"))?;
-    Ok(stats)
-}
-
 /// Restores KFD file `id` (image already read) in the calling task; returns the new
 /// `/dev/kfd` fd for CRIU, and the statistics of the BO content copy when the task did it
 /// (`None` when it was handed to CRIU's main process).
@@ -248,15 +171,16 @@ pub fn restore_kfd(
         .dev
         .open_kfd()
         .map_err(|e| Error::io(&e, "cannot open /dev/kfd"))?;
-    check_kfd_version(ctx.dev, kfd.as_fd())?;
-    if task.map.is_none() {
-        task.map = Some(compute_map(ctx, image)?);
-    }
-    let map = task.map.clone().expect("set above");
+    device::check_kfd_version(ctx.dev, kfd.as_fd())?;
+    let map = match task.map.take() {
+        Some(m) => m,
+        None => compute_map(ctx, image)?,
+    };
+    let map = task.map.insert(map).clone();
     // Fail on a bad pages file before creating anything in the kernel.
-    drop(open_pages(ctx.images, id, image)?);
+    drop(contents::open_pages(ctx.images, id, image)?);
 
-    let fd_min = criu_ext::first_free_fd(image.pid);
+    let fd_min = fds::first_free_fd(image.pid);
     let mut bufs = CriuBuffers {
         num_objects: image.num_of_objects,
         priv_data: image.priv_data.clone(),
@@ -316,9 +240,11 @@ pub fn restore_kfd(
         publish_dmabufs(ctx, task, image, &dmabufs)?;
     }
 
-    let bytes = super::dump::content_bos(image).fold(0u64, |a, (_, s)| a.saturating_add(s));
-    let handed_over = match (ctx.queue, ctx.fdstore) {
-        (Some(q), Some(store)) if bytes > 0 => hand_over(q, store, id, &minor_of, &dmabufs),
+    let bytes = image
+        .content_bos()
+        .fold(0u64, |a, (_, s)| a.saturating_add(s));
+    let handed_over = match ctx.handover {
+        Some(h) if bytes > 0 => h.hand_over(id, &minor_of, &dmabufs),
         _ => false,
     };
     let mut copied = None;
@@ -328,15 +254,16 @@ pub fn restore_kfd(
             Bytes(bytes)
         );
     } else {
-        let stats = write_contents(
-            ctx.dev,
-            ctx.settings,
-            ctx.images,
+        let stats = contents::Contents {
+            dev: ctx.dev,
+            settings: ctx.settings,
+            images: ctx.images,
             id,
             image,
-            &minor_of,
-            &dmabufs,
-        )?;
+            minor_of: &minor_of,
+            dmabufs: &dmabufs,
+        }
+        .load()?;
         log::info!(
             "amdgpu: file {id}: {} of BO contents restored in {:.3} s ({:.0} MiB/s)",
             Bytes(stats.bytes),
@@ -380,25 +307,21 @@ pub fn restore_render(
         }
     }
     let me = ctx.dev.current_task();
-    let mut fd_min = criu_ext::first_free_fd(me);
-    if task.map.is_none() {
-        // The map of this task's process comes from its KFD image, found by pid (CRIU
-        // restores pids), whether or not that file was restored yet.
-        let mut found = None;
-        for kid in ctx.images.kfd_ids(super::parallel::MAX_REQUESTS * 8)? {
-            let k = ctx.images.dir()?.read_kfd(kid, &ctx.images.limits)?;
-            if k.pid == me {
-                found = Some(k);
-                break;
+    let mut fd_min = fds::first_free_fd(me);
+    let map = match task.map.take() {
+        Some(map) => map,
+        None => {
+            // The map of this task's process comes from its KFD image, found by pid (CRIU
+            // restores pids), whether or not that file was restored yet.
+            let mut found = None;
+            for kid in ctx.images.kfd_ids(super::parallel::MAX_REQUESTS * 8)? {
+                let k = ctx.images.dir()?.read_kfd(kid, &ctx.images.limits)?;
+                if k.pid == me {
+                    found = Some(k);
+                    break;
+                }
             }
-        }
-        match found {
-            Some(k) => {
-                check_image(&k, &ctx.limits)?;
-                fd_min = criu_ext::first_free_fd(k.pid);
-                task.map = Some(compute_map(ctx, &k)?);
-            }
-            None => {
+            let Some(k) = found else {
                 // A process with a render node but no KFD state: the same GPU, if present.
                 let root = &ctx.settings.topology_root;
                 let local = Topology::from_sysfs(root).map_err(|e| {
@@ -419,11 +342,13 @@ pub fn restore_render(
                 let minor = g.drm_render_minor;
                 open_task_render(ctx, task, minor, fd_min)?;
                 return dup_for_criu(task, minor);
-            }
+            };
+            check_image(&k, &ctx.limits)?;
+            fd_min = fds::first_free_fd(k.pid);
+            compute_map(ctx, &k)?
         }
-    }
-    let map = task.map.as_ref().expect("set above");
-    let m = map.get(image.gpu_id).ok_or_else(|| {
+    };
+    let m = task.map.insert(map).get(image.gpu_id).ok_or_else(|| {
         Error::new(
             libc::ENODEV,
             format!("render node image {id} is for GPU {:#x}, which the process's KFD image does not list", image.gpu_id),
@@ -461,13 +386,8 @@ fn publish_dmabufs(
             .try_clone()
             .map_err(|e| Error::io(&e, "cannot duplicate a dma-buf"))?;
         task.dmabufs.insert(key, copy);
-        if let (Some(table), Some(store)) = (ctx.keys, ctx.fdstore) {
-            let id = store
-                .add(fd.as_fd())
-                .map_err(|e| Error::io(&e, "cannot pass a dma-buf to CRIU's fdstore"))?;
-            if !table.insert(key, id) {
-                log::warn!("amdgpu: dma-buf key {key} published twice or table full");
-            }
+        if let Some(h) = ctx.handover {
+            h.publish(key, fd.as_fd())?;
         }
     }
     Ok(())
@@ -488,13 +408,8 @@ pub fn restore_dmabuf(
             .map(Some)
             .map_err(|e| Error::io(&e, "cannot duplicate a dma-buf"));
     }
-    if let (Some(table), Some(store)) = (ctx.keys, ctx.fdstore) {
-        if let Some(sid) = table.get(key) {
-            return store
-                .get(sid)
-                .map(Some)
-                .map_err(|e| Error::io(&e, "cannot take a dma-buf from CRIU's fdstore"));
-        }
+    if let Some(fd) = ctx.handover.map(|h| h.find(key)).transpose()?.flatten() {
+        return Ok(Some(fd));
     }
     if can_retry {
         log::debug!("amdgpu: file {id}: the BO with key {key} is not restored yet; retrying later");
@@ -522,118 +437,11 @@ fn open_task_render(
         .dev
         .open_render_node(minor)
         .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))?;
-    let fd = criu_ext::place_fd(fd, fd_min)
+    let fd = fds::place_fd(fd, fd_min)
         .map_err(|e| Error::io(&e, format!("cannot move the fd of renderD{minor}")))?;
     let raw = fd.as_raw_fd();
     task.render.insert(minor, fd);
     Ok(raw)
-}
-
-/// Hands the copy to CRIU's main process; false when that is not possible (the caller then
-/// copies itself).
-fn hand_over(
-    q: &RestoreQueue,
-    store: &dyn FdStore,
-    id: u32,
-    minor_of: &HashMap<u32, u32>,
-    dmabufs: &[Option<OwnedFd>],
-) -> bool {
-    let fds: Vec<&OwnedFd> = dmabufs.iter().flatten().collect();
-    let Some(r) = q.reserve(fds.len()) else {
-        log::info!("amdgpu: file {id}: parallel restore queue full; copying in the task");
-        return false;
-    };
-    let mut ids = Vec::with_capacity(fds.len());
-    for fd in fds {
-        match store.add(fd.as_fd()) {
-            Ok(n) => ids.push(n),
-            Err(e) => {
-                log::warn!("amdgpu: file {id}: {e}; copying in the task");
-                q.abandon(r);
-                return false;
-            }
-        }
-    }
-    let mut gpus: Vec<(u32, u32)> = minor_of.iter().map(|(&u, &m)| (u, m)).collect();
-    gpus.sort_unstable();
-    match q.publish(r, id, &gpus, &ids) {
-        Ok(()) => true,
-        Err(e) => {
-            log::warn!("amdgpu: file {id}: {e}; copying in the task");
-            false
-        }
-    }
-}
-
-/// Runs one request of the parallel restore queue in CRIU's main process.
-pub fn serve_request(
-    dev: &dyn KfdDevice,
-    settings: &AmdgpuSettings,
-    images: &Images,
-    store: &dyn FdStore,
-    req: &super::parallel::Request,
-) -> Result<copy::CopyStats> {
-    let image = images.dir()?.read_kfd(req.file_id, &images.limits)?;
-    let minor_of: HashMap<u32, u32> = req.gpus.iter().copied().collect();
-    let content: Vec<usize> = super::dump::content_bos(&image).map(|(i, _)| i).collect();
-    if content.len() != req.fds.len() {
-        return Err(Error::new(
-            libc::EINVAL,
-            format!(
-                "the request for file {} carries {} dma-bufs for {} BOs with contents",
-                req.file_id,
-                req.fds.len(),
-                content.len()
-            ),
-        ));
-    }
-    let mut dmabufs: Vec<Option<OwnedFd>> = (0..image.bos.len()).map(|_| None).collect();
-    for (&i, &fid) in content.iter().zip(&req.fds) {
-        dmabufs[i] = Some(
-            store
-                .get(fid)
-                .map_err(|e| Error::io(&e, "cannot take a dma-buf from CRIU's fdstore"))?,
-        );
-    }
-    write_contents(
-        dev,
-        settings,
-        images,
-        req.file_id,
-        &image,
-        &minor_of,
-        &dmabufs,
-    )
-}
-
-/// The result of one parallel-restore request.
-pub struct Served {
-    /// KFD file id.
-    pub file_id: u32,
-    /// What the copy did, or why it failed.
-    pub result: Result<copy::CopyStats>,
-}
-
-/// Serves every request ready in `queue` now.
-pub fn serve_ready(
-    dev: &dyn KfdDevice,
-    settings: &AmdgpuSettings,
-    images: &Images,
-    store: &dyn FdStore,
-    queue: &RestoreQueue,
-    out: &mut Vec<Served>,
-) {
-    while let Some(req) = queue.take() {
-        let result = serve_request(dev, settings, images, store, &req);
-        queue.complete(
-            req.slot,
-            result.as_ref().err().map(|e| e.errno.max(1)).unwrap_or(0),
-        );
-        out.push(Served {
-            file_id: req.file_id,
-            result,
-        });
-    }
 }
 
 /// Kind of a mapped device path (`UPDATE_VMA_MAP`).

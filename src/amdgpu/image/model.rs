@@ -10,7 +10,8 @@ use std::fmt;
 
 use super::proto;
 use super::wire::{self, MessageRules};
-use super::{ImageMessage, KFD_ALLOC_MEM_FLAGS_GTT, KFD_ALLOC_MEM_FLAGS_VRAM, NO_GEM_HANDLE};
+use super::{ImageMessage, NO_GEM_HANDLE};
+use crate::amdgpu::device::alloc_flags;
 
 /// A message that decodes but breaks a rule of the format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +173,7 @@ impl BoEntry {
     /// Whether the BO's contents are saved in the GPU's pages file
     /// (VRAM or GTT; userptr, doorbell and MMIO BOs are not).
     pub fn has_contents(&self) -> bool {
-        self.alloc_flags & (KFD_ALLOC_MEM_FLAGS_VRAM | KFD_ALLOC_MEM_FLAGS_GTT) != 0
+        self.alloc_flags & alloc_flags::WITH_CONTENTS != 0
     }
 }
 
@@ -202,6 +203,26 @@ pub struct KfdCheckpoint {
 const CRIU_KFD: &str = "criu_kfd";
 
 impl KfdCheckpoint {
+    /// The BOs whose contents the image's pages files hold (VRAM or GTT), as
+    /// `(index, size)` in image order.
+    pub fn content_bos(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.bos
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.has_contents())
+            .map(|(i, b)| (i, b.size))
+    }
+
+    /// The GPUs with a pages file (at least one BO with contents), by user gpu_id, in
+    /// device order.
+    pub fn content_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.devices
+            .iter()
+            .filter(|d| d.gpu_id != 0)
+            .map(|d| d.gpu_id)
+            .filter(|&gpu| self.bos.iter().any(|b| b.gpu_id == gpu && b.has_contents()))
+    }
+
     /// Checks the rules the C plugin's restore relies on:
     /// `num_of_gpus + num_of_cpus` equals the number of device entries,
     /// GPU ids are unique, every BO belongs to a GPU listed among the

@@ -1,20 +1,25 @@
-//! Where the AMD backend's images go: CRIU's images directory (or a directory given to the
-//! backend for tests and tools), through the image module.
+//! The image store: where the AMD backend's image files go, CRIU's images directory (or a
+//! directory given to the backend for tests and tools), with the files written through the
+//! image format ([`super::image`]) and within an optional quota.
 //!
 //! CRIU's directory is looked up at every use: it is a service fd, valid in CRIU's main
 //! process and in every restored task, whereas a copy made before CRIU forks would be closed
 //! in the tasks.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+#[cfg(feature = "kfd-sim")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criu_plugin::CriuSymbols;
 
 use super::error::{Error, Result};
-use super::image::{ImageDir, KfdCheckpoint, PagesLayout, PagesWriter, ReadLimits, encode_framed};
+use super::image::{
+    HEADER_LEN, ImageDir, ImageMessage, PagesLayout, PagesWriter, ReadLimits, encode_framed,
+    kfd_file_id,
+};
 
-/// The images directory.
-pub enum ImagesDir {
+/// Which directory the store is.
+pub enum StoreLocation {
     /// CRIU's (`criu_get_image_dir()`).
     Criu,
     /// A directory opened by the backend's owner.
@@ -22,20 +27,31 @@ pub enum ImagesDir {
 }
 
 /// The images directory plus the limits for reading and an optional space quota.
-pub struct Images {
-    dir: ImagesDir,
+pub struct ImageStore {
+    location: StoreLocation,
     /// Limits for messages read back.
     pub limits: ReadLimits,
     /// Bytes still allowed to be written (`u64::MAX`: no quota). A quota simulates a full
     /// disk in tests.
+    #[cfg(feature = "kfd-sim")]
     quota: AtomicU64,
 }
 
-impl Images {
-    /// Images in `dir`, with an optional quota in bytes.
-    pub fn new(dir: ImagesDir, quota: Option<u64>) -> Images {
-        Images {
-            dir,
+impl ImageStore {
+    /// The store at `location`.
+    #[cfg(not(feature = "kfd-sim"))]
+    pub fn new(location: StoreLocation) -> ImageStore {
+        ImageStore {
+            location,
+            limits: ReadLimits::default(),
+        }
+    }
+
+    /// The store at `location`, with an optional quota in bytes.
+    #[cfg(feature = "kfd-sim")]
+    pub fn new(location: StoreLocation, quota: Option<u64>) -> ImageStore {
+        ImageStore {
+            location,
             limits: ReadLimits::default(),
             quota: AtomicU64::new(quota.unwrap_or(u64::MAX)),
         }
@@ -48,9 +64,9 @@ impl Images {
 
     /// The directory's fd.
     pub fn dir_fd(&self) -> Result<BorrowedFd<'_>> {
-        Ok(match &self.dir {
-            ImagesDir::Owned(fd) => fd.as_fd(),
-            ImagesDir::Criu => {
+        Ok(match &self.location {
+            StoreLocation::Owned(fd) => fd.as_fd(),
+            StoreLocation::Criu => {
                 let raw = CriuSymbols::get().image_dir_fd().ok_or_else(|| {
                     Error::new(libc::ENOENT, "CRIU did not provide an images directory")
                 })?;
@@ -61,22 +77,26 @@ impl Images {
         })
     }
 
-    /// Ids of the `amdgpu-kfd-ID.img` files in the directory (at most `max`).
-    pub fn kfd_ids(&self, max: usize) -> Result<Vec<u32>> {
+    /// Calls `f` with the name of every entry of the directory (at most 2^20 entries).
+    fn for_each_name(&self, mut f: impl FnMut(&str) -> Result<()>) -> Result<()> {
         let path = format!("/proc/self/fd/{}", self.dir_fd()?.as_raw_fd());
         let entries = std::fs::read_dir(&path)
             .map_err(|e| Error::io(&e, "cannot list the images directory"))?;
-        let mut ids = Vec::new();
         for e in entries.take(1 << 20) {
             let e = e.map_err(|e| Error::io(&e, "cannot list the images directory"))?;
-            let name = e.file_name();
-            let Some(id) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("amdgpu-kfd-"))
-                .and_then(|n| n.strip_suffix(".img"))
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
+            if let Some(name) = e.file_name().to_str() {
+                f(name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ids of the `amdgpu-kfd-ID.img` files in the directory (at most `max`).
+    pub fn kfd_ids(&self, max: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        self.for_each_name(|name| {
+            let Some(id) = kfd_file_id(name) else {
+                return Ok(());
             };
             if ids.len() == max {
                 return Err(Error::new(
@@ -85,30 +105,32 @@ impl Images {
                 ));
             }
             ids.push(id);
-        }
+            Ok(())
+        })?;
         ids.sort_unstable();
         Ok(ids)
     }
 
     /// Number of files whose name starts with `prefix` in the directory.
     pub fn count_prefix(&self, prefix: &str) -> Result<usize> {
-        let path = format!("/proc/self/fd/{}", self.dir_fd()?.as_raw_fd());
-        let entries = std::fs::read_dir(&path)
-            .map_err(|e| Error::io(&e, "cannot list the images directory"))?;
         let mut n = 0;
-        for e in entries.take(1 << 20) {
-            let e = e.map_err(|e| Error::io(&e, "cannot list the images directory"))?;
-            if e.file_name()
-                .to_str()
-                .is_some_and(|s| s.starts_with(prefix))
-            {
+        self.for_each_name(|name| {
+            if name.starts_with(prefix) {
                 n += 1;
             }
-        }
+            Ok(())
+        })?;
         Ok(n)
     }
 
     /// Accounts for `bytes` about to be written; `ENOSPC` when over the quota.
+    #[cfg(not(feature = "kfd-sim"))]
+    pub fn charge(&self, _bytes: u64, _file: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Accounts for `bytes` about to be written; `ENOSPC` when over the quota.
+    #[cfg(feature = "kfd-sim")]
     pub fn charge(&self, bytes: u64, file: &str) -> Result<()> {
         let mut left = self.quota.load(Ordering::Relaxed);
         loop {
@@ -131,18 +153,17 @@ impl Images {
         }
     }
 
-    /// Writes `amdgpu-kfd-ID.img`.
-    pub fn write_kfd(&self, id: u32, image: &KfdCheckpoint) -> Result<()> {
-        let name = super::image::kfd_file_name(id);
-        let len = encode_framed(image, &name)?.len() as u64;
-        self.charge(len, &name)?;
-        Ok(self.dir()?.write_kfd(id, image)?)
+    /// Writes `msg` as the one message of file `name`, within the quota.
+    pub fn write_message<T: ImageMessage>(&self, name: &str, msg: &T) -> Result<()> {
+        let bytes = encode_framed(msg, name)?;
+        self.charge(bytes.len() as u64, name)?;
+        Ok(self.dir()?.write_framed(name, &bytes)?)
     }
 
     /// Creates `amdgpu-pages-ID-GPU.img`.
     pub fn create_pages(&self, id: u32, gpu_id: u32, layout: PagesLayout) -> Result<PagesOut<'_>> {
         let w = self.dir()?.create_kfd_pages(id, gpu_id, layout)?;
-        self.charge(super::image::HEADER_LEN as u64, w.file_name())?;
+        self.charge(HEADER_LEN as u64, w.file_name())?;
         Ok(PagesOut {
             images: self,
             writer: w,
@@ -152,7 +173,7 @@ impl Images {
 
 /// A pages file being written, with the quota applied.
 pub struct PagesOut<'a> {
-    images: &'a Images,
+    images: &'a ImageStore,
     writer: PagesWriter,
 }
 
@@ -162,6 +183,11 @@ impl PagesOut<'_> {
         self.images
             .charge(data.len() as u64, self.writer.file_name())?;
         Ok(self.writer.write_chunk(bo, offset, data)?)
+    }
+
+    /// The file's layout.
+    pub fn layout(&self) -> &PagesLayout {
+        self.writer.layout()
     }
 
     /// Checks that every BO was written in full and closes the file.

@@ -43,12 +43,12 @@ const HSAKMT_SEM_NAME: &std::ffi::CStr = c"hsakmt_semaphore";
 
 /// The real kernel.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct HwDevice;
+pub struct KernelKfd;
 
-impl HwDevice {
+impl KernelKfd {
     /// The machine's amdkfd.
-    pub fn new() -> HwDevice {
-        HwDevice
+    pub fn new() -> KernelKfd {
+        KernelKfd
     }
 }
 
@@ -77,7 +77,7 @@ fn deadline_ns(timeout: Duration) -> u64 {
         .min(i64::MAX as u64)
 }
 
-impl AmdgpuRender for HwDevice {
+impl AmdgpuRender for KernelKfd {
     fn render_info(&self, render: BorrowedFd<'_>) -> io::Result<RenderInfo> {
         // SAFETY: the engine passes render nodes it opened itself.
         let info = unsafe { kfd_sys::amdgpu_query_device_info(render) }?;
@@ -318,7 +318,7 @@ impl AmdgpuRender for HwDevice {
     }
 }
 
-impl KfdDevice for HwDevice {
+impl KfdDevice for KernelKfd {
     fn describe(&self) -> String {
         "amdkfd".to_string()
     }

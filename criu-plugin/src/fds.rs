@@ -1,10 +1,11 @@
-//! Where the AMD backend puts the fds it keeps in restored tasks.
+//! Where a plugin puts the fds it keeps open in restored tasks: above every fd CRIU will
+//! restore there, so that none takes a number CRIU restores later.
 
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use criu_plugin::CriuSymbols;
+use crate::CriuSymbols;
 
 /// Lowest fd number the plugin may use for fds it keeps open in restored task `pid` (its pid
 /// in the image): one above every fd CRIU will restore there (CRIU's `find_unused_fd_pid`).
@@ -14,8 +15,8 @@ pub fn first_free_fd(pid: u32) -> c_int {
     if let Some(fd) = syms.unused_fd_of(pid as i32) {
         return fd;
     }
-    if criu_plugin::symbols::lookup(c"find_unused_fd_pid").is_some() {
-        log::warn!("amdgpu: CRIU knows no fds of pid {pid}; placing plugin fds high");
+    if crate::symbols::lookup(c"find_unused_fd_pid").is_some() {
+        log::warn!("CRIU knows no fds of pid {pid}; placing plugin fds high");
     }
     let mut rl = libc::rlimit {
         rlim_cur: 0,
@@ -30,8 +31,8 @@ pub fn first_free_fd(pid: u32) -> c_int {
     (soft / 2).clamp(3, 4096)
 }
 
-/// Moves `fd` to the lowest free number at or above `min` (close-on-exec), as the C plugin
-/// does with `fd_next`, so it cannot take a number CRIU restores later.
+/// Moves `fd` to the lowest free number at or above `min` (close-on-exec), as CRIU's C
+/// plugins do with `fd_next`, so it cannot take a number CRIU restores later.
 pub fn place_fd(fd: OwnedFd, min: c_int) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() >= min {
         return Ok(fd);
