@@ -165,10 +165,10 @@ fn dump_once(sim: &SimKfd, kfd: &OwnedFd, images: &Path, cfg: &Config) -> Sample
             .unwrap()
     );
     let t = Instant::now();
-    b.dump_file(kfd.as_raw_fd(), 1).expect("dump");
+    b.dump_ext_file(kfd.as_raw_fd(), 1).expect("dump");
     let took = t.elapsed();
-    b.dump_late(PID as i32).unwrap();
-    b.finish(Stage::Dump, 0);
+    b.dump_devices_late(PID as i32).unwrap();
+    b.exit(Stage::Dump, 0);
     Sample {
         hook: took,
         copy: copy_time(&b),
@@ -185,12 +185,12 @@ fn restore_once(topo: &Path, images: &Path, cfg: &Config, check: Option<&SimKfd>
             .unwrap()
     );
     let t = Instant::now();
-    let fd = b.restore_file(1, None).expect("restore");
+    let fd = b.restore_ext_file(1, None).expect("restore");
     let took = t.elapsed();
     // SAFETY: a new fd from the hook, ours to close.
     drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    b.resume(PID as i32).unwrap();
-    b.finish(Stage::Restore, 0);
+    b.resume_devices_late(PID as i32).unwrap();
+    b.exit(Stage::Restore, 0);
     if let Some(orig) = check {
         assert!(orig.compare_contents(PID, &sim, PID).unwrap().is_empty());
     }

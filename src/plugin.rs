@@ -80,7 +80,7 @@ impl GpuPlugin {
                 prev.stage
             );
             for mut b in prev.active {
-                b.finish(prev.stage, -1);
+                b.exit(prev.stage, -1);
             }
         }
         let host = criu_plugin::host::current();
@@ -128,7 +128,7 @@ impl GpuPlugin {
                 Err(e) => {
                     // Backends set up so far get the failure too, as CRIU would tell them.
                     for mut a in active {
-                        a.finish(stage, -1);
+                        a.exit(stage, -1);
                     }
                     return Err(e);
                 }
@@ -236,18 +236,18 @@ impl Plugin for GpuPlugin {
                 ret.min(-1)
             };
             for mut b in run.active {
-                b.finish(run.stage, ret);
+                b.exit(run.stage, ret);
             }
         }
         log::debug!("exit({stage:?}, {ret})");
     }
 
     fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
-        self.chain(|b| b.dump_file(fd, id))
+        self.chain(|b| b.dump_ext_file(fd, id))
     }
 
     fn restore_ext_file(&self, id: u32, mut retry: Option<&mut bool>) -> HookResult<RawFd> {
-        self.chain(|b| b.restore_file(id, retry.as_deref_mut()))
+        self.chain(|b| b.restore_ext_file(id, retry.as_deref_mut()))
     }
 
     fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
@@ -255,19 +255,19 @@ impl Plugin for GpuPlugin {
     }
 
     fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
-        self.chain(|b| b.update_vma(path, addr, old_pgoff))
+        self.chain(|b| b.update_vma_map(path, addr, old_pgoff))
     }
 
     fn resume_devices_late(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.resume(pid))
+        self.chain(|b| b.resume_devices_late(pid))
     }
 
     fn pause_devices(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.pause(pid))
+        self.chain(|b| b.pause_devices(pid))
     }
 
     fn checkpoint_devices(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.checkpoint(pid))
+        self.chain(|b| b.checkpoint_devices(pid))
     }
 
     fn post_forking(&self) -> HookResult {
@@ -275,11 +275,11 @@ impl Plugin for GpuPlugin {
     }
 
     fn restore_init(&self) -> HookResult {
-        self.chain(|b| b.restore_prepare())
+        self.chain(|b| b.restore_init())
     }
 
     fn dump_devices_late(&self, id: i32) -> HookResult {
-        self.chain(|b| b.dump_late(id))
+        self.chain(|b| b.dump_devices_late(id))
     }
 
     fn dump_finish(&self, ret: i32) -> HookResult {

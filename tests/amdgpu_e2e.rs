@@ -323,12 +323,15 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
         Err(HookError::NotMine)
     );
     let null = std::fs::File::open("/dev/null").unwrap();
-    assert_eq!(b.dump_file(null.as_raw_fd(), 1), Err(HookError::NotMine));
+    assert_eq!(
+        b.dump_ext_file(null.as_raw_fd(), 1),
+        Err(HookError::NotMine)
+    );
     // Nothing dumped: DUMP_DEVICES_LATE is not ours either.
-    assert_eq!(b.dump_late(1), Err(HookError::NotMine));
+    assert_eq!(b.dump_devices_late(1), Err(HookError::NotMine));
     assert_eq!(b.handle_device_vma(-1, &sim.kfd_stat()), Ok(()));
     assert_eq!(b.handle_device_vma(-1, &sim.render_stat(128)), Ok(()));
-    b.finish(Stage::Dump, 0);
+    b.exit(Stage::Dump, 0);
 
     // Pre-dump claims mappings but dumps nothing.
     assert_eq!(b.init(&c, Stage::PreDump), Ok(true));
@@ -337,7 +340,10 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
         &sim,
         &ProcessSpec::new(10, &[53109]).with_mixed_bos(4, 8192),
     );
-    assert_eq!(b.dump_file(p.kfd.as_raw_fd(), 1), Err(HookError::NotMine));
+    assert_eq!(
+        b.dump_ext_file(p.kfd.as_raw_fd(), 1),
+        Err(HookError::NotMine)
+    );
     assert!(!sim.process(10).unwrap().paused);
 
     // Restore: an image that does not list the plugin leaves it out.
@@ -345,19 +351,19 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
     assert_eq!(b.init(&nl, Stage::Restore), Ok(false));
     let l = ctx(&cfg, HostVersion::Dev, InventoryListing::Listed);
     assert_eq!(b.init(&l, Stage::Restore), Ok(true));
-    assert_eq!(b.restore_prepare(), Err(HookError::NotMine));
-    assert_eq!(b.restore_file(12345, None), Err(HookError::NotMine));
+    assert_eq!(b.restore_init(), Err(HookError::NotMine));
+    assert_eq!(b.restore_ext_file(12345, None), Err(HookError::NotMine));
     assert_eq!(
-        b.update_vma(c"/dev/zero", 0x1000, 0),
+        b.update_vma_map(c"/dev/zero", 0x1000, 0),
         Err(HookError::NotMine)
     );
     assert_eq!(
-        b.update_vma(c"/usr/lib/libfoo.so", 0x1000, 0),
+        b.update_vma_map(c"/usr/lib/libfoo.so", 0x1000, 0),
         Err(HookError::NotMine)
     );
     // A task without KFD state: RESUME finds no KFD process.
-    assert_eq!(b.resume(31337), Err(HookError::NotMine));
-    b.finish(Stage::Restore, 0);
+    assert_eq!(b.resume_devices_late(31337), Err(HookError::NotMine));
+    b.exit(Stage::Restore, 0);
 
     // No /dev/kfd at all: the backend sits the dump out.
     let mut none = criu_gpu_plugin::amdgpu::AmdgpuBackend::with_device_factory(
@@ -388,7 +394,7 @@ fn without_dump_devices_late_queues_restart_at_exit() {
     let dumped = dump_files(&mut b, &sim, &[&p], 3).unwrap();
     // Still evicted while CRIU dumps memory.
     assert!(sim.process(p.pid).unwrap().paused);
-    b.finish(Stage::Dump, 0);
+    b.exit(Stage::Dump, 0);
     assert!(!sim.process(p.pid).unwrap().paused);
 
     // A CRIU 4.0 restore: no POST_FORKING, so the task copies itself.
@@ -402,7 +408,7 @@ fn without_dump_devices_late_queues_restart_at_exit() {
         Ok(true)
     );
     sim2.set_current_task(p.pid);
-    let fd = r.restore_file(dumped[0].kfd_id, None).unwrap();
+    let fd = r.restore_ext_file(dumped[0].kfd_id, None).unwrap();
     // SAFETY: the hook returned a new fd, ours to close.
     drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     // The contents are there before RESUME.
@@ -412,8 +418,8 @@ fn without_dump_devices_late_queues_restart_at_exit() {
             .is_empty()
     );
     assert_eq!(r.post_forking(), Err(HookError::NotMine));
-    r.resume(p.pid as i32).unwrap();
-    r.finish(Stage::Restore, 0);
+    r.resume_devices_late(p.pid as i32).unwrap();
+    r.exit(Stage::Restore, 0);
     assert_same_process(&sim, &sim2, p.pid);
 }
 
@@ -474,13 +480,13 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
     let c = ctx(&cfg, HostVersion::Dev, InventoryListing::NoList);
     assert_eq!(d.init(&c, Stage::Dump), Ok(true));
     // B first: its dma-buf's BO is not dumped yet, so it waits.
-    d.dump_file(b.kfd.as_raw_fd(), 20).unwrap();
-    d.dump_file(ipc.as_raw_fd(), 21).unwrap();
+    d.dump_ext_file(b.kfd.as_raw_fd(), 20).unwrap();
+    d.dump_ext_file(ipc.as_raw_fd(), 21).unwrap();
     assert!(!images.path().join(image::dmabuf_file_name(21)).exists());
-    d.dump_file(a.kfd.as_raw_fd(), 30).unwrap();
-    d.dump_file(own.as_raw_fd(), 31).unwrap();
-    d.dump_late(1001).unwrap();
-    d.finish(Stage::Dump, 0);
+    d.dump_ext_file(a.kfd.as_raw_fd(), 30).unwrap();
+    d.dump_ext_file(own.as_raw_fd(), 31).unwrap();
+    d.dump_devices_late(1001).unwrap();
+    d.exit(Stage::Dump, 0);
     drop((own, ipc));
     assert_no_leaks(&sim, a.render.len() + b.render.len(), 2);
 
@@ -510,10 +516,10 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
     let mut r = backend(&sim2, images.path());
     let c = ctx(&cfg, HostVersion::Dev, InventoryListing::Listed);
     assert_eq!(r.init(&c, Stage::Restore), Ok(true));
-    r.restore_prepare().unwrap();
+    r.restore_init().unwrap();
     let take = |r: &mut criu_gpu_plugin::amdgpu::AmdgpuBackend, id: u32| {
         let mut retry = false;
-        let fd = r.restore_file(id, Some(&mut retry)).unwrap();
+        let fd = r.restore_ext_file(id, Some(&mut retry)).unwrap();
         if retry {
             None
         } else {
@@ -532,9 +538,9 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
     let ipc2 = take(&mut r, 21).expect("published by A's task");
     assert!(sim2.dmabuf_is(std::os::fd::AsFd::as_fd(&ipc2), 1001, ipc_addr));
     r.post_forking().unwrap();
-    r.resume(1001).unwrap();
-    r.resume(1002).unwrap();
-    r.finish(Stage::Restore, 0);
+    r.resume_devices_late(1001).unwrap();
+    r.resume_devices_late(1002).unwrap();
+    r.exit(Stage::Restore, 0);
     assert_same_process(&sim, &sim2, 1001);
     assert_same_process(&sim, &sim2, 1002);
 }
@@ -562,16 +568,16 @@ fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
             d.init(&ctx(&cfg, host, InventoryListing::NoList), Stage::Dump),
             Ok(true)
         );
-        d.dump_file(a.kfd.as_raw_fd(), 1).unwrap();
-        let r = d.dump_file(foreign.as_raw_fd(), 2);
+        d.dump_ext_file(a.kfd.as_raw_fd(), 1).unwrap();
+        let r = d.dump_ext_file(foreign.as_raw_fd(), 2);
         let r = if host == HostVersion::Dev {
             assert_eq!(r, Ok(()));
-            d.dump_late(1101)
+            d.dump_devices_late(1101)
         } else {
             r
         };
         assert_eq!(r, Err(HookError::Errno(libc::ENOENT)));
-        d.finish(Stage::Dump, -1);
+        d.exit(Stage::Dump, -1);
         assert!(!sim.process(1101).unwrap().paused);
     }
     drop(foreign);

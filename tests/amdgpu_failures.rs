@@ -45,8 +45,8 @@ fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, S
     sim.set_faults(faults);
     let r = dump_files(&mut b, &sim, &[&p], 1)
         .map(|_| ())
-        .and_then(|()| b.dump_late(pid as i32));
-    b.finish(Stage::Dump, if r.is_ok() { 0 } else { -1 });
+        .and_then(|()| b.dump_devices_late(pid as i32));
+    b.exit(Stage::Dump, if r.is_ok() { 0 } else { -1 });
     let v = sim.process(pid).unwrap();
     assert!(!v.paused, "queues still evicted after {r:?}: {v:?}");
     assert_eq!(v.evictions, 0);
@@ -201,14 +201,14 @@ fn every_process_is_unpaused_even_when_one_unpause_fails() {
     // The first UNPAUSE fails for good: the C plugin stopped there and left the second
     // process evicted too.
     sim.update_faults(|f| f.unpause = Some(Fault::once(libc::EBUSY)));
-    assert_eq!(b.dump_late(201), Err(HookError::Errno(libc::EIO)));
+    assert_eq!(b.dump_devices_late(201), Err(HookError::Errno(libc::EIO)));
     let paused: Vec<bool> = [201, 202]
         .iter()
         .map(|&p| sim.process(p).unwrap().paused)
         .collect();
     assert_eq!(paused, vec![true, false]);
     // exit retries.
-    b.finish(Stage::Dump, -1);
+    b.exit(Stage::Dump, -1);
     assert!(!sim.process(201).unwrap().paused);
     assert_no_leaks(&sim, a.render.len() + b2.render.len(), 2);
 }
@@ -236,7 +236,7 @@ fn a_failure_in_a_later_process_unpauses_the_earlier_ones() {
     // The failed one is running already; the first still waits for CRIU's verdict.
     assert!(!sim.process(302).unwrap().paused);
     assert!(sim.process(301).unwrap().paused);
-    b.finish(Stage::Dump, -1);
+    b.exit(Stage::Dump, -1);
     assert!(!sim.process(301).unwrap().paused);
     assert_no_leaks(&sim, a.render.len() + c.render.len(), 2);
 }
@@ -280,17 +280,17 @@ fn try_restore(
         ),
         Ok(true)
     );
-    let pre = b.restore_prepare();
-    let r = b.restore_file(id, None).map(|fd| {
+    let pre = b.restore_init();
+    let r = b.restore_ext_file(id, None).map(|fd| {
         // SAFETY: a new fd from the hook, ours to close.
         drop(unsafe { OwnedFd::from_raw_fd(fd) });
     });
     let r = r.and_then(|()| {
         b.post_forking()
             .or(Ok(()))
-            .and_then(|()| b.resume(pid as i32))
+            .and_then(|()| b.resume_devices_late(pid as i32))
     });
-    b.finish(Stage::Restore, if r.is_ok() { 0 } else { -1 });
+    b.exit(Stage::Restore, if r.is_ok() { 0 } else { -1 });
     assert_no_leaks(&sim, 0, 0);
     (pre, r, sim)
 }
@@ -399,15 +399,15 @@ fn parallel_restore_hands_the_copy_to_the_main_process() {
         ),
         Ok(true)
     );
-    let fd = b.restore_file(dumped[0].kfd_id, None).unwrap();
+    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
     // SAFETY: a new fd from the hook, ours to close.
     drop(unsafe { OwnedFd::from_raw_fd(fd) });
     // Not copied yet: the task handed it over.
     assert!(!src.compare_contents(410, &sim, 410).unwrap().is_empty());
     b.post_forking().unwrap();
-    b.resume(410).unwrap();
+    b.resume_devices_late(410).unwrap();
     assert!(src.compare_contents(410, &sim, 410).unwrap().is_empty());
-    b.finish(Stage::Restore, 0);
+    b.exit(Stage::Restore, 0);
     assert_no_leaks(&sim, 0, 0);
     // The comparison sees a single changed byte.
     sim.scribble(410, bo_addr(&sim, 410, 2), 4095, &[0x5a])
@@ -580,13 +580,13 @@ fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
         ),
         Ok(true)
     );
-    let fd = b.restore_file(dumped[0].kfd_id, None).unwrap();
+    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
     // SAFETY: a new fd from the hook, ours to close.
     drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    b.resume(420).unwrap();
+    b.resume_devices_late(420).unwrap();
     assert!(src.compare_contents(420, &sim, 420).unwrap().is_empty());
     assert_eq!(sim.process(420).unwrap().resumed, 1);
-    b.finish(Stage::Restore, 0);
+    b.exit(Stage::Restore, 0);
     assert_no_leaks(&sim, 0, 0);
 }
 
@@ -679,6 +679,6 @@ fn dump_finish_after_a_failure_restarts_the_queues() {
     assert_eq!(b.dump_finish(1), Ok(()));
     assert!(!sim.process(pid).unwrap().paused);
     assert_eq!(b.dump_finish(1), Err(HookError::NotMine));
-    b.finish(Stage::Dump, 0);
+    b.exit(Stage::Dump, 0);
     assert!(!sim.process(pid).unwrap().paused);
 }

@@ -332,27 +332,27 @@ impl GpuBackend for AmdgpuBackend {
         }
     }
 
-    fn dump_file(&mut self, fd: RawFd, id: u32) -> HookResult {
-        self.dump_run()?.dump_file(fd, id)
+    fn dump_ext_file(&mut self, fd: RawFd, id: u32) -> HookResult {
+        self.dump_run()?.dump_ext_file(fd, id)
     }
 
-    fn dump_late(&mut self, _root_pid: i32) -> HookResult {
-        self.dump_run()?.dump_late()
+    fn dump_devices_late(&mut self, _root_pid: i32) -> HookResult {
+        self.dump_run()?.dump_devices_late()
     }
 
-    fn restore_prepare(&mut self) -> HookResult {
+    fn restore_init(&mut self) -> HookResult {
         self.restore_run()?.preflight()
     }
 
-    fn restore_file(&mut self, id: u32, mut retry: Option<&mut bool>) -> HookResult<RawFd> {
+    fn restore_ext_file(&mut self, id: u32, mut retry: Option<&mut bool>) -> HookResult<RawFd> {
         if let Some(r) = retry.as_deref_mut() {
             *r = false;
         }
-        self.restore_run()?.restore_file(id, retry)
+        self.restore_run()?.restore_ext_file(id, retry)
     }
 
-    fn update_vma(&mut self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
-        self.restore_run()?.update_vma(path, addr, old_pgoff)
+    fn update_vma_map(&mut self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
+        self.restore_run()?.update_vma_map(path, addr, old_pgoff)
     }
 
     fn dump_finish(&mut self, ret: i32) -> HookResult {
@@ -363,11 +363,11 @@ impl GpuBackend for AmdgpuBackend {
         self.restore_run()?.post_forking()
     }
 
-    fn resume(&mut self, pid: i32) -> HookResult {
+    fn resume_devices_late(&mut self, pid: i32) -> HookResult {
         self.restore_run()?.resume(pid)
     }
 
-    fn finish(&mut self, _stage: Stage, ret: i32) {
+    fn exit(&mut self, _stage: Stage, ret: i32) {
         let mut run = std::mem::replace(&mut self.run, Run::Idle);
         match &mut run {
             Run::Dump(r) => r.finish(ret),

@@ -117,7 +117,10 @@ impl AmdgpuSettings {
         cfg: &Config,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> (Self, Vec<String>) {
-        let ours_env = |key: &str| env(&env_name(key));
+        // A plugin option (CRIU 4.3) wins over every environment variable, ours or the C
+        // plugin's; the environment wins over the file.
+        let option = |key: &str| cfg.option_value(key).map(str::to_string);
+        let ours_env = |key: &str| option(key).or_else(|| env(&env_name(key)));
         let file = |key: &str| cfg.get(key).map(str::to_string);
         let ours = |key: &str| ours_env(key).or_else(|| file(key));
         let mut errors = Vec::new();
@@ -259,6 +262,27 @@ mod tests {
         assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
         let bad = Config::parse("amdgpu.max-buffer-size = lots\n");
         assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
+    }
+
+    #[test]
+    fn plugin_options_win_over_every_environment_variable() {
+        let mut cfg = Config::parse("amdgpu.copy-threads = 2\n");
+        cfg.apply_options(&criu_plugin::options::parse_entries([
+            b"--gpu_plugin.amdgpu.copy-threads=3".as_slice(),
+            b"--gpu_plugin.amdgpu.max-buffer-size=16M",
+            b"--gpu_plugin.amdgpu.kfd-fw-ver-check=yes",
+        ]));
+        let env = |k: &str| match k {
+            "CRIU_GPU_AMDGPU_COPY_THREADS" => Some("4".to_string()),
+            "KFD_MAX_BUFFER_SIZE" => Some("1G".to_string()),
+            "CRIU_GPU_AMDGPU_MAX_BUFFER_SIZE" => Some("8M".to_string()),
+            "KFD_FW_VER_CHECK" => Some("NO".to_string()),
+            _ => None,
+        };
+        let s = AmdgpuSettings::from_config(&cfg, &env).unwrap();
+        assert_eq!(s.copy_threads, 3);
+        assert_eq!(s.staging_bytes, 16 << 20);
+        assert!(s.checks.fw_version);
     }
 
     #[test]

@@ -99,21 +99,21 @@ impl GpuBackend for CudaBackend {
         Ok(self.run.is_some())
     }
 
-    fn pause(&mut self, pid: i32) -> HookResult {
+    fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.pause(pid).map_err(HookFailure::report),
             _ => Err(HookError::NotMine),
         }
     }
 
-    fn checkpoint(&mut self, pid: i32) -> HookResult {
+    fn checkpoint_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.checkpoint(pid),
             _ => Err(HookError::NotMine),
         }
     }
 
-    fn resume(&mut self, pid: i32) -> HookResult {
+    fn resume_devices_late(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Restore(r)) => r.resume(pid),
             _ => Err(HookError::NotMine),
@@ -127,7 +127,7 @@ impl GpuBackend for CudaBackend {
         }
     }
 
-    fn finish(&mut self, _stage: Stage, ret: i32) {
+    fn exit(&mut self, _stage: Stage, ret: i32) {
         // The run's own stage decides; its claims and driver go with it.
         if let Some(Run::Dump(d)) = self.run.take() {
             d.finish(ret);

@@ -207,10 +207,10 @@ pub fn dump_files(
         }
         let kfd_id = id;
         id += 1;
-        b.dump_file(p.kfd.as_raw_fd(), kfd_id)?;
+        b.dump_ext_file(p.kfd.as_raw_fd(), kfd_id)?;
         let mut render_ids = Vec::new();
         for (minor, fd) in &p.render {
-            b.dump_file(fd.as_raw_fd(), id)?;
+            b.dump_ext_file(fd.as_raw_fd(), id)?;
             render_ids.push((id, *minor));
             id += 1;
         }
@@ -244,7 +244,7 @@ pub fn refused_dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) 
     let Err(e) = dump_files(&mut b, sim, procs, 1) else {
         panic!("the dump should fail");
     };
-    b.finish(Stage::Dump, -1);
+    b.exit(Stage::Dump, -1);
     e
 }
 
@@ -252,8 +252,9 @@ pub fn refused_dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) 
 pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<Dumped> {
     let mut b = dump_backend(sim, images, cfg);
     let d = dump_files(&mut b, sim, procs, 10).expect("dump");
-    b.dump_late(procs[0].pid as i32).expect("DUMP_DEVICES_LATE");
-    b.finish(Stage::Dump, 0);
+    b.dump_devices_late(procs[0].pid as i32)
+        .expect("DUMP_DEVICES_LATE");
+    b.exit(Stage::Dump, 0);
     d
 }
 
@@ -276,7 +277,7 @@ pub fn restore(
         ),
         Ok(true)
     );
-    b.restore_prepare().expect("RESTORE_INIT");
+    b.restore_init().expect("RESTORE_INIT");
     for d in dumped {
         sim.set_current_task(d.pid);
         let mut ids: Vec<u32> = d.render_ids.iter().map(|r| r.0).collect();
@@ -289,7 +290,7 @@ pub fn restore(
         for id in ids {
             let mut retry = false;
             let fd = b
-                .restore_file(id, Some(&mut retry))
+                .restore_ext_file(id, Some(&mut retry))
                 .unwrap_or_else(|e| panic!("RESTORE_EXT_FILE {id}: {e:?}"));
             assert!(!retry);
             // SAFETY: the hook returned a new fd that CRIU would own.
@@ -298,7 +299,7 @@ pub fn restore(
         for v in &d.vmas {
             let path = std::ffi::CString::new(v.path.clone()).unwrap();
             let u = b
-                .update_vma(&path, v.addr, v.pgoff)
+                .update_vma_map(&path, v.addr, v.pgoff)
                 .unwrap_or_else(|e| panic!("UPDATE_VMA_MAP {v:?}: {e:?}"));
             // SAFETY: CRIU owns the returned fd and closes it after mapping.
             let plugin_fd = u.plugin_fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
@@ -318,9 +319,10 @@ pub fn restore(
         Err(e) => panic!("POST_FORKING: {e:?}"),
     }
     for d in dumped {
-        b.resume(d.pid as i32).expect("RESUME_DEVICES_LATE");
+        b.resume_devices_late(d.pid as i32)
+            .expect("RESUME_DEVICES_LATE");
     }
-    b.finish(Stage::Restore, 0);
+    b.exit(Stage::Restore, 0);
     b.copies().to_vec()
 }
 

@@ -144,7 +144,7 @@ impl DumpRun {
     }
 
     /// `DUMP_EXT_FILE`.
-    pub(super) fn dump_file(&mut self, fd: RawFd, id: u32) -> HookResult {
+    pub(super) fn dump_ext_file(&mut self, fd: RawFd, id: u32) -> HookResult {
         // SAFETY: CRIU passes an fd that is open for the duration of the hook.
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
         let ident = self
@@ -266,7 +266,7 @@ impl DumpRun {
     }
 
     /// `DUMP_DEVICES_LATE`: restarts every stopped queue; fails on dma-bufs of no dumped BO.
-    pub(super) fn dump_late(&mut self) -> HookResult {
+    pub(super) fn dump_devices_late(&mut self) -> HookResult {
         if self.state.paused.is_empty() && self.state.pending_dmabufs.is_empty() {
             return Err(HookError::NotMine);
         }

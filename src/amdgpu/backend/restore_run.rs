@@ -95,7 +95,11 @@ impl RestoreRun {
     }
 
     /// `RESTORE_EXT_FILE`, in the task that owns file `id`.
-    pub(super) fn restore_file(&mut self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
+    pub(super) fn restore_ext_file(
+        &mut self,
+        id: u32,
+        retry: Option<&mut bool>,
+    ) -> HookResult<RawFd> {
         let me = self.base.dev.current_task();
         let mut task = self.tasks.remove(&me).unwrap_or_default();
         let r = self.restore_file_in(&mut task, id, retry);
@@ -161,7 +165,7 @@ impl RestoreRun {
 
     /// `UPDATE_VMA_MAP`: the new mmap offset (and the render fd) of a KFD or render-node
     /// mapping of the calling task.
-    pub(super) fn update_vma(
+    pub(super) fn update_vma_map(
         &mut self,
         path: &CStr,
         addr: u64,
