@@ -139,30 +139,10 @@ impl GpuPlugin {
     }
 }
 
-/// The file this plugin was loaded from.
-pub(crate) fn plugin_file() -> Option<std::path::PathBuf> {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr fills `info` for an address inside this object (this function).
-    let found = unsafe { libc::dladdr(plugin_file as *const libc::c_void, &mut info) };
-    if found == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr returned a NUL-terminated path owned by the loader, valid while we are loaded.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) };
-    Some(std::path::PathBuf::from(
-        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
-    ))
-}
-
 /// CRIU's C GPU plugins in the same directory would act on the same processes (the first one
 /// loaded owns each hook): say so once per run.
 fn warn_about_c_plugins() {
-    let Some(me) = plugin_file() else {
+    let Some(me) = criu_plugin::host::plugin_file() else {
         return;
     };
     let Some(dir) = me.parent() else {

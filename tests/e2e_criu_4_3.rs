@@ -231,6 +231,17 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
         first.contains("gpu_plugin") && first.contains(missing),
         "the first error must name the missing GPU: {refused:?}"
     );
+    // Logged once, where the hook returned to CRIU, with its kind.
+    assert!(first.ends_with("[machine]"), "{refused:?}");
+    assert_eq!(
+        refused
+            .log
+            .lines()
+            .filter(|l| l.contains(missing) && l.contains("Error"))
+            .count(),
+        1,
+        "{refused:?}"
+    );
     assert!(
         !refused.has("Forking task"),
         "CRIU forked tasks: {refused:?}"
@@ -326,7 +337,8 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     assert!(
         first.contains("gpu_plugin")
             && first.contains("cuda.backend = cuda-checkpoint (plugin option cuda_plugin.backend)")
-            && first.contains("use auto or driver-api"),
+            && first.contains("use auto or driver-api")
+            && first.ends_with("[settings]"),
         "the first error must say why: {refused:?}"
     );
     let calls = f.calls("dump.calls");

@@ -4,6 +4,7 @@
 //! mistaken user made it: a FIFO (an `open` for reading blocks until a writer comes, for good),
 //! a device, a directory, or huge. Every file is opened with `O_NONBLOCK` (a FIFO then opens at
 //! once and is refused, as is anything that is not a regular file) and read up to a limit.
+//! Files a plugin writes (its images) are created the same way, never through a link.
 
 use std::ffi::CString;
 use std::io::{self, Read};
@@ -33,15 +34,69 @@ pub fn open_regular(
     }
     // SAFETY: `fd` was just opened and is owned by nobody else.
     let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    check_regular(file, path)
+}
+
+/// Creates (or truncates) `name` in `dir` for writing, mode 0600, without blocking and never
+/// through a symbolic link; refused unless the result is a regular file.
+pub fn create_regular(dir: BorrowedFd<'_>, name: &Path) -> io::Result<std::fs::File> {
+    let c = CString::new(name.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let flags = libc::O_WRONLY
+        | libc::O_CREAT
+        | libc::O_TRUNC
+        | libc::O_CLOEXEC
+        | libc::O_NONBLOCK
+        | libc::O_NOFOLLOW;
+    // SAFETY: openat with a valid directory fd, a NUL-terminated path and the mode passed as
+    // the variadic `mode_t` openat expects.
+    let fd = unsafe {
+        libc::openat(
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            c.as_ptr(),
+            flags,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    check_regular(file, name)
+}
+
+/// The refusal of a file that is not a regular file (inside an [`io::Error`] of kind
+/// `InvalidInput`; tell it apart with [`is_not_regular`]).
+#[derive(Debug)]
+pub struct NotRegular {
+    /// What the file is instead ("a FIFO", "a directory", ...).
+    pub what: &'static str,
+    path: String,
+}
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is not a regular file ({})", self.path, self.what)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// Whether `e` is this module's refusal of a file that is not regular.
+pub fn is_not_regular(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<NotRegular>())
+}
+
+fn check_regular(file: std::fs::File, path: &Path) -> io::Result<std::fs::File> {
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "{} is not a regular file ({})",
-                path.display(),
-                describe(kind)
-            ),
+            NotRegular {
+                what: describe(kind),
+                path: path.display().to_string(),
+            },
         ));
     }
     Ok(file)
@@ -111,6 +166,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let e = read_regular(None, &fifo, false, 10).unwrap_err();
         assert!(e.to_string().contains("a FIFO"), "{e}");
+        assert!(is_not_regular(&e));
         let e = read_regular(None, &d, false, 10).unwrap_err();
         assert!(e.to_string().contains("a directory"), "{e}");
         let big = d.join("big");
@@ -124,6 +180,31 @@ mod tests {
         assert_eq!(read_regular(None, &link, false, 100).unwrap().len(), 11);
         let e = read_regular(None, &d.join("missing"), false, 10).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(!is_not_regular(&e));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn files_are_created_regular_and_never_through_links_or_fifos() {
+        let d = tmp("create");
+        let dir = std::fs::File::open(&d).unwrap();
+        let dirfd = std::os::fd::AsFd::as_fd(&dir);
+        let mut f = create_regular(dirfd, Path::new("img")).unwrap();
+        std::io::Write::write_all(&mut f, b"x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.join("img"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::os::unix::fs::symlink("/etc/passwd", d.join("link")).unwrap();
+        let e = create_regular(dirfd, Path::new("link")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        let c = CString::new(d.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // A FIFO without a reader: O_NONBLOCK makes the open fail at once instead of waiting.
+        assert!(create_regular(dirfd, Path::new("fifo")).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

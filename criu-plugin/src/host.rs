@@ -196,6 +196,28 @@ pub unsafe fn adapt_descriptor(desc: *mut PluginDesc, restore_ext_file_retry_var
     }
 }
 
+/// The shared object this crate was linked into, as the loader names it (the plugin's file),
+/// or `None` outside a shared object the loader knows.
+pub fn plugin_file() -> Option<std::path::PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr fills `info` for an address inside the object holding this function.
+    let found = unsafe { libc::dladdr(plugin_file as *const c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated path owned by the loader, valid while the
+    // object is loaded.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    Some(std::path::PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

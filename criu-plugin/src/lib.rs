@@ -13,6 +13,8 @@
 //! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
 //!   killed;
+//! - [`failure`]: a hook's failure as a value (errno, kind, message), logged once where the
+//!   hook returns to CRIU;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
 //!   refused, not waited on) and read with a bound;
 //! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
@@ -29,6 +31,7 @@
 
 pub mod abi;
 pub mod child;
+pub mod failure;
 pub mod fds;
 pub mod files;
 pub mod host;
@@ -40,6 +43,7 @@ pub mod stream;
 pub mod symbols;
 
 pub use abi::{HookId, PluginDesc, Stage};
+pub use failure::{Failure, FailureKind};
 pub use host::{Host, HostVersion};
 pub use plugin::{HookError, HookResult, Plugin, VmaUpdate};
 pub use symbols::{CriuSymbols, FinalState, InventoryListing};

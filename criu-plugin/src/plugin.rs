@@ -9,26 +9,54 @@ use std::os::fd::RawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook, Stage};
+use crate::failure::Failure;
 use crate::log::{CriuLevel, CriuLogger};
 
-/// Why a hook did not succeed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Why a hook did not succeed. Two hook errors are equal when CRIU gets the same answer from
+/// them: a [`Failure`] compares by its errno, its message being for the log.
+#[derive(Clone, Debug)]
 pub enum HookError {
     /// The object (process, file, mapping) is not this plugin's: CRIU asks the next plugin.
     NotMine,
-    /// A failure, as a positive errno value.
+    /// A failure already logged (or with nothing to say), as a positive errno value.
     Errno(i32),
+    /// A failure to log: the trampoline writes it to CRIU's log once, at ERROR, with its kind.
+    Failed(Box<Failure>),
 }
 
 impl HookError {
     /// The value a hook returns to CRIU.
-    pub fn to_return(self) -> c_int {
-        match self {
-            HookError::NotMine => -libc::ENOTSUP,
-            // A failure must never read as success or as "not mine".
-            HookError::Errno(e) if e > 0 && e != libc::ENOTSUP => -e,
-            HookError::Errno(_) => -libc::EIO,
+    pub fn to_return(&self) -> c_int {
+        let errno = match self {
+            HookError::NotMine => return -libc::ENOTSUP,
+            HookError::Errno(e) => *e,
+            HookError::Failed(f) => f.errno,
+        };
+        // A failure must never read as success or as "not mine".
+        if errno > 0 && errno != libc::ENOTSUP {
+            -errno
+        } else {
+            -libc::EIO
         }
+    }
+
+    /// The errno CRIU gets (`ENOTSUP` for "not mine").
+    pub fn errno(&self) -> i32 {
+        -self.to_return()
+    }
+}
+
+impl PartialEq for HookError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_return() == other.to_return()
+    }
+}
+
+impl Eq for HookError {}
+
+impl From<Failure> for HookError {
+    fn from(f: Failure) -> Self {
+        HookError::Failed(Box::new(f))
     }
 }
 
@@ -190,10 +218,16 @@ pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
     rc
 }
 
+/// CRIU's answer for a hook's result; a failure not logged yet is logged here, once.
 fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {
     match r {
         Ok(v) => ok(v),
-        Err(e) => e.to_return(),
+        Err(e) => {
+            if let HookError::Failed(f) = &e {
+                log::error!("{}", f.log_line());
+            }
+            e.to_return()
+        }
     }
 }
 
@@ -607,6 +641,17 @@ mod tests {
         assert_eq!(calls.iter().filter(|c| c.starts_with("exit")).count(), 2);
         assert!(calls.contains(&"exit Some(Dump) -1".to_string()));
         assert!(calls.contains(&"exit None 0".to_string()));
+    }
+
+    #[test]
+    fn a_failure_is_the_errno_crius_gets() {
+        use crate::failure::{Failure, FailureKind};
+        let f: HookError = Failure::new(FailureKind::Driver, libc::ETIMEDOUT, "slow").into();
+        assert_eq!(f, HookError::Errno(libc::ETIMEDOUT));
+        assert_eq!(f.errno(), libc::ETIMEDOUT);
+        assert_ne!(f, HookError::NotMine);
+        let zero: HookError = Failure::new(FailureKind::Internal, 0, "no errno").into();
+        assert_eq!(zero.to_return(), -libc::EIO);
     }
 
     #[test]

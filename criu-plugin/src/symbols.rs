@@ -119,6 +119,14 @@ impl CriuSymbols {
             .filter(|fd| *fd >= 0)
     }
 
+    /// CRIU's image directory as a borrowed fd, when CRIU gives one.
+    pub fn image_dir(&self) -> Option<std::os::fd::BorrowedFd<'static>> {
+        let fd = self.image_dir_fd()?;
+        // SAFETY: the fd is a CRIU service fd, open for the whole run in CRIU's process and
+        // in every task it restores.
+        Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+    }
+
     /// Whether the host keeps a list of plugins in its inventory image (CRIU 4.1 and later).
     pub fn has_inventory_plugins(&self) -> bool {
         self.add_inventory_plugin.is_some() && self.check_and_remove_inventory_plugin.is_some()

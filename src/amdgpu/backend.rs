@@ -31,7 +31,7 @@ use std::sync::Arc;
 use criu_plugin::{HookError, HookId, HookResult, InventoryListing, Stage, VmaUpdate};
 
 use super::device::{self, CriuLimits, KfdDevice};
-use super::error::Error;
+use super::error::{Error, FailureKind, device_error};
 use super::image::{DMABUF_FILE_PREFIX, open_image_dir};
 use super::kernel::KernelKfd;
 use super::parallel::{CriuFdStore, FdStore, Handover};
@@ -123,10 +123,9 @@ impl Default for AmdgpuBackend {
     }
 }
 
-/// Logs `e` as the reason of a failed hook and turns it into the hook's error.
+/// The hook's error for `e`, logged once, with its kind, where the hook returns to CRIU.
 fn fail(e: Error) -> HookError {
-    log::error!("amdgpu: {e}");
-    HookError::Errno(e.errno.max(1))
+    e.context("amdgpu").into()
 }
 
 /// Most KFD images a restore looks at in the images directory.
@@ -230,7 +229,7 @@ impl AmdgpuBackend {
                     Err(_) => format!("more than {MAX_KFD_IMAGES}"),
                 };
                 if n != "0" {
-                    return Err(Error::new(
+                    return Err(device_error(
                         libc::ENODEV,
                         format!(
                             "the image holds the GPU state of {n} AMD process file(s) but this machine has no usable /dev/kfd ({e})"
@@ -263,6 +262,7 @@ impl AmdgpuBackend {
                 .unwrap_or(true)
             {
                 return Err(Error::new(
+                    FailureKind::Settings,
                     libc::EINVAL,
                     format!("{e}; this restore needs the AMD GPU backend: correct the setting"),
                 ));

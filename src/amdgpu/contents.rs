@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 
 use super::copy::{self, CopyStats, Piece};
 use super::device::{self, KfdDevice};
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader};
 use super::sdma::SdmaEngines;
 use super::settings::AmdgpuSettings;
@@ -32,7 +32,7 @@ fn kfd_pages(image: &KfdCheckpoint) -> Result<Vec<(u32, PagesLayout)>> {
         .map(|gpu| {
             PagesLayout::for_kfd_gpu(image, gpu)
                 .map(|layout| (gpu, layout))
-                .map_err(|e| Error::new(libc::EINVAL, format!("pages of GPU {gpu:#x}: {e}")))
+                .map_err(|e| device_error(libc::EINVAL, format!("pages of GPU {gpu:#x}: {e}")))
         })
         .collect()
 }

@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 
-use super::error::Error;
+use super::error::{Error, device_error};
 use kfd_sys::{
     KFD_CRIU_OP_CHECKPOINT, KFD_CRIU_OP_PROCESS_INFO, KFD_CRIU_OP_RESTORE, KFD_CRIU_OP_RESUME,
     KFD_CRIU_OP_UNPAUSE, KFD_INVALID_FD, kfd_criu_bo_bucket, kfd_criu_device_bucket,
@@ -628,7 +628,7 @@ pub fn check_kfd_version(dev: &dyn KfdDevice, kfd: BorrowedFd<'_>) -> Result<(u3
         .get_version(kfd)
         .map_err(|e| Error::io(&e, "cannot query the KFD version"))?;
     if v.0 != MIN_KFD_VERSION.0 || v.1 < MIN_KFD_VERSION.1 {
-        return Err(Error::new(
+        return Err(device_error(
             libc::EOPNOTSUPP,
             format!(
                 "the kernel's KFD interface is {}.{}; checkpointing needs {}.{} or a later 1.x",

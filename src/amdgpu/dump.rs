@@ -39,7 +39,7 @@ use std::time::Instant;
 use super::contents;
 use super::copy;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice};
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::image::{
     BoEntry, DmabufImage, KfdCheckpoint, RenderNodeDrm, RenderNodeImage, dmabuf_file_name,
     kfd_file_name, render_node_file_name,
@@ -103,7 +103,7 @@ impl DumpCtx<'_> {
             None => {
                 let root = &self.settings.topology_root;
                 Topology::from_sysfs(root).map_err(|e| {
-                    Error::new(
+                    device_error(
                         libc::EIO,
                         format!("cannot read the KFD topology at {}: {e}", root.display()),
                     )
@@ -182,7 +182,7 @@ pub fn checkpoint(
     let mut user_of = HashMap::new();
     for d in &bufs.devices {
         if user_of.insert(d.actual_gpu_id, d.user_gpu_id).is_some() {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 format!("KFD reported GPU {:#x} twice", d.actual_gpu_id),
             ));
@@ -191,7 +191,7 @@ pub fn checkpoint(
     let topo = ctx.topology(state)?.clone();
     for d in &bufs.devices {
         if topo.gpu_by_id(d.actual_gpu_id).is_none() {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::ENODEV,
                 format!(
                     "KFD reports GPU {:#x} for the process but the topology at {} does not list it",
@@ -223,7 +223,7 @@ pub fn checkpoint(
         .collect();
     for (i, b) in bos.iter().enumerate() {
         if !actual_of.contains_key(&b.gpu_id) {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 format!(
                     "KFD put BO {i} on GPU {:#x}, which it did not report",
@@ -232,7 +232,7 @@ pub fn checkpoint(
             ));
         }
         if b.has_contents() && dmabufs[i].is_none() {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 format!(
                     "KFD gave no dma-buf for {} BO {i} at {:#x}",
@@ -254,7 +254,7 @@ pub fn checkpoint(
             .gpu_by_id(actual)
             .map(|g| g.drm_render_minor)
             .ok_or_else(|| {
-                Error::new(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
+                device_error(libc::ENODEV, format!("GPU {actual:#x} has no render node"))
             })?;
         minor_of.insert(user, minor);
     }
@@ -287,7 +287,7 @@ pub fn checkpoint(
         priv_data: std::mem::take(&mut bufs.priv_data),
     };
     image.validate().map_err(|e| {
-        Error::new(
+        device_error(
             libc::EINVAL,
             format!("KFD state does not fit the image format: {e}"),
         )
@@ -414,7 +414,7 @@ pub fn dump_render_node(
     };
     match ctx.dev.gem_census(fd) {
         Ok(Some(c)) if c.bos > 0 => {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EOPNOTSUPP,
                 format!(
                     "renderD{minor} holds {} GEM BO(s) the process allocated or imported through the render node rather than KFD ({} of them imports from other devices); dumping those is not supported, and leaving them out would restore the process without them",

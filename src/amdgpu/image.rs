@@ -99,7 +99,7 @@ use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -405,6 +405,17 @@ impl fmt::Display for ImageError {
 /// carries the errno text) and is therefore not also returned as a source.
 impl std::error::Error for ImageError {}
 
+/// The image error for a failed open of `name`: a file that is not regular, or the I/O error.
+fn not_regular_or(name: &str, op: &'static str, e: io::Error) -> ImageError {
+    if files::is_not_regular(&e) {
+        ImageError::NotRegularFile {
+            file: name.to_owned(),
+        }
+    } else {
+        io_error(name, op, e)
+    }
+}
+
 pub(crate) fn io_error(file: &str, action: &'static str, source: io::Error) -> ImageError {
     ImageError::Io {
         file: file.to_owned(),
@@ -579,33 +590,8 @@ impl<'fd> ImageDir<'fd> {
     /// link or anything but a regular file.
     pub(crate) fn create(&self, name: &str) -> Result<File, ImageError> {
         check_file_name(name)?;
-        let c_name = CString::new(name).map_err(|_| ImageError::InvalidName {
-            name: name.to_owned(),
-        })?;
-        // SAFETY: the directory fd is valid for 'fd (BorrowedFd), `c_name` is
-        // a valid NUL-terminated string that outlives the call, and the mode
-        // argument is passed as the variadic `mode_t` openat expects.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c_name.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io_error(name, "create", io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just returned by a successful `openat`, so it is a
-        // valid descriptor that nothing else owns.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let meta = file.metadata().map_err(|e| io_error(name, "inspect", e))?;
-        if !meta.file_type().is_file() {
-            return Err(ImageError::NotRegularFile {
-                file: name.to_owned(),
-            });
-        }
-        Ok(file)
+        files::create_regular(self.fd, Path::new(name))
+            .map_err(|e| not_regular_or(name, "create", e))
     }
 
     /// Opens an existing image file for reading, through the plugin crate's
@@ -614,17 +600,8 @@ impl<'fd> ImageDir<'fd> {
     /// refuses a link, and only a regular file is accepted.
     pub(crate) fn open_read(&self, name: &str) -> Result<File, ImageError> {
         check_file_name(name)?;
-        files::open_regular(Some(self.fd), Path::new(name), true).map_err(|e| {
-            // Its only refusal without an errno is of a file that is not regular
-            // (the name, checked above, has no NUL).
-            if e.raw_os_error().is_none() && e.kind() == io::ErrorKind::InvalidInput {
-                ImageError::NotRegularFile {
-                    file: name.to_owned(),
-                }
-            } else {
-                io_error(name, "open", e)
-            }
-        })
+        files::open_regular(Some(self.fd), Path::new(name), true)
+            .map_err(|e| not_regular_or(name, "open", e))
     }
 
     /// Reads the one message held in file `name`.

@@ -28,7 +28,7 @@ use std::time::Duration;
 use super::contents;
 use super::copy::CopyStats;
 use super::device::KfdDevice;
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::settings::AmdgpuSettings;
 use super::store::ImageStore;
 
@@ -613,7 +613,7 @@ impl Handover {
         let minor_of: HashMap<u32, u32> = req.gpus.iter().copied().collect();
         let content: Vec<usize> = image.content_bos().map(|(i, _)| i).collect();
         if content.len() != req.fds.len() {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 format!(
                     "the request for file {} carries {} dma-bufs for {} BOs with contents",

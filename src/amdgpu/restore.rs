@@ -26,7 +26,7 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 use super::contents;
 use super::copy;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::image::{KfdCheckpoint, RenderNodeImage};
 use super::parallel::Handover;
 use super::settings::AmdgpuSettings;
@@ -83,7 +83,7 @@ pub struct RestoreCtx<'a> {
 /// Checks a KFD image for what the kernel and the copy rely on, before anything is created.
 pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
     let gpus = image.devices.iter().filter(|d| d.gpu_id != 0).count();
-    let bad = |m: String| Err(Error::new(libc::EINVAL, m));
+    let bad = |m: String| Err(device_error(libc::EINVAL, m));
     if gpus == 0 || gpus > limits.max_devices as usize {
         return bad(format!("the image lists {gpus} GPUs"));
     }
@@ -119,14 +119,14 @@ pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
 /// Computes the GPU map of `image` onto this machine.
 pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
     let src = Topology::from_device_entries(&image.devices).map_err(|e| {
-        Error::new(
+        device_error(
             libc::EINVAL,
             format!("the image's topology is invalid: {e}"),
         )
     })?;
     let root = &ctx.settings.topology_root;
     let mut local = Topology::from_sysfs(root).map_err(|e| {
-        Error::new(
+        device_error(
             libc::ENODEV,
             format!(
                 "cannot read this machine's KFD topology at {}: {e}",
@@ -139,7 +139,7 @@ pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap
         log::info!("amdgpu: GPU {g:#x} has no render node here; not a restore candidate");
     }
     let map = map_gpus(&src, &local, &ctx.settings.checks).map_err(|e| {
-        Error::new(
+        device_error(
             libc::ENODEV,
             format!("cannot restore onto this machine's GPUs: {e}"),
         )
@@ -189,7 +189,7 @@ pub fn restore_kfd(
     let mut minor_of = HashMap::new();
     for d in image.devices.iter().filter(|d| d.gpu_id != 0) {
         let m = map.get(d.gpu_id).ok_or_else(|| {
-            Error::new(
+            device_error(
                 libc::ENODEV,
                 format!("GPU {:#x} of the image is not mapped", d.gpu_id),
             )
@@ -297,7 +297,7 @@ pub fn restore_render(
 ) -> Result<OwnedFd> {
     if let Some(drm) = &image.drm {
         if !drm.bos.is_empty() {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EOPNOTSUPP,
                 format!(
                     "render node image {id} holds {} GEM BOs allocated through the render node; restoring those is not supported",
@@ -325,13 +325,13 @@ pub fn restore_render(
                 // A process with a render node but no KFD state: the same GPU, if present.
                 let root = &ctx.settings.topology_root;
                 let local = Topology::from_sysfs(root).map_err(|e| {
-                    Error::new(
+                    device_error(
                         libc::ENODEV,
                         format!("cannot read the KFD topology at {}: {e}", root.display()),
                     )
                 })?;
                 let g = local.gpu_by_id(image.gpu_id).ok_or_else(|| {
-                    Error::new(
+                    device_error(
                         libc::ENODEV,
                         format!(
                             "render node image {id} is for GPU {:#x}, which this machine lacks",
@@ -349,7 +349,7 @@ pub fn restore_render(
         }
     };
     let m = task.map.insert(map).get(image.gpu_id).ok_or_else(|| {
-        Error::new(
+        device_error(
             libc::ENODEV,
             format!("render node image {id} is for GPU {:#x}, which the process's KFD image does not list", image.gpu_id),
         )
@@ -365,7 +365,7 @@ pub fn dup_for_criu(task: &TaskState, minor: u32) -> Result<OwnedFd> {
     let fd = task
         .render
         .get(&minor)
-        .ok_or_else(|| Error::new(libc::EBADF, format!("renderD{minor} is not open")))?;
+        .ok_or_else(|| device_error(libc::EBADF, format!("renderD{minor} is not open")))?;
     fd.try_clone()
         .map_err(|e| Error::io(&e, format!("cannot duplicate the fd of renderD{minor}")))
 }
@@ -415,7 +415,7 @@ pub fn restore_dmabuf(
         log::debug!("amdgpu: file {id}: the BO with key {key} is not restored yet; retrying later");
         return Ok(None);
     }
-    Err(Error::new(
+    Err(device_error(
         libc::ENOENT,
         format!(
             "dma-buf file {id}: the BO it refers to (key {key}) has not been restored, and this CRIU cannot retry files"

@@ -59,7 +59,7 @@ use kfd_sys::{AMDGPU_FAMILY_AI, AMDGPU_FAMILY_CI};
 
 use super::copy::StagingRegion;
 use super::device::{Bytes, HostMapping, KfdDevice, VmFaultState, describe_bo};
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::image::BoEntry;
 
 /// `COPY_LINEAR` header: op 1, sub-op 0.
@@ -103,7 +103,7 @@ impl PacketFormat {
                 max_bytes: (1 << 21) - 1,
             })
         } else {
-            Err(Error::new(
+            Err(device_error(
                 libc::EOPNOTSUPP,
                 format!(
                     "GPU family {family} has no SDMA engine this plugin drives (CIK or later needed)"
@@ -191,7 +191,7 @@ impl GpuEngine {
             return Ok(());
         }
         match dev.vm_fault(self.render.as_fd()) {
-            Ok(VmFaultState::Faulted { addr, status }) => Err(Error::new(
+            Ok(VmFaultState::Faulted { addr, status }) => Err(device_error(
                 libc::EFAULT,
                 format!(
                     "GPU page fault at {addr:#x} (status {status:#x}) during an SDMA copy on renderD{}: the copied data cannot be trusted",
@@ -209,7 +209,7 @@ impl GpuEngine {
     fn alloc_va(&self, size: u64) -> Result<u64> {
         let mut va = self.va.lock().unwrap_or_else(|e| e.into_inner());
         va.alloc(size).ok_or_else(|| {
-            Error::new(
+            device_error(
                 libc::ENOSPC,
                 format!(
                     "no GPU address space left for {} in the copy engine's VM of renderD{}",
@@ -280,7 +280,7 @@ impl<'d> SdmaEngines<'d> {
                 false
             }
             Ok(VmFaultState::Faulted { addr, .. }) => {
-                return Err(Error::new(
+                return Err(device_error(
                     libc::EFAULT,
                     format!(
                         "renderD{minor}: a new VM already reports a GPU page fault at {addr:#x}"
@@ -313,9 +313,9 @@ impl<'d> SdmaEngines<'d> {
     pub fn import(&mut self, minor: u32, dmabuf: BorrowedFd<'_>, size: u64) -> Result<BufferId> {
         let gpu = self.gpu(minor)?;
         let g = &self.gpus[gpu];
-        let mapped = round_up(size, page())
-            .filter(|&m| m > 0)
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("BO size {size} cannot be mapped")))?;
+        let mapped = round_up(size, page()).filter(|&m| m > 0).ok_or_else(|| {
+            device_error(libc::EINVAL, format!("BO size {size} cannot be mapped"))
+        })?;
         let handle = self.dev.gem_import(g.render.as_fd(), dmabuf).map_err(|e| {
             Error::io(
                 &e,
@@ -330,7 +330,7 @@ impl<'d> SdmaEngines<'d> {
             .position(|b| b.gpu == gpu && b.handle == handle)
         {
             if self.bos[i].size != size {
-                return Err(Error::new(
+                return Err(device_error(
                     libc::EINVAL,
                     format!(
                         "a dma-buf of {} resolves to a BO already imported with {}",
@@ -389,13 +389,13 @@ impl<'d> SdmaEngines<'d> {
             }
             largest = largest.max(b.size);
             let minor = *minor_of.get(&b.gpu_id).ok_or_else(|| {
-                Error::new(
+                device_error(
                     libc::EINVAL,
                     format!("BO {i} is on unmapped GPU {:#x}", b.gpu_id),
                 )
             })?;
             let dmabuf = dmabufs.get(i).and_then(|d| d.as_ref()).ok_or_else(|| {
-                Error::new(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}"))
+                device_error(libc::EINVAL, format!("KFD gave no dma-buf for BO {i}"))
             })?;
             let buf = self
                 .import(minor, dmabuf.as_fd(), b.size)
@@ -513,7 +513,7 @@ impl Lane<'_, '_> {
             g.format.ib_dwords(self.staging.len() as u64) as u64 * 4,
             page(),
         )
-        .ok_or_else(|| Error::new(libc::EINVAL, "staging buffer too large"))?;
+        .ok_or_else(|| device_error(libc::EINVAL, "staging buffer too large"))?;
         let ctx = dev.ctx_create(r).map_err(|e| fail("create a context", e))?;
         let mut lg = PartialLane {
             dev,
@@ -569,10 +569,10 @@ impl Lane<'_, '_> {
         let b = engines
             .bos
             .get(bo.0)
-            .ok_or_else(|| Error::new(libc::EINVAL, "unknown BO"))?;
+            .ok_or_else(|| device_error(libc::EINVAL, "unknown BO"))?;
         let len64 = len as u64;
         if offset.checked_add(len64).is_none_or(|end| end > b.size) {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 format!(
                     "copy of {len} bytes at {offset:#x} exceeds the BO ({} bytes)",
@@ -585,7 +585,7 @@ impl Lane<'_, '_> {
             .checked_sub(base)
             .filter(|&o| o.checked_add(len).is_some_and(|e| e <= self.staging.len()));
         let Some(host_offset) = within else {
-            return Err(Error::new(
+            return Err(device_error(
                 libc::EINVAL,
                 "host memory of an SDMA copy is outside the lane's staging buffer",
             ));
@@ -643,7 +643,7 @@ fn submit(
     let r = g.render.as_fd();
     let bytes = ib.len() * 4;
     if bytes as u64 > lg.ib_size {
-        return Outcome::Failed(Error::new(
+        return Outcome::Failed(device_error(
             libc::EOVERFLOW,
             format!(
                 "SDMA command buffer of {bytes} bytes exceeds its {} bytes",
@@ -674,7 +674,7 @@ fn submit(
             Ok(()) => Outcome::Done,
             Err(e) => Outcome::Failed(e),
         },
-        Ok(false) => Outcome::Unfinished(Error::new(
+        Ok(false) => Outcome::Unfinished(device_error(
             libc::ETIMEDOUT,
             format!(
                 "SDMA copy on renderD{} did not complete within {} s",
@@ -985,7 +985,7 @@ mod sim_tests {
             .download(bo, BO_SIZE - 4096, &mut staging.bytes()[..4096])
             .unwrap_err();
         assert_eq!(e.errno, libc::EFAULT);
-        assert!(e.msg.contains("page fault"), "{e}");
+        assert!(e.message.contains("page fault"), "{e}");
         drop(lane);
         drop(engines);
         assert_eq!(sim.gem_objects(), 0);
@@ -1020,7 +1020,7 @@ mod sim_tests {
             .unwrap();
         let e = engines.finish().unwrap_err();
         assert_eq!(e.errno, libc::EFAULT);
-        assert!(e.msg.contains("0x12345000"), "{e}");
+        assert!(e.message.contains("0x12345000"), "{e}");
     }
 
     #[test]

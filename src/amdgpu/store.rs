@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use criu_plugin::CriuSymbols;
 
-use super::error::{Error, Result};
+use super::error::{Error, Result, device_error};
 use super::image::{
     HEADER_LEN, ImageDir, ImageMessage, PagesLayout, PagesWriter, ReadLimits, encode_framed,
     kfd_file_id,
@@ -68,7 +68,7 @@ impl ImageStore {
             StoreLocation::Owned(fd) => fd.as_fd(),
             StoreLocation::Criu => {
                 let raw = CriuSymbols::get().image_dir_fd().ok_or_else(|| {
-                    Error::new(libc::ENOENT, "CRIU did not provide an images directory")
+                    device_error(libc::ENOENT, "CRIU did not provide an images directory")
                 })?;
                 // SAFETY: CRIU keeps its images directory service fd open for the whole run,
                 // in its main process and in restored tasks.
@@ -99,7 +99,7 @@ impl ImageStore {
                 return Ok(());
             };
             if ids.len() == max {
-                return Err(Error::new(
+                return Err(device_error(
                     libc::E2BIG,
                     format!("more than {max} KFD images in the images directory"),
                 ));
@@ -138,7 +138,7 @@ impl ImageStore {
                 return Ok(());
             }
             let Some(rest) = left.checked_sub(bytes) else {
-                return Err(Error::new(
+                return Err(device_error(
                     libc::ENOSPC,
                     format!("could not write image file {file}: No space left on device"),
                 ));

@@ -13,7 +13,7 @@ use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Ran, ms, run_each};
-use super::error::{Failure, HookFailure};
+use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
@@ -135,6 +135,7 @@ impl DumpRun {
                     return Err(HookFailure::NotMine);
                 }
                 return Err(Failure::new(
+                    FailureKind::Driver,
                     -e.errno(),
                     format!("cuda: cannot tell whether pid {pid} uses CUDA: {e}"),
                 )
@@ -166,6 +167,7 @@ impl DumpRun {
                 .add_inventory_plugin(INVENTORY_NAME)
                 .map_err(|e| {
                     Failure::new(
+                        FailureKind::System,
                         libc::ENOMEM,
                         format!("cuda: cannot record the plugin in the inventory ({e})"),
                     )
@@ -195,7 +197,7 @@ impl DumpRun {
                 // A lock may have been asked for and complete later: checked again at exit.
                 ChildError::TimedOut(_) => {
                     self.abandoned_locks.push((pid, procfs::start_time(pid)));
-                    Failure::new(
+                    Failure::new(FailureKind::Process,
                         libc::ETIMEDOUT,
                         format!(
                             "cuda: pid {pid} did not answer the driver (state query and lock, {} ms at most): {e}; the dump is abandoned",
@@ -203,7 +205,7 @@ impl DumpRun {
                         ),
                     )
                 }
-                e => Failure::new(
+                e => Failure::new(FailureKind::System,
                     libc::EIO,
                     format!("cuda: pid {pid}: the lock helper failed: {e}"),
                 ),
@@ -211,7 +213,7 @@ impl DumpRun {
         let helper_cost = t.elapsed().saturating_sub(outcome.in_driver);
         let state = outcome
             .state
-            .map_err(|e| Failure::new(-e.errno(), format!("cuda: {e}")))?;
+            .map_err(|e| Failure::new(FailureKind::Driver, -e.errno(), format!("cuda: {e}")))?;
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
                 match outcome.lock {
@@ -224,10 +226,15 @@ impl DumpRun {
                         } else {
                             String::new()
                         };
-                        return Err(Failure::new(-e.errno(), format!("cuda: {e}{why}")));
+                        return Err(Failure::new(
+                            FailureKind::Driver,
+                            -e.errno(),
+                            format!("cuda: {e}{why}"),
+                        ));
                     }
                     None => {
                         return Err(Failure::new(
+                            FailureKind::Internal,
                             libc::EIO,
                             format!("cuda: pid {pid}: the lock helper did not lock it"),
                         ));
@@ -245,6 +252,7 @@ impl DumpRun {
             }
             other => {
                 return Err(Failure::new(
+                    FailureKind::Process,
                     libc::EIO,
                     format!("cuda: pid {pid} is in CUDA state {other}; it cannot be checkpointed"),
                 ));
@@ -284,6 +292,7 @@ impl DumpRun {
                 Ok(())
             }
             Err(exclusive::ClaimError::Busy) => Err(Failure::new(
+                FailureKind::Process,
                 libc::EBUSY,
                 format!(
                     "cuda: pid {pid} is being checkpointed by another CRIU right now; it is left to that one (try again once it is done)"
@@ -307,7 +316,7 @@ impl DumpRun {
             self.checkpoint_all(pid);
         }
         match self.dumped.get(&pid) {
-            Some(p) => p.result.unwrap_or(Err(HookError::Errno(libc::EIO))),
+            Some(p) => p.result.clone().unwrap_or(Err(HookError::Errno(libc::EIO))),
             None => Err(HookError::NotMine),
         }
     }
@@ -329,7 +338,7 @@ impl DumpRun {
                     "cuda: pid {}: cannot let restore thread {} run: {e}",
                     p.pid, p.restore_tid
                 );
-                p.result = Some(Err(Failure::os(&e, why).report()));
+                p.result = Some(Err(os_failure(&e, why).report()));
             }
         }
         let driver = &self.driver;
@@ -353,7 +362,7 @@ impl DumpRun {
                     );
                     Ok(())
                 }
-                Err(e) => Err(Failure::driver(pid, &e).report()),
+                Err(e) => Err(driver_failure(pid, &e).report()),
             });
         }
         for (tid, e) in not_stopped {
@@ -362,7 +371,7 @@ impl DumpRun {
                     "cuda: pid {}: cannot stop restore thread {tid} again: {e}",
                     p.pid
                 );
-                p.result = Some(Err(Failure::os(&e, why).report()));
+                p.result = Some(Err(os_failure(&e, why).report()));
             }
         }
         phase.log("checkpoint");
@@ -377,6 +386,7 @@ impl DumpRun {
         }
         if let Err(e) = image::write_metadata(|| self.metadata()) {
             let err = Failure::new(
+                FailureKind::Image,
                 libc::EIO,
                 format!("cannot write {}: {e}", metadata::FILE_NAME),
             )
@@ -453,6 +463,7 @@ impl DumpRun {
         self.release_abandoned_locks();
         if failed > 0 {
             return Err(Failure::new(
+                FailureKind::Driver,
                 libc::EIO,
                 format!("cuda: {failed} process(es) could not be put back as they were found"),
             ));
@@ -486,6 +497,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
             "stopped (SIGSTOP)"
         };
         return Err(Failure::new(
+            FailureKind::Process,
             libc::EBUSY,
             format!(
                 "cuda: pid {pid} is {how}; CUDA can only lock a running process: continue it before the dump"
@@ -494,6 +506,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
     }
     if let Some(cg) = procfs::frozen_cgroup(pid) {
         return Err(Failure::new(
+            FailureKind::Process,
             libc::EBUSY,
             format!(
                 "cuda: pid {pid} is in frozen cgroup {cg}; CUDA can only lock a running process: thaw it, or use CRIU 4.2 or later, which thaws it for plugins"

@@ -1,47 +1,44 @@
-//! How the NVIDIA side carries a failure: the log line and the errno CRIU gets, together.
+//! How the NVIDIA side carries a failure: [`criu_plugin::Failure`] (errno, kind, message), one
+//! value until it is reported.
 //!
-//! A failure is a value until it is reported, and [`Failure::report`] logs it exactly once: at
-//! the hook that returns it, or, for an answer a batch records for a process (CRIU stops asking
-//! after the first process that fails, so later answers might never be returned), when the
-//! batch records it.
+//! A failure a hook returns is logged once, where the hook returns to CRIU. The exception is an
+//! answer a batch records for one process of many: CRIU stops asking after the first process
+//! that fails, so later answers might never be returned; those are logged when recorded
+//! ([`Report::report`]).
 
 use std::fmt::Display;
 
 use criu_plugin::HookError;
+pub use criu_plugin::{Failure, FailureKind};
 use cuda_ckpt_sys::DriverError;
 
-/// One failure, not yet logged.
-#[derive(Debug)]
-#[must_use = "a failure is logged only by `report`"]
-pub struct Failure {
-    /// Positive errno for CRIU.
-    errno: i32,
-    /// The log line, as it is written.
-    message: String,
+/// A driver call for `pid` that failed, with the driver's errno.
+pub fn driver_failure(pid: i32, e: &DriverError) -> Failure {
+    Failure::new(
+        FailureKind::Driver,
+        -e.errno(),
+        format!("cuda: pid {pid}: {e}"),
+    )
 }
 
-impl Failure {
-    /// A failure with `errno` (positive) and the line to log.
-    pub fn new(errno: i32, message: impl Display) -> Failure {
-        Failure {
-            errno,
-            message: message.to_string(),
-        }
-    }
+/// A system call that failed with `e` (`EIO` when it carries no errno).
+pub fn os_failure(e: &std::io::Error, message: impl Display) -> Failure {
+    Failure::new(
+        FailureKind::System,
+        e.raw_os_error().unwrap_or(libc::EIO),
+        message,
+    )
+}
 
-    /// A driver call for `pid` that failed, with the driver's errno.
-    pub fn driver(pid: i32, e: &DriverError) -> Failure {
-        Failure::new(-e.errno(), format!("cuda: pid {pid}: {e}"))
-    }
+/// Logging a failure now, for answers recorded before any hook returns them.
+pub trait Report {
+    /// Logs the failure and turns it into CRIU's answer, already logged.
+    fn report(self) -> HookError;
+}
 
-    /// A system call that failed with `e` (`EIO` when it carries no errno).
-    pub fn os(e: &std::io::Error, message: impl Display) -> Failure {
-        Failure::new(e.raw_os_error().unwrap_or(libc::EIO), message)
-    }
-
-    /// Logs the failure and turns it into CRIU's answer.
-    pub fn report(self) -> HookError {
-        log::error!("{}", self.message);
+impl Report for Failure {
+    fn report(self) -> HookError {
+        log::error!("{}", self.log_line());
         HookError::Errno(self.errno)
     }
 }
@@ -61,12 +58,11 @@ impl From<Failure> for HookFailure {
     }
 }
 
-impl HookFailure {
-    /// CRIU's answer; a failure is logged on the way.
-    pub fn report(self) -> HookError {
-        match self {
+impl From<HookFailure> for HookError {
+    fn from(f: HookFailure) -> Self {
+        match f {
             HookFailure::NotMine => HookError::NotMine,
-            HookFailure::Failed(f) => f.report(),
+            HookFailure::Failed(f) => f.into(),
         }
     }
 }

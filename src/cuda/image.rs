@@ -2,55 +2,33 @@
 //! to CRIU's directory fd, read with a size bound, written unless CRIU streams its images.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use criu_plugin::CriuSymbols;
 
-use super::error::Failure;
+use super::error::{Failure, FailureKind};
 use super::metadata::{self, CudaMetadata};
 
 /// CRIU's image directory, when CRIU gives one.
 pub fn image_dir() -> Option<BorrowedFd<'static>> {
-    let dir = CriuSymbols::get().image_dir_fd()?;
-    // SAFETY: CRIU keeps its image directory fd open for the whole run.
-    Some(unsafe { BorrowedFd::borrow_raw(dir) })
+    CriuSymbols::get().image_dir()
 }
 
-/// Opens `name` in CRIU's image directory (relative to its fd; never a path from an image).
+/// Opens `name` in CRIU's image directory (relative to its fd; never a path from an image):
+/// without blocking, never through a link, only a regular file.
 fn open_image(name: &str, write: bool) -> std::io::Result<Option<std::fs::File>> {
     let Some(dir) = image_dir() else {
         return Ok(None);
     };
-    if !write {
-        return match criu_plugin::files::open_regular(Some(dir), Path::new(name), true) {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        };
+    if write {
+        return criu_plugin::files::create_regular(dir, Path::new(name)).map(Some);
     }
-    let cname = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    // O_NONBLOCK and O_NOFOLLOW: a FIFO or a link left in the image directory must neither
-    // block the dump nor be written through.
-    let flags = libc::O_WRONLY
-        | libc::O_CREAT
-        | libc::O_TRUNC
-        | libc::O_CLOEXEC
-        | libc::O_NONBLOCK
-        | libc::O_NOFOLLOW;
-    // SAFETY: openat with CRIU's image directory fd and a NUL-terminated relative name.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), cname.as_ptr(), flags, 0o600) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    match criu_plugin::files::open_regular(Some(dir), Path::new(name), true) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    if !f.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::other(format!(
-            "{name} is not a regular file"
-        )));
-    }
-    Ok(Some(f))
 }
 
 /// The image's metadata; `None` when the image has none (CRIU's C plugin made it, or it holds
@@ -61,6 +39,7 @@ pub fn read_metadata() -> Result<Option<CudaMetadata>, Failure> {
         Ok(None) => return Ok(None),
         Err(e) => {
             return Err(Failure::new(
+                FailureKind::Image,
                 libc::EIO,
                 format!("cannot open {}: {e}", metadata::FILE_NAME),
             ));
@@ -72,13 +51,14 @@ pub fn read_metadata() -> Result<Option<CudaMetadata>, Failure> {
         .read_to_string(&mut text)
         .map_err(|e| {
             Failure::new(
+                FailureKind::Image,
                 libc::EIO,
                 format!("cannot read {}: {e}", metadata::FILE_NAME),
             )
         })?;
     CudaMetadata::decode(&text)
         .map(Some)
-        .map_err(|e| Failure::new(libc::EINVAL, e))
+        .map_err(|e| Failure::new(FailureKind::Image, libc::EINVAL, e))
 }
 
 /// Writes the metadata `md` makes into the image directory.

@@ -49,7 +49,6 @@ use criu_plugin::{HookError, HookResult, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use dump::DumpRun;
-use error::{Failure, HookFailure};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
 
@@ -93,7 +92,7 @@ impl GpuBackend for CudaBackend {
             Stage::PreDump => None,
             Stage::Dump => DumpRun::start(settings).map(Run::Dump),
             Stage::Restore => RestoreRun::start(&settings, ctx.listing)
-                .map_err(Failure::report)?
+                .map_err(HookError::from)?
                 .map(Run::Restore),
         };
         Ok(self.run.is_some())
@@ -101,7 +100,7 @@ impl GpuBackend for CudaBackend {
 
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.pause(pid).map_err(HookFailure::report),
+            Some(Run::Dump(d)) => d.pause(pid).map_err(HookError::from),
             _ => Err(HookError::NotMine),
         }
     }
@@ -122,7 +121,7 @@ impl GpuBackend for CudaBackend {
 
     fn dump_finish(&mut self, ret: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.dump_finish(ret).map_err(Failure::report),
+            Some(Run::Dump(d)) => d.dump_finish(ret).map_err(HookError::from),
             _ => Err(HookError::NotMine),
         }
     }

@@ -13,7 +13,7 @@ use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair};
 
 use super::batch::{Batch, Timed, ms, restore_each};
-use super::error::Failure;
+use super::error::{Failure, FailureKind, Report, driver_failure, os_failure};
 use super::helper::RestoreJob;
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
@@ -78,6 +78,7 @@ impl RestoreRun {
                 // Our dump records every CUDA process it checkpointed: restoring on would
                 // leave them checkpointed for good behind a successful restore.
                 return Err(Failure::new(
+                    FailureKind::Image,
                     libc::EINVAL,
                     format!(
                         "the image needs cuda_plugin but {} records no CUDA process (truncated or edited?); its CUDA processes could not be given their GPU state back",
@@ -94,6 +95,7 @@ impl RestoreRun {
         )?;
         if version < md.driver_version {
             return Err(Failure::new(
+                FailureKind::Machine,
                 libc::EINVAL,
                 format!(
                     "the image was made with CUDA driver {} (CUDA {}); this machine's driver supports only CUDA {}",
@@ -128,7 +130,7 @@ impl RestoreRun {
         };
         results
             .get(&pid)
-            .copied()
+            .cloned()
             .unwrap_or(Err(HookError::NotMine))
     }
 }
@@ -180,7 +182,10 @@ impl ImageRestore {
                 }),
                 Err(e) => {
                     let why = format!("cuda: pid {pid}: cannot let its restore thread run: {e}");
-                    results.insert(pid, Err(Failure::new(libc::EIO, why).report()));
+                    results.insert(
+                        pid,
+                        Err(Failure::new(FailureKind::System, libc::EIO, why).report()),
+                    );
                 }
             }
         }
@@ -192,7 +197,7 @@ impl ImageRestore {
                     log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
                     Ok(())
                 }
-                Err(e) => Err(Failure::driver(pid, &e).report()),
+                Err(e) => Err(driver_failure(pid, &e).report()),
             };
             results.insert(pid, answer);
         }
@@ -243,7 +248,7 @@ fn resume_one(driver: &Driver, pid: i32) -> HookResult {
     let mut batch = Batch::new(false);
     if let Err(e) = batch.add(pid, tid) {
         let why = format!("cuda: pid {pid}: cannot let restore thread {tid} run: {e}");
-        return Err(Failure::os(&e, why).report());
+        return Err(os_failure(&e, why).report());
     }
     let jobs = [RestoreJob { pid, unlock: true }];
     let mut ran = batch.run(|_, parallel| restore_jobs(driver, &jobs, &[], parallel));
@@ -260,7 +265,7 @@ fn resume_one(driver: &Driver, pid: i32) -> HookResult {
 
 /// Reports the driver's failure for `pid`, restored alone, and ends it.
 fn end_one(pid: i32, e: &DriverError) -> HookError {
-    let err = Failure::driver(pid, e).report();
+    let err = driver_failure(pid, e).report();
     end_restored(&[pid], &[pid]);
     err
 }
@@ -271,6 +276,7 @@ fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), F
     let proc_dir = &settings.nvidia_proc;
     if !proc_dir.is_dir() {
         return Err(Failure::new(
+            FailureKind::Machine,
             libc::ENODEV,
             format!(
                 "{why} but this machine has no NVIDIA driver ({} is missing)",
@@ -278,7 +284,8 @@ fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), F
             ),
         ));
     }
-    driver::load(settings).map_err(|e| Failure::new(libc::ENODEV, format!("{why} but {e}")))
+    driver::load(settings)
+        .map_err(|e| Failure::new(FailureKind::Machine, libc::ENODEV, format!("{why} but {e}")))
 }
 
 /// Checks the image's GPUs against this machine's (model, count, free memory) and plans the
@@ -288,13 +295,24 @@ fn plan_gpus(
     md: &CudaMetadata,
     driver_version: i32,
 ) -> Result<Vec<GpuPair>, Failure> {
-    let explicit = gpus::parse_device_map(&settings.device_map)
-        .map_err(|e| Failure::new(libc::EINVAL, format!("settings: cuda.device-map: {e}")))?;
-    let mut local = gpus::read_gpus(&settings.nvidia_proc, Path::new("/dev"))
-        .map_err(|e| Failure::new(libc::EIO, format!("cannot list this machine's GPUs: {e}")))?;
+    let explicit = gpus::parse_device_map(&settings.device_map).map_err(|e| {
+        Failure::new(
+            FailureKind::Settings,
+            libc::EINVAL,
+            format!("settings: cuda.device-map: {e}"),
+        )
+    })?;
+    let mut local = gpus::read_gpus(&settings.nvidia_proc, Path::new("/dev")).map_err(|e| {
+        Failure::new(
+            FailureKind::System,
+            libc::EIO,
+            format!("cannot list this machine's GPUs: {e}"),
+        )
+    })?;
     let free = driver::fill_memory(&settings.nvml, &mut local);
     let plan = gpus::plan_gpu_map(&md.gpus, &local, &explicit).map_err(|e| {
         Failure::new(
+            FailureKind::Machine,
             libc::ENODEV,
             format!("cannot restore onto this machine's GPUs: {e}"),
         )
@@ -308,8 +326,13 @@ fn plan_gpus(
         );
         let targets: BTreeSet<_> = plan.iter().map(|p| p.new).collect();
         let have = total_bytes(targets.iter().filter_map(|u| free.get(u).copied()));
-        nvml::check_free_memory(need, have, targets.len())
-            .map_err(|e| Failure::new(libc::ENOMEM, format!("cannot restore: {e}")))?;
+        nvml::check_free_memory(need, have, targets.len()).map_err(|e| {
+            Failure::new(
+                FailureKind::Machine,
+                libc::ENOMEM,
+                format!("cannot restore: {e}"),
+            )
+        })?;
     }
     let gpu_map = if gpus::is_identity(&plan) {
         Vec::new()
@@ -319,6 +342,7 @@ fn plan_gpus(
         }
         if driver_version < cuda_ckpt_sys::GPU_PAIRS_VERSION {
             return Err(Failure::new(
+                FailureKind::Machine,
                 libc::EOPNOTSUPP,
                 "restoring onto other GPUs needs driver 580 (CUDA 13.0) or later",
             ));
@@ -357,6 +381,7 @@ fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
         return Ok(());
     }
     Err(Failure::new(
+        FailureKind::Image,
         libc::EINVAL,
         format!(
             "{} records CUDA process(es) {} that the image's process tree does not hold (a damaged or mismatched image); the restore would leave processes without their GPU state",

@@ -89,6 +89,7 @@ impl CudaSettings {
         match self.problems.first() {
             None => Ok(()),
             Some(p) => Err(super::error::Failure::new(
+                super::error::FailureKind::Settings,
                 libc::EINVAL,
                 format!("{why} but a setting is bad: {p}"),
             )),

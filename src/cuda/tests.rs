@@ -1,7 +1,7 @@
 //! Unit tests of the NVIDIA backend's own logic (no driver needed).
 
 use super::batch::run_each;
-use super::error::{Failure, HookFailure};
+use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure};
 use super::nvml;
 use super::restore::{list_pids, total_bytes};
 use criu_plugin::HookError;
@@ -24,15 +24,14 @@ fn long_pid_lists_are_cut() {
 #[test]
 fn failures_keep_their_errno() {
     assert_eq!(
-        Failure::new(libc::EBUSY, "busy").report(),
+        Failure::new(FailureKind::Process, libc::EBUSY, "busy").report(),
         HookError::Errno(libc::EBUSY)
     );
     let e = DriverError::InvalidArgument("bad".into());
-    assert_eq!(
-        Failure::driver(7, &e).report(),
-        HookError::Errno(libc::EINVAL)
-    );
-    assert_eq!(HookFailure::NotMine.report(), HookError::NotMine);
+    let f = driver_failure(7, &e);
+    assert_eq!(f.kind, FailureKind::Driver);
+    assert_eq!(HookError::from(f).errno(), libc::EINVAL);
+    assert_eq!(HookError::from(HookFailure::NotMine), HookError::NotMine);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use criu_plugin::{CriuSymbols, HookError, HookId, HookResult};
 
 use super::super::device::{self, FileIdentity, FileKind, classify};
 use super::super::dump::{self, DumpCtx, DumpState};
-use super::super::error::Error;
+use super::super::error::{Error, FailureKind, device_error};
 use super::super::topology::Topology;
 #[cfg(feature = "kfd-sim")]
 use super::{CopyKind, CopyRecord};
@@ -71,7 +71,7 @@ impl DumpRun {
             CriuSymbols::get()
                 .add_inventory_plugin(INVENTORY_NAME)
                 .map_err(|e| {
-                    fail(Error::new(
+                    fail(device_error(
                         libc::ENOMEM,
                         format!("cannot record the plugin in the inventory ({e})"),
                     ))
@@ -109,13 +109,14 @@ impl DumpRun {
     fn refuse_unusable(&self) -> HookResult {
         if let Some(e) = &self.settings_error {
             return Err(fail(Error::new(
+                FailureKind::Settings,
                 libc::EINVAL,
                 format!("{e}; this dump needs the AMD GPU backend: correct the setting"),
             )));
         }
         match self.stream.get_or_init(criu_plugin::stream::image_stream) {
             None => Ok(()),
-            Some(s) => Err(fail(Error::new(
+            Some(s) => Err(fail(device_error(
                 libc::EOPNOTSUPP,
                 format!(
                     "CRIU streams its images ({s:?}); the AMD GPU backend writes its images as files and does not support --stream, so the process's GPU state would be missing from the stream"
@@ -192,7 +193,7 @@ impl DumpRun {
                 }
                 Err(e) => Err(fail(Error::io(&e, "cannot duplicate a dma-buf fd"))),
             },
-            Ok(false) => Err(fail(Error::new(
+            Ok(false) => Err(fail(device_error(
                 libc::ENOENT,
                 format!(
                     "file {id} is a dma-buf of no AMD GPU BO dumped so far, and this CRIU has no DUMP_DEVICES_LATE to wait for it"
@@ -278,7 +279,7 @@ impl DumpRun {
         }
         if !self.state.pending_dmabufs.is_empty() {
             let ids: Vec<u32> = self.state.pending_dmabufs.iter().map(|p| p.0).collect();
-            return Err(fail(Error::new(
+            return Err(fail(device_error(
                 libc::ENOENT,
                 format!("dma-buf file(s) {ids:?} belong to no BO of a dumped AMD GPU process"),
             )));
@@ -301,7 +302,7 @@ impl DumpRun {
             "amdgpu: DUMP_FINISH({ret}): the tasks run on; restarting the GPU queues of {n} process(es)"
         );
         if self.unpause_all() > 0 {
-            return Err(fail(Error::new(
+            return Err(fail(device_error(
                 libc::EIO,
                 "some GPU queues could not be restarted".to_string(),
             )));
