@@ -155,7 +155,7 @@ pub struct Request {
 
 /// How the queued requests ended.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub struct QueueOutcome {
     /// Requests completed.
     pub done: usize,
     /// (file id, errno) of requests that failed or were never completed.
@@ -325,10 +325,10 @@ impl RestoreQueue {
     }
 
     /// How the requests ended (after the worker stopped).
-    pub fn outcome(&self) -> Outcome {
+    pub fn outcome(&self) -> QueueOutcome {
         let h = self.h();
         let n = (h.next_slot.load(Ordering::Acquire) as usize).min(MAX_REQUESTS);
-        let mut out = Outcome::default();
+        let mut out = QueueOutcome::default();
         for s in &h.slots[..n] {
             let file_id = s.file_id.load(Ordering::Relaxed);
             match s.state.load(Ordering::Acquire) {
@@ -597,7 +597,7 @@ impl Handover {
     }
 
     /// How the queued requests ended; `None` without a parallel restore.
-    pub fn outcome(&self) -> Option<Outcome> {
+    pub fn outcome(&self) -> Option<QueueOutcome> {
         self.queue.as_ref().map(RestoreQueue::outcome)
     }
 
@@ -720,7 +720,7 @@ mod tests {
         q.complete(r.slot, 0);
         assert_eq!(
             q.outcome(),
-            Outcome {
+            QueueOutcome {
                 done: 1,
                 failed: vec![]
             }

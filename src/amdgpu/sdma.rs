@@ -609,9 +609,9 @@ impl Lane<'_, '_> {
         let outcome = submit(engines.dev, g, lg, &ib, b.handle, timeout);
         self.ib = ib;
         match outcome {
-            Outcome::Done => Ok(()),
-            Outcome::Failed(e) => Err(e),
-            Outcome::Unfinished(e) => {
+            Submission::Done => Ok(()),
+            Submission::Failed(e) => Err(e),
+            Submission::Unfinished(e) => {
                 // The copy may still be writing the staging memory after this lane closes its
                 // registration: that memory must never be reused.
                 self.staging.keep_after_use();
@@ -622,7 +622,7 @@ impl Lane<'_, '_> {
 }
 
 /// How a submission ended.
-enum Outcome {
+enum Submission {
     /// Completed, no page fault seen.
     Done,
     /// Failed before the GPU got it, or completed with an error or a page fault.
@@ -639,11 +639,11 @@ fn submit(
     ib: &[u32],
     bo: u32,
     timeout: Duration,
-) -> Outcome {
+) -> Submission {
     let r = g.render.as_fd();
     let bytes = ib.len() * 4;
     if bytes as u64 > lg.ib_size {
-        return Outcome::Failed(device_error(
+        return Submission::Failed(device_error(
             libc::EOVERFLOW,
             format!(
                 "SDMA command buffer of {bytes} bytes exceeds its {} bytes",
@@ -652,7 +652,7 @@ fn submit(
         ));
     }
     if let Err(e) = lg.ib.write_dwords(ib) {
-        return Outcome::Failed(Error::io(&e, "writing the SDMA command buffer"));
+        return Submission::Failed(Error::io(&e, "writing the SDMA command buffer"));
     }
     let seq = match dev.submit_dma(
         r,
@@ -663,7 +663,7 @@ fn submit(
     ) {
         Ok(seq) => seq,
         Err(e) => {
-            return Outcome::Failed(Error::io(
+            return Submission::Failed(Error::io(
                 &e,
                 format!("SDMA submission on renderD{} failed", g.minor),
             ));
@@ -671,10 +671,10 @@ fn submit(
     };
     match dev.wait_dma(r, lg.ctx, seq, timeout) {
         Ok(true) => match g.check_faults(dev) {
-            Ok(()) => Outcome::Done,
-            Err(e) => Outcome::Failed(e),
+            Ok(()) => Submission::Done,
+            Err(e) => Submission::Failed(e),
         },
-        Ok(false) => Outcome::Unfinished(device_error(
+        Ok(false) => Submission::Unfinished(device_error(
             libc::ETIMEDOUT,
             format!(
                 "SDMA copy on renderD{} did not complete within {} s",
@@ -684,7 +684,7 @@ fn submit(
         )),
         // A job that ended with an error (a reset) and a wait that itself failed look the
         // same here: assume the worst.
-        Err(e) => Outcome::Unfinished(Error::io(
+        Err(e) => Submission::Unfinished(Error::io(
             &e,
             format!("SDMA copy on renderD{} failed", g.minor),
         )),

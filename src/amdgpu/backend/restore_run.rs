@@ -13,7 +13,7 @@ use criu_plugin::{HookError, HookResult, VmaUpdate};
 use super::super::contents;
 use super::super::device;
 use super::super::error::Error;
-use super::super::parallel::{Handover, Outcome};
+use super::super::parallel::{Handover, QueueOutcome};
 use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
 #[cfg(feature = "kfd-sim")]
 use super::{CopyKind, CopyRecord};
@@ -29,7 +29,7 @@ pub(super) struct RestoreRun {
     /// Whether the image has dma-buf files (restored BOs are then published by key).
     publish_dmabufs: bool,
     /// How the parallel restore ended, once it did.
-    outcome: Option<Outcome>,
+    outcome: Option<QueueOutcome>,
     /// Per-task state, by the task's pid.
     tasks: HashMap<u32, TaskState>,
     /// The `/dev/kfd` RESUME goes through, opened on first use.
