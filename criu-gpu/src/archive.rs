@@ -78,7 +78,7 @@ pub struct Entry {
 }
 
 /// What the visitor wants done with an entry: skip it, or read it whole up to a limit (an
-/// entry declaring more is reported through [`Read::TooLarge`] instead).
+/// entry declaring more is reported through [`Data::TooLarge`] instead).
 pub enum Want {
     Skip,
     Read(u64),
@@ -314,10 +314,14 @@ fn finish(r: Reader, packing: Packing, result: Result<(), String>) -> Result<(),
     let err = err.trim();
     match result {
         Err(e) if err.is_empty() => Err(e),
-        Err(e) => Err(format!("{e} ({tool}: {err})")),
+        Err(e) => Err(format!("{e} ({err})")),
         Ok(()) if drained && status.is_ok_and(|s| !s.success()) => Err(format!(
-            "the archive is damaged ({tool}: {})",
-            if err.is_empty() { "failed" } else { err }
+            "the archive is damaged ({})",
+            if err.is_empty() {
+                format!("{tool} failed")
+            } else {
+                err.to_string()
+            }
         )),
         Ok(()) => Ok(()),
     }
@@ -337,7 +341,7 @@ fn walk(
             return if count > 0 {
                 Ok(())
             } else {
-                Err("the archive is empty".into())
+                Err("the archive holds no entries".into())
             };
         }
         if h.iter().all(|&b| b == 0) {
