@@ -26,12 +26,12 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 use super::contents;
 use super::copy;
 use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
-use super::error::{Error, Result, device_error};
+use super::error::{Error, FailureKind, Result, device_error};
 use super::image::{KfdCheckpoint, RenderNodeImage};
 use super::parallel::Handover;
 use super::settings::AmdgpuSettings;
 use super::store::ImageStore;
-use super::topology::{GpuMap, Topology, map_gpus};
+use super::topology::{CompatChecks, GpuMap, Topology, map_gpus};
 use criu_plugin::fds;
 
 /// A device mapping whose offset changes at restore.
@@ -118,12 +118,6 @@ pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
 
 /// Computes the GPU map of `image` onto this machine.
 pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
-    let src = Topology::from_device_entries(&image.devices).map_err(|e| {
-        device_error(
-            libc::EINVAL,
-            format!("the image's topology is invalid: {e}"),
-        )
-    })?;
     let root = &ctx.settings.topology_root;
     let mut local = Topology::from_sysfs(root).map_err(|e| {
         device_error(
@@ -138,12 +132,7 @@ pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap
     for g in hidden {
         log::info!("amdgpu: GPU {g:#x} has no render node here; not a restore candidate");
     }
-    let map = map_gpus(&src, &local, &ctx.settings.checks).map_err(|e| {
-        device_error(
-            libc::ENODEV,
-            format!("cannot restore onto this machine's GPUs: {e}"),
-        )
-    })?;
+    let map = map_onto(image, &local, &ctx.settings.checks)?;
     for m in map.iter() {
         log::info!(
             "amdgpu: GPU {:#06x} (renderD{}) restores onto {:#06x} (renderD{})",
@@ -154,6 +143,26 @@ pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap
         );
     }
     Ok(map)
+}
+
+/// The GPU map of `image`'s topology onto `local` (this machine's, the GPUs the restored task
+/// cannot reach already removed): the restore preflight's mapping, for the plugin and the
+/// `criu-gpu check` tool alike.
+pub fn map_onto(image: &KfdCheckpoint, local: &Topology, checks: &CompatChecks) -> Result<GpuMap> {
+    let src = Topology::from_device_entries(&image.devices).map_err(|e| {
+        Error::new(
+            FailureKind::Image,
+            libc::EINVAL,
+            format!("the image's topology is invalid: {e}"),
+        )
+    })?;
+    map_gpus(&src, local, checks).map_err(|e| {
+        Error::new(
+            FailureKind::Machine,
+            libc::ENODEV,
+            format!("cannot restore onto this machine's GPUs: {e}"),
+        )
+    })
 }
 
 /// Restores KFD file `id` (image already read) in the calling task; returns the new

@@ -2,7 +2,7 @@
 //! the first `CHECKPOINT_DEVICES`, then the metadata is written; what must run on afterwards
 //! is put back as it was found ([`put_back`]).
 
-mod put_back;
+pub(super) mod put_back;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -24,8 +24,8 @@
 //! hooks of the other stage find none and answer "not mine". The inventory name is
 //! `cuda_plugin`, the C plugin's, so images move between the two.
 
-mod batch;
-mod driver;
+pub mod batch;
+pub mod driver;
 mod dump;
 mod error;
 pub mod exclusive;
@@ -34,6 +34,7 @@ pub mod helper;
 mod image;
 pub mod metadata;
 pub mod nvml;
+pub mod preflight;
 pub mod procfs;
 mod restore;
 pub mod restore_thread;
@@ -49,6 +50,7 @@ use criu_plugin::{HookError, HookResult, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use dump::DumpRun;
+pub use dump::put_back::{check_put_back, put_back};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
 

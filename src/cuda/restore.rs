@@ -6,7 +6,7 @@
 //! across a restore while the host pid changes. A process that cannot get its GPU state back
 //! ends the restored tree: CRIU ignores what `RESUME_DEVICES_LATE` returns.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use criu_plugin::{HookError, HookResult, InventoryListing};
@@ -17,7 +17,7 @@ use super::error::{Failure, FailureKind, Report, driver_failure, os_failure};
 use super::helper::RestoreJob;
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
-use super::{driver, gpus, image, nvml, procfs};
+use super::{driver, gpus, image, preflight, procfs};
 
 /// One restore's state, from `init` to `exit`.
 pub struct RestoreRun {
@@ -93,17 +93,8 @@ impl RestoreRun {
             settings,
             &format!("the image holds {} CUDA process(es)", md.processes.len()),
         )?;
-        if version < md.driver_version {
-            return Err(Failure::new(
-                FailureKind::Machine,
-                libc::EINVAL,
-                format!(
-                    "the image was made with CUDA driver {} (CUDA {}); this machine's driver supports only CUDA {}",
-                    md.driver_release.as_deref().unwrap_or("?"),
-                    cuda_ckpt_sys::format_version(md.driver_version),
-                    cuda_ckpt_sys::format_version(version)
-                ),
-            ));
+        if let Some(r) = preflight::check_driver(&md, version) {
+            return Err(Failure::new(r.kind, r.errno, r.message));
         }
         let gpu_map = plan_gpus(settings, &md, version)?;
         Ok(Some(run(
@@ -310,45 +301,17 @@ fn plan_gpus(
         )
     })?;
     let free = driver::fill_memory(&settings.nvml, &mut local);
-    let plan = gpus::plan_gpu_map(&md.gpus, &local, &explicit).map_err(|e| {
-        Failure::new(
-            FailureKind::Machine,
-            libc::ENODEV,
-            format!("cannot restore onto this machine's GPUs: {e}"),
-        )
-    })?;
-    if let Some(free) = free {
-        let need = total_bytes(
-            md.processes
-                .iter()
-                .filter(|p| p.found != FoundState::Checkpointed)
-                .map(|p| p.host_bytes),
-        );
-        let targets: BTreeSet<_> = plan.iter().map(|p| p.new).collect();
-        let have = total_bytes(targets.iter().filter_map(|u| free.get(u).copied()));
-        nvml::check_free_memory(need, have, targets.len()).map_err(|e| {
-            Failure::new(
-                FailureKind::Machine,
-                libc::ENOMEM,
-                format!("cannot restore: {e}"),
-            )
-        })?;
-    }
-    let gpu_map = if gpus::is_identity(&plan) {
-        Vec::new()
-    } else {
-        for p in &plan {
+    let checked = preflight::plan(md, driver_version, &local, free.as_ref(), &explicit);
+    let gpu_map = checked.gpu_pairs();
+    // The pairs are logged before the driver is found unable to use them.
+    if checked.refusals.iter().all(|r| r.errno == libc::EOPNOTSUPP) {
+        for p in &gpu_map {
             log::info!("cuda: GPU {} restores onto {}", p.old, p.new);
         }
-        if driver_version < cuda_ckpt_sys::GPU_PAIRS_VERSION {
-            return Err(Failure::new(
-                FailureKind::Machine,
-                libc::EOPNOTSUPP,
-                "restoring onto other GPUs needs driver 580 (CUDA 13.0) or later",
-            ));
-        }
-        plan
-    };
+    }
+    if let Some(r) = checked.refusals.first() {
+        return Err(Failure::new(r.kind, r.errno, r.message.clone()));
+    }
     log::info!(
         "cuda: {} CUDA process(es) to restore, checked against {} local GPU(s)",
         md.processes.len(),
@@ -364,19 +327,14 @@ fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
     let Some(dir) = image::image_dir() else {
         return Ok(());
     };
-    let pids: BTreeSet<u32> = match criu_plugin::pstree::read_pids(dir) {
-        Ok(p) => p.into_iter().collect(),
+    let pids = match criu_plugin::pstree::read_pids(dir) {
+        Ok(p) => p,
         Err(e) => {
             log::debug!("cuda: process tree not checked: {e}");
             return Ok(());
         }
     };
-    let missing: Vec<i32> = md
-        .processes
-        .iter()
-        .map(|p| p.pid)
-        .filter(|&p| u32::try_from(p).map_or(true, |p| !pids.contains(&p)))
-        .collect();
+    let missing = preflight::records_not_in_tree(md, &pids);
     if missing.is_empty() {
         return Ok(());
     }
@@ -415,10 +373,4 @@ pub(super) fn list_pids(pids: &[i32]) -> String {
         s.push(format!("and {} more", pids.len() - 8));
     }
     s.join(", ")
-}
-
-/// The sum of sizes that come from an image or a driver, saturating instead of wrapping: a
-/// record claiming 2^64 − 1 bytes must not add up with another to a small number.
-pub(super) fn total_bytes(sizes: impl Iterator<Item = u64>) -> u64 {
-    sizes.fold(0, u64::saturating_add)
 }

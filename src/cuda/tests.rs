@@ -3,7 +3,8 @@
 use super::batch::run_each;
 use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure};
 use super::nvml;
-use super::restore::{list_pids, total_bytes};
+use super::preflight::total_bytes;
+use super::restore::list_pids;
 use criu_plugin::HookError;
 use cuda_ckpt_sys::DriverError;
 

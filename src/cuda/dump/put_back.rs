@@ -103,7 +103,7 @@ impl DumpRun {
 /// Puts one process back as the dump found it: restore if checkpointed, unlock if we locked it.
 /// A restore the driver refuses for want of `cuInit` is returned as is, for [`restore_each`] to
 /// redo from a helper process and then to check with [`check_put_back`].
-fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
+pub fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
     if driver.process_state(pid)? == ProcessState::Checkpointed {
         driver.restore(pid, &[])?;
     }
@@ -114,7 +114,7 @@ fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> 
 }
 
 /// Checks that a process put back is in the state the dump found it in.
-fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
+pub fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
     let end = driver.process_state(pid)?;
     let expected = if unlock {
         ProcessState::Running

@@ -1,0 +1,250 @@
+//! A checkpoint's files as `inspect` and `check` need them, from a CRIU image directory or a
+//! checkpoint archive: the few small files the GPU side reads (each up to its own limit),
+//! and the name and size of every other image file (the BO contents are never read).
+//!
+//! In an archive the images are those at its top or under `checkpoint/` (Podman's
+//! `--export`, CRI-O and kubelet archives); other entries, and any with an absolute path or a
+//! `..` component, are ignored and counted.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use criu_gpu_plugin::amdgpu::image::{self as amd, DMABUF_FILE_PREFIX, KFD_FILE_PREFIX};
+use criu_gpu_plugin::cuda::metadata;
+
+use crate::archive::{self, Data, Entry, Packing, Want};
+
+/// Most files listed from an image directory.
+const MAX_DIR_ENTRIES: usize = 100_000;
+/// Most files read into memory.
+const MAX_READ_FILES: usize = 1024;
+/// Most bytes read into memory, all files together.
+const MAX_READ_BYTES: u64 = 512 << 20;
+/// Ignored entries named one by one in the notes.
+const MAX_NOTES: usize = 8;
+
+/// The checkpoint's files.
+#[derive(Debug, Default)]
+pub struct ImageSet {
+    /// What was read: "directory X" or "tar.gz archive X".
+    pub source: String,
+    /// The contents of the files read, by name.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Every image file's size, by name.
+    pub sizes: BTreeMap<String, u64>,
+    /// Files not read because they are larger than their limit: (name, size, limit).
+    pub too_large: Vec<(String, u64, u64)>,
+    /// What was ignored, and why.
+    pub notes: Vec<String>,
+    ignored: usize,
+}
+
+/// The largest size read of file `name`, if it is one the GPU side reads.
+pub fn limit_for(name: &str) -> Option<u64> {
+    let message = (amd::HEADER_LEN + amd::DEFAULT_MAX_MESSAGE_SIZE) as u64;
+    if name == metadata::FILE_NAME {
+        Some(metadata::MAX_BYTES)
+    } else if name == "pstree.img" {
+        Some(16 << 20)
+    } else if name == "inventory.img" {
+        Some(1 << 20)
+    } else if name.starts_with(KFD_FILE_PREFIX) || name.starts_with("amdgpu-renderD-") {
+        Some(message)
+    } else if name.starts_with(DMABUF_FILE_PREFIX) {
+        Some(4096)
+    } else {
+        None
+    }
+}
+
+impl ImageSet {
+    fn note(&mut self, what: String) {
+        self.ignored += 1;
+        if self.notes.len() < MAX_NOTES {
+            self.notes.push(what);
+        }
+    }
+
+    /// Whether the files read so far are within the limits.
+    fn room_for(&self, size: u64) -> bool {
+        self.files.len() < MAX_READ_FILES
+            && self.files.values().map(|v| v.len() as u64).sum::<u64>() + size <= MAX_READ_BYTES
+    }
+
+    /// How many entries were ignored beyond those named in the notes.
+    pub fn more_ignored(&self) -> usize {
+        self.ignored.saturating_sub(self.notes.len())
+    }
+}
+
+/// Reads the checkpoint at `path`.
+pub fn open(path: &Path) -> Result<ImageSet, String> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "cannot open {}: {e}; give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
+            path.display()
+        )
+    })?;
+    if meta.is_dir() {
+        return open_dir(path);
+    }
+    if !meta.is_file() {
+        return Err(format!(
+            "{} is neither a directory nor a regular file",
+            path.display()
+        ));
+    }
+    let mut head = Vec::new();
+    criu_plugin::files::open_regular(None, path, false)
+        .and_then(|f| f.take(512).read_to_end(&mut head))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let packing = archive::sniff(&head).ok_or_else(|| {
+        format!(
+            "{} is not a checkpoint archive: it starts with {:02x?}, which is neither tar nor gzip, zstd or xz; give an image directory or a .tar, .tar.gz or .tar.zst",
+            path.display(),
+            &head[..head.len().min(8)]
+        )
+    })?;
+    open_archive(path, packing)
+}
+
+fn open_dir(path: &Path) -> Result<ImageSet, String> {
+    let mut set = ImageSet {
+        source: format!("directory {}", path.display()),
+        ..ImageSet::default()
+    };
+    let dir =
+        std::fs::read_dir(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+    for (n, ent) in dir.enumerate() {
+        if n >= MAX_DIR_ENTRIES {
+            return Err(format!(
+                "{} has more than {MAX_DIR_ENTRIES} entries: not an image directory",
+                path.display()
+            ));
+        }
+        let ent = ent.map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        // Links are not followed: image files are regular files.
+        let Ok(m) = std::fs::symlink_metadata(ent.path()) else {
+            continue;
+        };
+        if !m.file_type().is_file() {
+            if limit_for(&name).is_some() {
+                set.note(format!("{name}: not a regular file"));
+            }
+            continue;
+        }
+        set.sizes.insert(name.clone(), m.len());
+        let Some(limit) = limit_for(&name) else {
+            continue;
+        };
+        if m.len() > limit {
+            set.too_large.push((name, m.len(), limit));
+            continue;
+        }
+        if !set.room_for(m.len()) {
+            return Err(format!(
+                "{} holds more GPU image files than this tool reads at once ({MAX_READ_FILES} files, {MAX_READ_BYTES} bytes)",
+                path.display()
+            ));
+        }
+        let bytes = criu_plugin::files::read_regular(None, &ent.path(), true, limit)
+            .map_err(|e| format!("cannot read {}: {e}", ent.path().display()))?;
+        set.files.insert(name, bytes);
+    }
+    Ok(set)
+}
+
+/// The image file name of an archive path, when the path lies at the top or under
+/// `checkpoint/`; otherwise why it is ignored (`None` for ordinary other files).
+fn image_name(path: &str) -> Result<Option<String>, String> {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return Err(format!("{path}: a path with `..` (ignored)")),
+            c => parts.push(c),
+        }
+    }
+    if path.starts_with('/') {
+        return Err(format!("{path}: an absolute path (ignored)"));
+    }
+    Ok(match parts.as_slice() {
+        [name] => Some((*name).to_string()),
+        ["checkpoint", name] => Some((*name).to_string()),
+        _ => None,
+    })
+}
+
+fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
+    let set = std::cell::RefCell::new(ImageSet {
+        source: format!("{} archive {}", packing.name(), path.display()),
+        ..ImageSet::default()
+    });
+    let visit = |e: &Entry| -> Want {
+        let mut s = set.borrow_mut();
+        let name = match image_name(&e.path) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Want::Skip,
+            Err(why) => {
+                s.note(why);
+                return Want::Skip;
+            }
+        };
+        if !e.regular {
+            if limit_for(&name).is_some() {
+                s.note(format!("{}: not a regular file (ignored)", e.path));
+            }
+            return Want::Skip;
+        }
+        s.sizes.insert(name.clone(), e.size);
+        match limit_for(&name) {
+            Some(limit) if s.room_for(e.size.min(limit)) => Want::Read(limit),
+            Some(_) => {
+                s.note(format!(
+                    "{}: beyond what this tool reads at once (ignored)",
+                    e.path
+                ));
+                Want::Skip
+            }
+            None => Want::Skip,
+        }
+    };
+    let take = |e: &Entry, d: Data| {
+        let Ok(Some(name)) = image_name(&e.path) else {
+            return;
+        };
+        let mut s = set.borrow_mut();
+        match d {
+            Data::Bytes(b) => {
+                s.files.insert(name, b);
+            }
+            Data::TooLarge { limit } => s.too_large.push((name, e.size, limit)),
+        }
+    };
+    archive::read(path, packing, visit, take).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(set.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_paths() {
+        assert_eq!(
+            image_name("./checkpoint/pstree.img"),
+            Ok(Some("pstree.img".into()))
+        );
+        assert_eq!(
+            image_name("inventory.img"),
+            Ok(Some("inventory.img".into()))
+        );
+        assert_eq!(image_name("rootfs-diff/etc/x"), Ok(None));
+        assert!(image_name("../../etc/passwd").is_err());
+        assert!(image_name("/checkpoint/pstree.img").is_err());
+        assert_eq!(limit_for("gpu-plugin-cuda.img"), Some(1 << 20));
+        assert_eq!(limit_for("pages-1.img"), None);
+    }
+}

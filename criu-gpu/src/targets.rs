@@ -1,0 +1,122 @@
+//! Which processes a command acts on: a pid with its descendants (every thread's
+//! `/proc/PID/task/TID/children`), or every pid of a cgroup and its sub-cgroups
+//! (`cgroup.procs`, v1 or v2).
+
+use std::path::{Path, PathBuf};
+
+use criu_gpu_plugin::cuda::procfs;
+
+use crate::args::Target;
+
+/// Most cgroups walked below the one named.
+const MAX_CGROUPS: usize = 10_000;
+/// Deepest sub-cgroup walked.
+const MAX_DEPTH: usize = 32;
+/// Largest `cgroup.procs` read.
+const MAX_PROCS_BYTES: u64 = 4 << 20;
+/// Where cgroup hierarchies are mounted; a relative `--cgroup` path is taken below it.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// The pids of `target`, in order (root first for a tree, ascending for a cgroup), without
+/// this process.
+pub fn resolve(target: &Target) -> Result<Vec<i32>, String> {
+    let me = std::process::id() as i32;
+    let mut pids = match target {
+        Target::Pid(pid) => {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                return Err(format!(
+                    "no process {pid} (check the pid with `ps -p {pid}`; in a container, give the host's pid)"
+                ));
+            }
+            procfs::tree(*pid)
+        }
+        Target::Cgroup(path) => cgroup_pids(&cgroup_dir(path)?)?,
+    };
+    pids.retain(|&p| p != me);
+    Ok(pids)
+}
+
+/// The cgroup directory `path` names: as given, or below `/sys/fs/cgroup` when relative.
+pub fn cgroup_dir(path: &Path) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = if path.is_absolute() {
+        vec![path.to_path_buf()]
+    } else {
+        vec![path.to_path_buf(), Path::new(CGROUP_ROOT).join(path)]
+    };
+    candidates
+        .iter()
+        .find(|d| d.join("cgroup.procs").is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "{} is not a cgroup (no cgroup.procs there); give its directory, e.g. /sys/fs/cgroup/unified/NAME (v2) or /sys/fs/cgroup/pids/NAME (v1), or a path relative to {CGROUP_ROOT}",
+                path.display()
+            )
+        })
+}
+
+/// Every pid of cgroup `dir` and of its sub-cgroups, ascending.
+pub fn cgroup_pids(dir: &Path) -> Result<Vec<i32>, String> {
+    let mut pids = Vec::new();
+    let mut todo = vec![(dir.to_path_buf(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((d, depth)) = todo.pop() {
+        seen += 1;
+        if seen > MAX_CGROUPS {
+            return Err(format!(
+                "{} has more than {MAX_CGROUPS} sub-cgroups; name a smaller one",
+                dir.display()
+            ));
+        }
+        let procs = d.join("cgroup.procs");
+        let bytes = criu_plugin::files::read_regular(None, &procs, false, MAX_PROCS_BYTES)
+            .map_err(|e| format!("cannot read {}: {e}", procs.display()))?;
+        pids.extend(
+            String::from_utf8_lossy(&bytes)
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .filter(|&p| p > 0),
+        );
+        if depth >= MAX_DEPTH {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            // Sub-cgroups are directories; a link is not followed.
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push((e.path(), depth + 1));
+            }
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+/// The command name of `pid`, for listings.
+pub fn comm(pid: i32) -> String {
+    criu_plugin::files::read_regular(None, Path::new(&format!("/proc/{pid}/comm")), false, 256)
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_never_a_target() {
+        let me = std::process::id() as i32;
+        let pids = resolve(&Target::Pid(me)).unwrap();
+        assert!(!pids.contains(&me));
+        assert!(
+            resolve(&Target::Pid(i32::MAX))
+                .unwrap_err()
+                .contains("no process")
+        );
+        let e = resolve(&Target::Cgroup("/nonexistent-cg".into())).unwrap_err();
+        assert!(e.contains("not a cgroup"), "{e}");
+    }
+}

@@ -1,0 +1,472 @@
+//! `criu-gpu inspect` and `check` on images real CRIU wrote with the plugin (on the stand-in
+//! CUDA driver), on tar, tar.gz and tar.zst archives of them (Podman's `checkpoint/` layout),
+//! on AMD images written by the plugin's own image writer, and on hostile archives.
+
+mod support;
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use criu_gpu_plugin::amdgpu::image::{
+    self as amd, BoEntry, DeviceEntry, ImageDir, KfdCheckpoint, PagesLayout,
+};
+use support::T;
+
+/// Dumps a CUDA tree of 2 processes with real CRIU and the plugin; returns the image dir.
+fn cuda_images(t: &T) -> PathBuf {
+    let w = t.workload("w", 1, 4);
+    let images = t.dir.join("img");
+    std::fs::create_dir_all(&images).unwrap();
+    let mut cmd = Command::new(support::criu_bin());
+    cmd.args(["dump", "-t", &w.root().to_string(), "-L"])
+        .arg(support::plugin_libdir())
+        .arg("-D")
+        .arg(&images)
+        .args(["-o", "dump.log", "-v4"]);
+    for (k, v) in t.env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run criu (set CRIU_BIN)");
+    let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+    assert!(out.status.success(), "criu dump failed: {out:?}\n{log}");
+    assert!(images.join("gpu-plugin-cuda.img").is_file(), "{log}");
+    images
+}
+
+/// `tar` of `dir` with the images under `checkpoint/`, as Podman exports them.
+fn archive(t: &T, dir: &Path, name: &str, compress: Option<&str>) -> PathBuf {
+    let stage = t.dir.join(format!("stage-{name}"));
+    std::fs::create_dir_all(stage.join("checkpoint")).unwrap();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        std::fs::copy(e.path(), stage.join("checkpoint").join(e.file_name())).unwrap();
+    }
+    std::fs::write(stage.join("config.dump"), "{}").unwrap();
+    let out = t.dir.join(name);
+    let mut cmd = Command::new("tar");
+    cmd.arg("-C").arg(&stage).arg("-cf").arg(&out);
+    if let Some(c) = compress {
+        cmd.arg(c);
+    }
+    cmd.args(["checkpoint", "config.dump"]);
+    assert!(cmd.status().unwrap().success());
+    out
+}
+
+#[test]
+fn a_cuda_checkpoint_is_inspected_and_checked_from_a_directory_and_archives() {
+    let t = T::start("img-cuda");
+    let images = cuda_images(&t);
+    let gpu = t.gpus(1, 0).remove(0);
+
+    let i = t.tool(&["inspect", images.to_str().unwrap()], &[]);
+    assert_eq!(i.code, Some(0), "{i:?}");
+    assert!(i.stdout.contains("NVIDIA: driver"), "{}", i.stdout);
+    assert!(
+        i.stdout.contains("1 GPU(s), 2 CUDA process(es)"),
+        "{}",
+        i.stdout
+    );
+    assert!(i.stdout.contains(&gpu.0), "{}", i.stdout);
+    assert_eq!(
+        i.stdout.matches("running when dumped").count(),
+        2,
+        "{}",
+        i.stdout
+    );
+    assert!(i.stdout.contains("process tree: 2 task(s)"), "{}", i.stdout);
+
+    let c = t.tool(&["check", images.to_str().unwrap()], &[]);
+    assert_eq!(c.code, Some(0), "{c:?}");
+    assert!(
+        c.stdout
+            .contains(&format!("map: NVIDIA GPU {0} -> {0}", gpu.0)),
+        "{}",
+        c.stdout
+    );
+    assert!(c.stdout.contains("verdict: would restore"), "{}", c.stdout);
+
+    // Another machine: its one GPU is of another model. Every reason is listed.
+    let other = t.nvidia_proc(
+        "nv-other",
+        &[(
+            "0000:00:07.0",
+            "NVIDIA A100",
+            "GPU-11111111-2222-3333-4444-555555555555",
+        )],
+    );
+    let env = [
+        ("CRIU_GPU_CUDA_NVIDIA_PROC", other.to_str().unwrap()),
+        ("FAKE_CUDA_DRIVER_VERSION", "12080"),
+    ];
+    let c = t.tool(&["check", images.to_str().unwrap(), "--json"], &env);
+    assert_eq!(c.code, Some(1), "{c:?}");
+    assert!(
+        c.stdout.contains(r#""would_restore":false"#),
+        "{}",
+        c.stdout
+    );
+    assert!(
+        c.stdout
+            .contains("this machine's driver supports only CUDA 12.8"),
+        "{}",
+        c.stdout
+    );
+    assert!(c.stdout.contains("no counterpart"), "{}", c.stdout);
+    // Too little free GPU memory on the right model, for processes recorded with 2 GiB each
+    // (the stand-in driver's device memory is file-backed, so the dump recorded little).
+    let big = t.dir.join("img-big");
+    std::fs::create_dir_all(&big).unwrap();
+    for e in std::fs::read_dir(&images).unwrap().flatten() {
+        std::fs::copy(e.path(), big.join(e.file_name())).unwrap();
+    }
+    let md = std::fs::read_to_string(big.join("gpu-plugin-cuda.img")).unwrap();
+    let md: String = md
+        .lines()
+        .map(|l| match l.strip_prefix("process ") {
+            Some(rest) => {
+                let f: Vec<&str> = rest.split(' ').collect();
+                format!("process {} {} {} {}\n", f[0], f[1], f[2], 2u64 << 30)
+            }
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(big.join("gpu-plugin-cuda.img"), md).unwrap();
+    let c = t.tool(
+        &["check", big.to_str().unwrap()],
+        &[("FAKE_NVML_USED_MIB", "79872")],
+    );
+    assert_eq!(c.code, Some(1), "{c:?}");
+    assert!(
+        c.stdout.contains("too little free GPU memory"),
+        "{}",
+        c.stdout
+    );
+    // A device map naming a GPU the checkpoint did not use.
+    let c = t.tool(
+        &[
+            "check",
+            images.to_str().unwrap(),
+            "--device-map",
+            "GPU-11111111-2222-3333-4444-555555555555=GPU-11111111-2222-3333-4444-555555555556",
+        ],
+        &[],
+    );
+    assert_eq!(c.code, Some(1), "{c:?}");
+    assert!(c.stdout.contains("did not use"), "{}", c.stdout);
+
+    for (name, flag) in [
+        ("c.tar", None),
+        ("c.tar.gz", Some("-z")),
+        ("c.tar.zst", Some("--zstd")),
+    ] {
+        let a = archive(&t, &images, name, flag);
+        let i = t.tool(&["inspect", a.to_str().unwrap(), "--json"], &[]);
+        assert_eq!(i.code, Some(0), "{name}: {i:?}");
+        assert!(
+            i.stdout.contains(&format!(r#""uuid":"{}""#, gpu.0)),
+            "{name}: {}",
+            i.stdout
+        );
+        assert_eq!(
+            i.stdout.matches(r#""state":"running""#).count(),
+            2,
+            "{name}: {}",
+            i.stdout
+        );
+        assert!(i.stdout.contains(r#""tasks":2"#), "{name}: {}", i.stdout);
+        let c = t.tool(&["check", a.to_str().unwrap()], &[]);
+        assert_eq!(c.code, Some(0), "{name}: {c:?}");
+    }
+}
+
+/// A KFD image of one GPU with a VRAM, a GTT and a doorbell BO, and its pages file, written
+/// by the plugin's image writer.
+fn amd_images(t: &T) -> PathBuf {
+    let dir = t.dir.join("amd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fd = amd::open_image_dir(&dir).unwrap();
+    let d = ImageDir::new(fd.as_fd());
+    let gpu = 0x1234;
+    let img = KfdCheckpoint {
+        pid: 77,
+        num_of_gpus: 1,
+        num_of_cpus: 1,
+        devices: vec![
+            DeviceEntry {
+                node_id: 0,
+                cpu_cores_count: 8,
+                ..DeviceEntry::default()
+            },
+            DeviceEntry {
+                node_id: 1,
+                gpu_id: gpu,
+                simd_count: 240,
+                simd_per_cu: 4,
+                device_id: 0x740f,
+                vendor_id: 0x1002,
+                drm_render_minor: 128,
+                vram_size: 64 << 30,
+                ..DeviceEntry::default()
+            },
+        ],
+        bos: vec![
+            BoEntry {
+                addr: 0x1000_0000,
+                size: 2 << 20,
+                alloc_flags: amd::KFD_ALLOC_MEM_FLAGS_VRAM,
+                gpu_id: gpu,
+                ..BoEntry::default()
+            },
+            BoEntry {
+                addr: 0x2000_0000,
+                size: 1 << 20,
+                alloc_flags: amd::KFD_ALLOC_MEM_FLAGS_GTT,
+                gpu_id: gpu,
+                ..BoEntry::default()
+            },
+            BoEntry {
+                addr: 0x3000_0000,
+                size: 4096,
+                alloc_flags: criu_gpu_plugin::amdgpu::device::alloc_flags::DOORBELL,
+                gpu_id: gpu,
+                ..BoEntry::default()
+            },
+        ],
+        num_of_objects: 3,
+        priv_data: vec![7; 256],
+        ..KfdCheckpoint::default()
+    };
+    d.write_kfd(5, &img).unwrap();
+    let layout = PagesLayout::for_kfd_gpu(&img, gpu).unwrap();
+    let w = d.create_kfd_pages(5, gpu, layout.clone()).unwrap();
+    for (bo, size) in img.content_bos() {
+        w.write_chunk(bo, 0, &vec![0xab; size as usize]).unwrap();
+    }
+    w.finish().unwrap();
+    std::fs::write(dir.join("pages-1.img"), b"not read").unwrap();
+    dir
+}
+
+#[test]
+fn an_amd_checkpoint_is_inspected_and_checked() {
+    let t = T::start("img-amd");
+    let dir = amd_images(&t);
+    let i = t.tool(&["inspect", dir.to_str().unwrap()], &[]);
+    assert_eq!(i.code, Some(0), "{i:?}");
+    assert!(
+        i.stdout.contains(
+            "AMD: amdgpu-kfd-5.img (pid 77): 1 GPU(s), 3 BO(s), 3 queue/event/SVM object(s)"
+        ),
+        "{}",
+        i.stdout
+    );
+    assert!(
+        i.stdout
+            .contains("GPU 0x1234: device 0x740f, renderD128, 65536.0 MiB VRAM, 60 CU(s)"),
+        "{}",
+        i.stdout
+    );
+    assert!(i.stdout.contains("VRAM: 1 BO(s), 2.0 MiB"), "{}", i.stdout);
+    assert!(i.stdout.contains("GTT: 1 BO(s), 1.0 MiB"), "{}", i.stdout);
+    assert!(i.stdout.contains("doorbell: 1 BO(s)"), "{}", i.stdout);
+    let j = t.tool(&["inspect", dir.to_str().unwrap(), "--json"], &[]);
+    assert!(
+        j.stdout
+            .contains(r#""kind":"VRAM","count":1,"bytes":2097152"#),
+        "{}",
+        j.stdout
+    );
+
+    // No KFD here (or a topology root that does not exist): refused with the reason.
+    let env = [("CRIU_GPU_AMDGPU_TOPOLOGY", "/nonexistent/topology")];
+    let c = t.tool(&["check", dir.to_str().unwrap()], &env);
+    assert_eq!(c.code, Some(1), "{c:?}");
+    assert!(
+        c.stdout
+            .contains("KFD topology cannot be read at /nonexistent/topology"),
+        "{}",
+        c.stdout
+    );
+
+    // A truncated pages file is named.
+    let pages = dir.join(amd::kfd_pages_file_name(5, 0x1234));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pages)
+        .unwrap();
+    f.set_len(1000).unwrap();
+    let i = t.tool(&["inspect", dir.to_str().unwrap()], &[]);
+    assert_eq!(i.code, Some(1), "{i:?}");
+    assert!(
+        i.stdout
+            .contains("amdgpu-pages-5-1234.img is 1000 bytes, less than the"),
+        "{}",
+        i.stdout
+    );
+}
+
+/// A ustar header for `name` declaring `size` bytes (base-256 when it does not fit octal).
+fn header(name: &str, size: u64, kind: u8) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    if size < 0o77777777777 {
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    } else {
+        h[124] = 0x80;
+        h[128..136].copy_from_slice(&size.to_be_bytes());
+    }
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    h
+}
+
+fn entry(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = header(name, data.len() as u64, b'0');
+    v.extend_from_slice(data);
+    v.resize(v.len().div_ceil(512) * 512, 0);
+    v
+}
+
+#[test]
+fn hostile_archives_get_clear_errors() {
+    let t = T::start("img-hostile");
+    let write = |name: &str, bytes: &[u8]| {
+        let p = t.dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.display().to_string()
+    };
+    let run = |p: &str| t.tool(&["inspect", p], &[]);
+
+    // Wrong magic.
+    let r = run(&write(
+        "junk.bin",
+        b"this is not an archive at all, just text",
+    ));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("is not a checkpoint archive"),
+        "{}",
+        r.stderr
+    );
+
+    // Traversal and absolute paths are ignored, never read; a metadata file beside them is.
+    let md = "gpu-plugin-cuda 1\ndriver 13000 580.1\n";
+    let mut tar = entry("../../etc/gpu-plugin-cuda.img", b"gpu-plugin-cuda 9\n");
+    tar.extend(entry("/checkpoint/pstree.img", b"x"));
+    tar.extend(entry("checkpoint/gpu-plugin-cuda.img", md.as_bytes()));
+    tar.extend(header("checkpoint/inventory.img", 0, b'2'));
+    tar.extend([0u8; 1024]);
+    let r = run(&write("traversal.tar", &tar));
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.contains("a path with `..` (ignored)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("an absolute path (ignored)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("inventory.img: not a regular file"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("NVIDIA: driver 580.1 (CUDA 13.0), 0 GPU(s)"),
+        "{}",
+        r.stdout
+    );
+
+    // A huge declared entry: refused by size, never allocated; the archive then ends early.
+    let mut tar = header("checkpoint/gpu-plugin-cuda.img", 1 << 50, b'0');
+    tar.extend([0u8; 512]);
+    let r = run(&write("huge.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("truncated"), "{}", r.stderr);
+    // Huge but skipped (not a file the tool reads): the same, clearly.
+    let mut tar = header("checkpoint/pages-1.img", 1 << 50, b'0');
+    tar.extend([0u8; 512]);
+    let r = run(&write("huge-other.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("truncated"), "{}", r.stderr);
+    // A metadata file larger than the plugin reads, present in full.
+    let big = vec![b'x'; (1 << 20) + 10];
+    let mut tar = entry("gpu-plugin-cuda.img", &big);
+    tar.extend([0u8; 1024]);
+    let r = run(&write("big.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stdout
+            .contains("gpu-plugin-cuda.img is 1048586 bytes, more than the 1048576"),
+        "{}",
+        r.stdout
+    );
+
+    // A bad header checksum.
+    let mut tar = entry("checkpoint/gpu-plugin-cuda.img", md.as_bytes());
+    tar[0] ^= 1;
+    let r = run(&write("badsum.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("not a checkpoint archive") || r.stderr.contains("bad header checksum"),
+        "{}",
+        r.stderr
+    );
+    let mut tar = entry("checkpoint/gpu-plugin-cuda.img", md.as_bytes());
+    tar.extend(entry("checkpoint/x", b"y"));
+    tar[512 + 512] ^= 1;
+    let r = run(&write("badsum2.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("entry 2") && r.stderr.contains("bad header checksum"),
+        "{}",
+        r.stderr
+    );
+
+    // Truncated inside an entry, plain and gzip-compressed.
+    let mut tar = entry("checkpoint/gpu-plugin-cuda.img", &vec![b'a'; 4000]);
+    tar.extend([0u8; 1024]);
+    let cut = write("cut.tar", &tar[..2000]);
+    let r = run(&cut);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("truncated"), "{}", r.stderr);
+    let full = write("full.tar", &tar);
+    assert!(
+        Command::new("gzip")
+            .args(["-kf", &full])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let gz = std::fs::read(format!("{full}.gz")).unwrap();
+    let r = run(&write("cut.tar.gz", &gz[..gz.len() / 2]));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("gzip"), "{}", r.stderr);
+    // gzip magic followed by garbage.
+    let r = run(&write(
+        "bad.gz",
+        &[0x1f, 0x8b, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+    ));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("gzip"), "{}", r.stderr);
+
+    // A damaged metadata file inside a valid archive is named.
+    let mut tar = entry("gpu-plugin-cuda.img", b"gpu-plugin-cuda 1\nprocess x\n");
+    tar.extend([0u8; 1024]);
+    let r = run(&write("badmd.tar", &tar));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stdout.contains("error: gpu-plugin-cuda.img line 2"),
+        "{}",
+        r.stdout
+    );
+}
