@@ -81,7 +81,7 @@ impl DevNs {
                 rdev: libc::makedev(226, *m),
             });
         }
-        let dirs = [c("/dev/dri"), c("/dev/shm")];
+        let dirs = [c("/dev/dri"), c("/dev/shm"), c("/dev/pts")];
         let links = [
             (c("/proc/self/fd"), c("/dev/fd")),
             (c("/proc/self/fd/0"), c("/dev/stdin")),
@@ -90,6 +90,7 @@ impl DevNs {
         ];
         let (root, dev, shm, tmpfs, mode) =
             (c("/"), c("/dev"), c("/dev/shm"), c("tmpfs"), c("mode=755"));
+        let (pts, devpts, pts_opts) = (c("/dev/pts"), c("devpts"), c("newinstance,ptmxmode=0666"));
         let mut cmd = Command::new("sleep");
         cmd.arg("600")
             .stdin(Stdio::null())
@@ -123,6 +124,13 @@ impl DevNs {
                     tmpfs.as_ptr(),
                     libc::MS_NOSUID | libc::MS_NODEV,
                     std::ptr::null(),
+                ))?;
+                check(libc::mount(
+                    devpts.as_ptr(),
+                    pts.as_ptr(),
+                    devpts.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NOEXEC,
+                    pts_opts.as_ptr().cast(),
                 ))?;
                 for n in &nodes {
                     check(libc::mknod(n.path.as_ptr(), n.mode, n.rdev))?;

@@ -36,6 +36,61 @@ pub fn kfd_stand_in() -> Option<(String, u64)> {
     })
 }
 
+/// Where a filtered process runs: in the namespace `ns`, in directory `cwd` (absolute), with
+/// stdin on the namespace's `/dev/null` and stdout and stderr appended to `output`.
+pub struct Inside<'a> {
+    pub ns: &'a DevNs,
+    pub cwd: &'a std::path::Path,
+    pub output: Option<&'a std::path::Path>,
+}
+
+/// The fd a workload gets the listener socket as ([`Supervisor::filter_one_thread`]).
+pub const WORKLOAD_CTL_FD: i32 = 100;
+/// The fd a workload gets the filter program as.
+pub const WORKLOAD_PROG_FD: i32 = 101;
+
+/// Makes `cmd` start inside `inside`.
+fn enter(cmd: &mut Command, inside: Inside<'_>) {
+    let cstr = |p: &std::path::Path| {
+        CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in paths")
+    };
+    let (ns, cwd, output) = (inside.ns.raw(), cstr(inside.cwd), inside.output.map(cstr));
+    let null = CString::new("/dev/null").unwrap();
+    // SAFETY: the closure runs between fork and exec and makes only raw system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fail = || Err(io::Error::last_os_error());
+            if libc::setns(ns, libc::CLONE_NEWNS) < 0 || libc::chdir(cwd.as_ptr()) < 0 {
+                return fail();
+            }
+            // Files opened outside would be on mounts CRIU cannot find in here.
+            if let Some(out) = &output {
+                let i = libc::open(null.as_ptr(), libc::O_RDONLY);
+                let o = libc::open(
+                    out.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+                    0o644,
+                );
+                if i < 0
+                    || o < 0
+                    || libc::dup2(i, 0) < 0
+                    || libc::dup2(o, 1) < 0
+                    || libc::dup2(o, 2) < 0
+                {
+                    return fail();
+                }
+                libc::close(i);
+                libc::close(o);
+                // Nothing of the test process's may stay open for CRIU to dump (the fds of
+                // `filter_one_thread` excepted).
+                libc::syscall(libc::SYS_close_range, 3, WORKLOAD_CTL_FD - 1, 0);
+                libc::syscall(libc::SYS_close_range, WORKLOAD_PROG_FD + 1, u32::MAX, 0);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The supervisor: a thread answering the notifications of every listener sent to it.
 pub struct Supervisor {
     ctl_send: OwnedFd,
@@ -44,9 +99,6 @@ pub struct Supervisor {
     model: Arc<Mutex<Model>>,
     thread: Option<JoinHandle<()>>,
 }
-
-// SAFETY: the filter program is plain data, only read after construction.
-unsafe impl Send for Supervisor {}
 
 fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
@@ -95,39 +147,68 @@ impl Supervisor {
     }
 
     /// Makes `cmd` run under the filter, its calls answered here as those of a `role`
-    /// process; in namespace `ns` (then in directory `cwd`) when given.
-    pub fn filter(
-        &self,
-        cmd: &mut Command,
-        role: Role,
-        ns: Option<&DevNs>,
-        cwd: Option<&std::path::Path>,
-    ) {
+    /// process; inside `inside` when given.
+    pub fn filter(&self, cmd: &mut Command, role: Role, inside: Option<Inside<'_>>) {
+        if let Some(i) = inside {
+            enter(cmd, i);
+        }
         let ctl = self.ctl_send.as_raw_fd();
         let prog = self.prog.clone();
         let tag = match role {
             Role::Workload => b'W',
             Role::Criu => b'C',
         };
-        let ns = ns.map(|n| n.raw());
-        let cwd =
-            cwd.map(|p| CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in paths"));
+        // SAFETY: the closure runs between fork and exec and makes only raw system calls.
+        unsafe { cmd.pre_exec(move || seccomp::install_and_send(&prog, ctl, tag)) };
+    }
+
+    /// Lets the workload `cmd` install the filter itself, on one thread: it gets the
+    /// listener socket as fd [`WORKLOAD_CTL_FD`] and the filter program (an array of
+    /// `struct sock_filter`) as the memfd [`WORKLOAD_PROG_FD`], and is told so by
+    /// `KFD_SUPERVISOR_FDS`. A process whose threads have no filter left when CRIU dumps it
+    /// can be dumped by a CRIU that runs under one (see `docs/kfd-seccomp.md`).
+    pub fn filter_one_thread(
+        &self,
+        cmd: &mut Command,
+        inside: Option<Inside<'_>>,
+    ) -> io::Result<()> {
+        let name = CString::new("kfd-supervisor-filter").unwrap();
+        // SAFETY: a valid name; returns a new fd or -1.
+        let prog = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if prog < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just created, owned here.
+        let prog = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(prog) });
+        // SAFETY: the program is plain data viewed as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                self.prog.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(&self.prog[..]),
+            )
+        };
+        std::io::Write::write_all(&mut &prog, bytes)?;
+        let ctl = self.ctl_send.as_raw_fd();
+        cmd.env(
+            "KFD_SUPERVISOR_FDS",
+            format!("{WORKLOAD_CTL_FD},{WORKLOAD_PROG_FD}"),
+        );
         // SAFETY: the closure runs between fork and exec and makes only raw system calls.
         unsafe {
             cmd.pre_exec(move || {
-                if let Some(ns) = ns {
-                    if libc::setns(ns, libc::CLONE_NEWNS) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
+                // dup2 leaves the copies open over exec.
+                if libc::dup2(ctl, WORKLOAD_CTL_FD) < 0
+                    || libc::dup2(prog.as_raw_fd(), WORKLOAD_PROG_FD) < 0
+                {
+                    return Err(io::Error::last_os_error());
                 }
-                if let Some(cwd) = &cwd {
-                    if libc::chdir(cwd.as_ptr()) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                seccomp::install_and_send(&prog, ctl, tag)
+                Ok(())
             });
         }
+        if let Some(i) = inside {
+            enter(cmd, i);
+        }
+        Ok(())
     }
 
     /// The calls answered so far, one line each.
