@@ -1,0 +1,157 @@
+//! A private mount namespace whose `/dev` is a tmpfs holding the few usual nodes plus
+//! `/dev/kfd` (a character device the supervisor can open, so that `stat` and `fstat` agree)
+//! and `/dev/dri/renderD<minor>` nodes. CRIU and the workload enter it before exec (both must
+//! share one mount namespace, or CRIU would try to dump the workload's).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+/// The namespace, kept alive by an fd of it.
+pub struct DevNs {
+    fd: OwnedFd,
+}
+
+struct Node {
+    path: CString,
+    mode: u32,
+    rdev: u64,
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).expect("no NUL in paths")
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl DevNs {
+    /// Makes the namespace: `/dev/kfd` with device number `kfd_rdev`, a render node per
+    /// minor in `render_minors`.
+    pub fn new(kfd_rdev: u64, render_minors: &[u32]) -> io::Result<DevNs> {
+        let chr = libc::S_IFCHR | 0o666;
+        let mut nodes = vec![
+            Node {
+                path: c("/dev/null"),
+                mode: chr,
+                rdev: libc::makedev(1, 3),
+            },
+            Node {
+                path: c("/dev/zero"),
+                mode: chr,
+                rdev: libc::makedev(1, 5),
+            },
+            Node {
+                path: c("/dev/full"),
+                mode: chr,
+                rdev: libc::makedev(1, 7),
+            },
+            Node {
+                path: c("/dev/random"),
+                mode: chr,
+                rdev: libc::makedev(1, 8),
+            },
+            Node {
+                path: c("/dev/urandom"),
+                mode: chr,
+                rdev: libc::makedev(1, 9),
+            },
+            Node {
+                path: c("/dev/tty"),
+                mode: chr,
+                rdev: libc::makedev(5, 0),
+            },
+            Node {
+                path: c("/dev/kfd"),
+                mode: chr,
+                rdev: kfd_rdev,
+            },
+        ];
+        for m in render_minors {
+            nodes.push(Node {
+                path: c(&format!("/dev/dri/renderD{m}")),
+                mode: chr,
+                rdev: libc::makedev(226, *m),
+            });
+        }
+        let dirs = [c("/dev/dri"), c("/dev/shm"), c("/dev/pts")];
+        let links = [
+            (c("/proc/self/fd"), c("/dev/fd")),
+            (c("/proc/self/fd/0"), c("/dev/stdin")),
+            (c("/proc/self/fd/1"), c("/dev/stdout")),
+            (c("/proc/self/fd/2"), c("/dev/stderr")),
+        ];
+        let (root, dev, shm, tmpfs, mode) =
+            (c("/"), c("/dev"), c("/dev/shm"), c("tmpfs"), c("mode=755"));
+        let (pts, devpts, pts_opts) = (c("/dev/pts"), c("devpts"), c("newinstance,ptmxmode=0666"));
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: the closure runs between fork and exec and makes only raw system calls on
+        // strings prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+                check(libc::mount(
+                    tmpfs.as_ptr(),
+                    dev.as_ptr(),
+                    tmpfs.as_ptr(),
+                    libc::MS_NOSUID,
+                    mode.as_ptr().cast(),
+                ))?;
+                for d in &dirs {
+                    check(libc::mkdir(d.as_ptr(), 0o755))?;
+                }
+                check(libc::mount(
+                    tmpfs.as_ptr(),
+                    shm.as_ptr(),
+                    tmpfs.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    std::ptr::null(),
+                ))?;
+                check(libc::mount(
+                    devpts.as_ptr(),
+                    pts.as_ptr(),
+                    devpts.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NOEXEC,
+                    pts_opts.as_ptr().cast(),
+                ))?;
+                for n in &nodes {
+                    check(libc::mknod(n.path.as_ptr(), n.mode, n.rdev))?;
+                    check(libc::chmod(n.path.as_ptr(), 0o666))?;
+                }
+                for (target, link) in &links {
+                    check(libc::symlink(target.as_ptr(), link.as_ptr()))?;
+                }
+                Ok(())
+            });
+        }
+        // `spawn` returns once the child has exec'd, so the namespace is ready.
+        let mut child = cmd.spawn()?;
+        let ns = std::fs::File::open(format!("/proc/{}/ns/mnt", child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(DevNs { fd: ns?.into() })
+    }
+
+    /// The namespace's fd, for `setns`.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
