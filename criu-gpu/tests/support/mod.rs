@@ -1,6 +1,6 @@
 //! What the `criu-gpu` tests share: the stand-in CUDA driver and NVML of the repository's
 //! `tests/fixtures/fake-cuda` built once, workload trees on it (killed by process group when
-//! the test ends), the tool run with the fake's settings, and real CRIU (`$CRIU_BIN`) with
+//! the test ends), the tool run with the fake's settings, and real CRIU (`$CRIU_BIN`, else `.criu/bin/criu`) with
 //! the plugin built for this run to make images. The tests need root and `cc`.
 
 #![allow(dead_code)]
@@ -472,11 +472,17 @@ impl Drop for Cgroup {
     }
 }
 
-/// Real CRIU: `$CRIU_BIN`, else `criu` on `PATH`.
+/// Real CRIU: `$CRIU_BIN`, else the project's private one (`<repo>/.criu/bin/criu`, made by
+/// `scripts/install-criu.sh`), else `criu` on `PATH`.
 pub fn criu_bin() -> PathBuf {
-    std::env::var_os("CRIU_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("criu"))
+    if let Some(p) = std::env::var_os("CRIU_BIN") {
+        return PathBuf::from(p);
+    }
+    let private = repo().join(".criu/bin/criu");
+    if private.is_file() {
+        return private;
+    }
+    PathBuf::from("criu")
 }
 
 /// A directory holding only the plugin built for this run, as `gpu_plugin.so`.
