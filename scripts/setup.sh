@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the build, the main job and the tests need on a fresh Debian 12 machine:
 # the C toolchain and headers (gcc, linux-libc-dev, libdrm-dev for the kfd-sys layout checks),
+# gzip, zstd, xz and tar (criu-gpu's archive tests),
 # CRIU 4.1.1 in <repo>/.criu and 4.2.1 and 4.3 in <repo>/.criu-<release> (scripts/install-criu.sh),
 # and the runtimes of the container tests: runc, Podman and containerd from Debian 12, crun,
 # libcriu and checkpointctl from Debian 13 in <repo>/.runtimes (scripts/install-runtimes.sh).
@@ -12,6 +13,11 @@ need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 [ -f /usr/include/linux/kfd_ioctl.h ] || need="$need linux-libc-dev"
 [ -f /usr/include/libdrm/amdgpu_drm.h ] || need="$need libdrm-dev"
+# criu-gpu unpacks gzip, zstd and xz checkpoint archives with the system's tools.
+command -v gzip >/dev/null 2>&1 || need="$need gzip"
+command -v zstd >/dev/null 2>&1 || need="$need zstd"
+command -v xz >/dev/null 2>&1 || need="$need xz-utils"
+command -v tar >/dev/null 2>&1 || need="$need tar"
 if [ -n "$need" ]; then
     echo "[setup] installing:$need"
     export DEBIAN_FRONTEND=noninteractive

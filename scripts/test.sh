@@ -16,6 +16,8 @@ echo "[test] cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "[test] generated code is current"
 scripts/check-generated.sh
+echo "[test] the release plugin (tests/kfd_seccomp.rs runs real CRIU with it)"
+cargo build --release --locked -p criu-gpu-plugin --lib
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
 # The end-to-end suites (real CRIU against real processes and runtimes) once more against each
@@ -23,7 +25,7 @@ cargo test --workspace --all-features --locked
 for release in 4.2.1 4.3; do
     echo "[test] end-to-end suites against CRIU $release"
     CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked \
-        --test e2e_criu --test e2e_cuda_fake --test e2e_criu_4_3 --test e2e_containers
+        --test e2e_criu --test e2e_cuda_fake --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers
 done
 echo "[test] Debian package: build, install, container test with the installed plugin, purge"
 scripts/test-deb.sh

@@ -103,17 +103,37 @@ fn a_workload_gets_its_kfd_answers_from_the_simulator() {
 }
 
 /// The release plugin (no simulator in it): `$KFD_SECCOMP_PLUGIN`, else
-/// `target/release/libcriu_gpu_plugin.so`; `None` (after saying how to get it) when absent.
+/// `target/release/libcriu_gpu_plugin.so`, which must be newer than every source file of the
+/// plugin (`scripts/test.sh` builds it first). A missing or stale one fails the test, unless
+/// `GPU_PLUGIN_SKIP_E2E=1`, as every end-to-end test does.
 fn release_plugin(test: &str) -> Option<PathBuf> {
     let p = std::env::var_os("KFD_SECCOMP_PLUGIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(MANIFEST_DIR).join("target/release/libcriu_gpu_plugin.so"));
+    let skip = std::env::var_os("GPU_PLUGIN_SKIP_E2E").is_some_and(|v| v == "1");
     if !p.is_file() {
-        eprintln!(
-            "SKIPPED {test}: no {} (run `cargo build --release --lib`)",
+        if skip {
+            eprintln!("SKIPPED {test}: GPU_PLUGIN_SKIP_E2E=1");
+            return None;
+        }
+        panic!(
+            "no {}: run `cargo build --release --lib` first (or set GPU_PLUGIN_SKIP_E2E=1)",
             p.display()
         );
-        return None;
+    }
+    if std::env::var_os("KFD_SECCOMP_PLUGIN").is_none() {
+        let built = std::fs::metadata(&p)
+            .and_then(|m| m.modified())
+            .expect("plugin mtime");
+        let newest = ["src", "criu-plugin/src", "kfd-sys/src"]
+            .iter()
+            .filter_map(|d| newest_mtime(&Path::new(MANIFEST_DIR).join(d)))
+            .max();
+        assert!(
+            newest.is_none_or(|n| n <= built),
+            "{} is older than the plugin's sources: run `cargo build --release --lib`",
+            p.display()
+        );
     }
     let bytes = std::fs::read(&p).expect("plugin");
     assert!(
@@ -122,6 +142,21 @@ fn release_plugin(test: &str) -> Option<PathBuf> {
         p.display()
     );
     Some(p)
+}
+
+/// The newest modification time of the files under `dir`.
+fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        let t = if m.is_dir() {
+            newest_mtime(&e.path())
+        } else {
+            m.modified().ok()
+        };
+        newest = newest.max(t);
+    }
+    newest
 }
 
 /// Runs CRIU with `args` under `sup`'s filter in `ns`, logging to `images/<log>`.
