@@ -9,55 +9,35 @@
 
 #![cfg(target_arch = "x86_64")]
 
+#[path = "amdgpu_support/mod.rs"]
+mod amdgpu_support;
 mod common;
 mod kfd_supervisor;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use common::{CriuRun, E2e, MANIFEST_DIR, cc, wait_until};
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimGpu, SimKfd};
+use amdgpu_support::{Edit, edited_fixture};
+use common::{CriuRun, E2e, wait_until};
+use criu_gpu_plugin::amdgpu::device::alloc_flags;
+use criu_gpu_plugin::amdgpu::sim::{Fault, Faults};
+use kfd_supervisor::Role;
 use kfd_supervisor::answer::apertures_of;
-use kfd_supervisor::{DevNs, Inside, Model, Role, Supervisor, kfd_stand_in};
-
-fn topology() -> PathBuf {
-    Path::new(MANIFEST_DIR).join("tests/fixtures/kfd-topology/1gpu")
-}
-
-fn workload() -> PathBuf {
-    cc(
-        "kfd-workload",
-        &[format!("{MANIFEST_DIR}/tests/kfd_supervisor/workload.c")],
-    )
-}
-
-/// A supervisor over a simulated machine of the 1-GPU topology whose workloads get a few
-/// BOs of every kind; `None` (after saying so) where this machine has no stand-in device.
-fn supervisor(test: &str) -> Option<(Supervisor, SimGpu, u64)> {
-    let Some((dev, rdev)) = kfd_stand_in() else {
-        eprintln!("SKIPPED {test}: no character device with minor 0 to stand in for /dev/kfd");
-        return None;
-    };
-    let sim = SimKfd::from_sysfs(&topology()).expect("simulated machine");
-    let gpu = sim.gpus()[0].clone();
-    let spec = ProcessSpec::new(0, &[gpu.gpu_id]).with_mixed_bos(8, 256 << 10);
-    let sup = Supervisor::start(Model::new(sim, spec, dev)).expect("supervisor");
-    Some((sup, gpu, rdev))
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
+use kfd_supervisor::harness::{
+    Bench, Machine, assert_answers_again, assert_ran, errors_of, read, topology, workload,
+};
 
 #[test]
 fn a_workload_gets_its_kfd_answers_from_the_simulator() {
     let Some(e) = E2e::start("kfd-seccomp-workload") else {
         return;
     };
-    let Some((sup, gpu, _)) = supervisor("a_workload_gets_its_kfd_answers_from_the_simulator")
-    else {
+    let Some(m) = Machine::start(
+        "a_workload_gets_its_kfd_answers_from_the_simulator",
+        &topology("1gpu"),
+    ) else {
         return;
     };
+    let (sup, gpu) = (&m.sup, m.gpus[0].clone());
     let out = e.dir().join("workload.out");
     let mut cmd = e.command(&workload());
     cmd.arg(format!("{:#x}", gpu.gpu_id))
@@ -102,185 +82,39 @@ fn a_workload_gets_its_kfd_answers_from_the_simulator() {
     e.kill_and_reap(&[pid]);
 }
 
-/// The release plugin (no simulator in it): `$KFD_SECCOMP_PLUGIN`, else
-/// `target/release/libcriu_gpu_plugin.so`, which must be newer than every source file of the
-/// plugin (`scripts/test.sh` builds it first). A missing or stale one fails the test, unless
-/// `GPU_PLUGIN_SKIP_E2E=1`, as every end-to-end test does.
-fn release_plugin(test: &str) -> Option<PathBuf> {
-    let p = std::env::var_os("KFD_SECCOMP_PLUGIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(MANIFEST_DIR).join("target/release/libcriu_gpu_plugin.so"));
-    let skip = std::env::var_os("GPU_PLUGIN_SKIP_E2E").is_some_and(|v| v == "1");
-    if !p.is_file() {
-        if skip {
-            eprintln!("SKIPPED {test}: GPU_PLUGIN_SKIP_E2E=1");
-            return None;
-        }
-        panic!(
-            "no {}: run `cargo build --release --lib` first (or set GPU_PLUGIN_SKIP_E2E=1)",
-            p.display()
-        );
-    }
-    if std::env::var_os("KFD_SECCOMP_PLUGIN").is_none() {
-        let built = std::fs::metadata(&p)
-            .and_then(|m| m.modified())
-            .expect("plugin mtime");
-        let newest = ["src", "criu-plugin/src", "kfd-sys/src"]
-            .iter()
-            .filter_map(|d| newest_mtime(&Path::new(MANIFEST_DIR).join(d)))
-            .max();
-        assert!(
-            newest.is_none_or(|n| n <= built),
-            "{} is older than the plugin's sources: run `cargo build --release --lib`",
-            p.display()
-        );
-    }
-    let bytes = std::fs::read(&p).expect("plugin");
-    assert!(
-        !common::bytes_contain(&bytes, b"KFD simulator with"),
-        "{} is built with the kfd-sim feature; the release plugin is wanted",
-        p.display()
-    );
-    Some(p)
+/// A dump and a restore of the workload: what every such test checks.
+struct RoundTrip {
+    bench: Bench,
+    pid: i32,
+    dumped: Machine,
+    restored: Machine,
+    restore: CriuRun,
 }
 
-/// The newest modification time of the files under `dir`.
-fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
-    let mut newest = None;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let Ok(m) = e.metadata() else { continue };
-        let t = if m.is_dir() {
-            newest_mtime(&e.path())
-        } else {
-            m.modified().ok()
-        };
-        newest = newest.max(t);
-    }
-    newest
-}
-
-/// Runs CRIU with `args` under `sup`'s filter in `ns`, logging to `images/<log>`.
-fn criu(
-    e: &E2e,
-    sup: &Supervisor,
-    ns: &DevNs,
-    args: &[&str],
-    images: &Path,
-    log: &str,
-    libdir: &Path,
-) -> CriuRun {
-    let out = e.dir().join(format!("{log}.stdout"));
-    let mut cmd = e.command(&e.criu);
-    cmd.args(args)
-        .arg("-D")
-        .arg(images)
-        .args(["-o", log, "-v4", "-L"])
-        .arg(libdir)
-        .env("CRIU_GPU_AMDGPU_TOPOLOGY", topology())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::options().append(true).open(&out).unwrap());
-    sup.filter(
-        &mut cmd,
-        Role::Criu,
-        Some(Inside {
-            ns,
-            cwd: e.dir(),
-            output: None,
-        }),
-    );
-    let what = format!("criu {} -D {}", args.join(" "), images.display());
-    let started = Instant::now();
-    let mut child = cmd.spawn().expect("start criu");
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for criu") {
-            break st;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{what}: still running after 120 s; supervisor: {:#?}",
-                sup.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let run = CriuRun {
-        what,
-        code: status.code(),
-        log: read(&images.join(log)),
-        output: read(&out),
-        took: started.elapsed(),
-    };
-    eprintln!("{}: exit {:?} in {:?}", run.what, run.code, run.took);
-    run
-}
-
-fn errors_of(run: &CriuRun) -> String {
-    run.log
-        .lines()
-        .filter(|l| l.contains("Error") || l.contains("amdgpu") || l.contains("gpu_plugin"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-#[test]
-fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
-    let test = "criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin";
-    let Some(e) = E2e::start("kfd-seccomp-criu") else {
-        return;
-    };
-    let Some(plugin) = release_plugin(test) else {
-        return;
-    };
-    let Some((sup, gpu, rdev)) = supervisor(test) else {
-        return;
-    };
-    let libdir = e.dir().join("criu-lib");
-    std::fs::create_dir_all(&libdir).unwrap();
-    std::fs::copy(&plugin, libdir.join("gpu_plugin.so")).unwrap();
-    let ns = DevNs::new(rdev, &[gpu.render_minor]).expect("mount namespace");
-
+/// Dumps the workload on a machine of topology `dump_topology` and restores it on a fresh
+/// machine of `restore_topology`, CRIU's restore run with `restore_env`; checks the images,
+/// that the dump restarted the queues, that the restore recreated and resumed the process
+/// with the same BO contents, and that the restored process runs and gets KFD answers.
+fn round_trip(
+    test: &str,
+    dump_topology: &Path,
+    restore_topology: &Path,
+    restore_env: &[(&str, &str)],
+) -> Option<RoundTrip> {
+    let dumped = Machine::start(test, dump_topology)?;
+    let bench = Bench::start(test, &dumped.minors())?;
+    let e = &bench.e;
     let out = e.dir().join("workload.out");
-    let mut cmd = e.command(&workload());
-    cmd.arg(format!("{:#x}", gpu.gpu_id))
-        .arg(format!("/dev/dri/renderD{}", gpu.render_minor));
-    sup.filter_one_thread(
-        &mut cmd,
-        Some(Inside {
-            ns: &ns,
-            cwd: e.dir(),
-            output: Some(&out),
-        }),
-    )
-    .expect("filter program");
-    let pid = e.spawn_session(cmd);
-    wait_until("the workload to be ready", || {
-        read(&out).contains("ready") || read(&out).contains(": ")
-    });
-    assert!(read(&out).ends_with("ready\n"), "workload: {}", read(&out));
-
-    // No thread is left with a filter: a CRIU under seccomp cannot suspend a tracee's.
-    let status = read(Path::new(&format!("/proc/{pid}/status")));
-    assert!(status.contains("Seccomp:\t0\n"), "{status}");
+    let pid = bench.workload(&dumped, &out);
     let images = e.images("dump");
-    let dump = criu(
-        &e,
-        &sup,
-        &ns,
+    let dump = bench.criu(
+        &dumped,
         &["dump", "-t", &pid.to_string()],
         &images,
         "dump.log",
-        &libdir,
+        &[],
     );
-    assert!(
-        dump.ok(),
-        "{}: {}\n{}\nsupervisor: {:#?}",
-        dump.what,
-        dump.output,
-        errors_of(&dump),
-        sup.log()
-    );
+    assert_ran(&dump, &dumped);
     e.reap(&[pid]);
     let names: Vec<String> = std::fs::read_dir(&images)
         .unwrap()
@@ -294,7 +128,7 @@ fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
         names.iter().any(|n| n.starts_with("amdgpu-pages-")),
         "no pages image in {names:?}"
     );
-    let log = sup.log();
+    let log = dumped.sup.log();
     for call in ["CRIU_OP", "AMDGPU_CS"] {
         assert!(
             log.iter()
@@ -302,43 +136,25 @@ fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
             "no {call}: {log:#?}"
         );
     }
-    let dumped = sup
-        .with_model(|m| m.sim.process(pid as u32))
-        .expect("dumped process");
-    assert!(!dumped.paused, "the dump restarted the queues: {dumped:?}");
+    let d = dumped.process(pid).expect("dumped process");
+    assert!(!d.paused, "the dump restarted the queues: {d:?}");
 
-    // The restore runs on a fresh machine of the same topology (see docs/kfd-seccomp.md).
-    let Some((sup2, _, _)) = supervisor(test) else {
-        return;
-    };
-    let restore = criu(
-        &e,
-        &sup2,
-        &ns,
+    // The restore runs on a fresh machine (see docs/kfd-seccomp.md).
+    let restored = Machine::start(test, restore_topology)?;
+    let restore = bench.criu(
+        &restored,
         &["restore", "-d"],
         &images,
         "restore.log",
-        &libdir,
+        restore_env,
     );
-    assert!(
-        restore.ok(),
-        "{}: {}\n{}\nsupervisor: {:#?}",
-        restore.what,
-        restore.output,
-        errors_of(&restore),
-        sup2.log()
-    );
+    assert_ran(&restore, &restored);
     e.adopt(pid, pid);
-    let restored = sup2
-        .with_model(|m| m.sim.process(pid as u32))
-        .expect("restored process");
-    assert!(
-        restored.restored && restored.resumed == 1 && !restored.paused,
-        "{restored:?}"
-    );
-    let sim1 = sup.with_model(|m| m.sim.clone());
-    let differ = sup2
-        .with_model(|m| m.sim.compare_contents(pid as u32, &sim1, pid as u32))
+    let r = restored.process(pid).expect("restored process");
+    assert!(r.restored && r.resumed == 1 && !r.paused, "{r:?}");
+    let differ = restored
+        .sim()
+        .compare_contents(pid as u32, &dumped.sim(), pid as u32)
         .expect("compare contents");
     assert!(
         differ.is_empty(),
@@ -356,7 +172,7 @@ fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
         "{}",
         read(&out)
     );
-    let log = sup2.log();
+    let log = restored.sup.log();
     for call in ["CRIU_OP", "AMDGPU_CS"] {
         assert!(
             log.iter()
@@ -364,5 +180,272 @@ fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
             "no {call} at restore: {log:#?}"
         );
     }
+    Some(RoundTrip {
+        bench,
+        pid,
+        dumped,
+        restored,
+        restore,
+    })
+}
+
+#[test]
+fn criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin() {
+    let t = topology("1gpu");
+    let Some(trip) = round_trip(
+        "criu_dumps_and_restores_a_kfd_workload_with_the_release_plugin",
+        &t,
+        &t,
+        &[],
+    ) else {
+        return;
+    };
+    trip.bench.e.kill_and_reap(&[trip.pid]);
+}
+
+/// Asserts that the simulator sees `pid`'s queues running: not evicted, every eviction
+/// of the dump undone.
+fn assert_queues_running(m: &Machine, pid: i32) {
+    let v = m.process(pid).expect("simulated process");
+    assert!(!v.paused && v.evictions == 0, "queues left evicted: {v:?}");
+}
+
+#[test]
+fn criu_dump_leave_running_keeps_the_workload_and_its_queues_running() {
+    let test = "criu_dump_leave_running_keeps_the_workload_and_its_queues_running";
+    let Some(m) = Machine::start(test, &topology("1gpu")) else {
+        return;
+    };
+    let Some(bench) = Bench::start(test, &m.minors()) else {
+        return;
+    };
+    let e = &bench.e;
+    let out = e.dir().join("workload.out");
+    let pid = bench.workload(&m, &out);
+    let images = e.images("dump");
+    let dump = bench.criu(
+        &m,
+        &["dump", "--leave-running", "-t", &pid.to_string()],
+        &images,
+        "dump.log",
+        &[],
+    );
+    assert_ran(&dump, &m);
+    assert!(
+        m.sup.log().iter().any(|l| l.contains("ioctl CRIU_OP ")),
+        "the plugin did not checkpoint: {:#?}",
+        m.sup.log()
+    );
+    assert_eq!(
+        common::state_of(pid).map(|s| s != 'Z'),
+        Some(true),
+        "workload gone"
+    );
+    assert_queues_running(&m, pid);
+    // Its main thread runs (the KFD file's stand-in answers nothing itself), and a thread
+    // with a fresh filter gets its KFD call answered by the simulator that holds its process.
+    assert!(common::signal(pid, libc::SIGUSR1));
+    wait_until("the workload to run on", || read(&out).contains("alive 1"));
+    assert_answers_again(&m, pid, &out, 1);
+    assert!(
+        m.process(pid)
+            .is_some_and(|v| !v.restored && v.resumed == 0)
+    );
     e.kill_and_reap(&[pid]);
+}
+
+#[test]
+fn a_failed_dump_leaves_the_queues_running() {
+    let test = "a_failed_dump_leaves_the_queues_running";
+    let Some(m) = Machine::start(test, &topology("1gpu")) else {
+        return;
+    };
+    let Some(bench) = Bench::start(test, &m.minors()) else {
+        return;
+    };
+    let e = &bench.e;
+    let out = e.dir().join("workload.out");
+    let pid = bench.workload(&m, &out);
+    let first_vram = m
+        .process(pid)
+        .and_then(|v| {
+            v.bos
+                .iter()
+                .find(|b| b.2 & alloc_flags::VRAM != 0)
+                .map(|b| b.0)
+        })
+        .expect("a VRAM BO");
+    let faults = [
+        (
+            "CHECKPOINT fails",
+            "KFD CHECKPOINT failed: Input/output error",
+            Faults {
+                checkpoint: Some(Fault::once(libc::EIO)),
+                ..Faults::default()
+            },
+        ),
+        (
+            "a BO's copy fails",
+            "SDMA copy on renderD128 failed: Input/output error",
+            Faults {
+                download_at: Some((first_vram, libc::EIO)),
+                ..Faults::default()
+            },
+        ),
+    ];
+    for (n, (what, why, faults)) in faults.into_iter().enumerate() {
+        m.sim().set_faults(faults);
+        let images = e.images(&format!("failed-{n}"));
+        let dump = bench.criu(
+            &m,
+            &["dump", "-t", &pid.to_string()],
+            &images,
+            "dump.log",
+            &[],
+        );
+        assert!(
+            !dump.ok(),
+            "{what}: the dump succeeded: {}",
+            errors_of(&dump)
+        );
+        for said in [why, "GPU queues restarted after the failed checkpoint"] {
+            assert!(
+                dump.log.contains(said),
+                "{what}: no `{said}` in the dump log:\n{}",
+                errors_of(&dump)
+            );
+        }
+        m.sim().set_faults(Faults::default());
+        // The workload runs on, its queues restarted, its next KFD call answered.
+        assert_eq!(
+            common::state_of(pid).map(|s| s != 'Z'),
+            Some(true),
+            "{what}: workload gone:\n{}",
+            errors_of(&dump)
+        );
+        assert_queues_running(&m, pid);
+        assert_answers_again(&m, pid, &out, n as u32 + 1);
+    }
+    // Nothing was left locked or half-done: the next dump succeeds.
+    let images = e.images("dump");
+    let dump = bench.criu(
+        &m,
+        &["dump", "-t", &pid.to_string()],
+        &images,
+        "dump.log",
+        &[],
+    );
+    assert_ran(&dump, &m);
+    e.reap(&[pid]);
+    assert!(!m.process(pid).expect("dumped process").paused);
+}
+
+/// Asserts that the dumped process had BOs with contents on every GPU of `m`.
+fn assert_bos_on_every_gpu(m: &Machine, pid: i32) {
+    let v = m.process(pid).expect("dumped process");
+    for g in &m.gpus {
+        assert!(
+            v.bos
+                .iter()
+                .any(|b| b.3 == g.gpu_id && b.2 & (alloc_flags::VRAM | alloc_flags::GTT) != 0),
+            "no BO with contents on GPU {:#x}: {v:?}",
+            g.gpu_id
+        );
+    }
+}
+
+#[test]
+fn two_gpus_dump_and_restore_with_their_contents() {
+    let t = topology("2gpu");
+    let Some(trip) = round_trip("two_gpus_dump_and_restore_with_their_contents", &t, &t, &[])
+    else {
+        return;
+    };
+    assert_bos_on_every_gpu(&trip.dumped, trip.pid);
+    let mut gpus = trip.restored.process(trip.pid).unwrap().gpus;
+    gpus.sort_unstable();
+    assert_eq!(gpus, vec![(1266, 1266), (53109, 53109)]);
+    trip.bench.e.kill_and_reap(&[trip.pid]);
+}
+
+#[test]
+fn two_gpus_restore_onto_the_gpus_swapped() {
+    // As `two_gpus_restore_swapped` of the in-process tests: the two GPUs differ (device
+    // ids), and the restore machine has them the other way round and with other gpu ids.
+    let ckpt = edited_fixture(
+        "2gpu",
+        &[
+            Edit::Prop(1, "device_id", 29711),
+            Edit::Prop(2, "device_id", 29600),
+        ],
+    );
+    let rest = edited_fixture(
+        "2gpu",
+        &[
+            Edit::Prop(1, "device_id", 29600),
+            Edit::Prop(2, "device_id", 29711),
+            Edit::GpuId(1, 0x1111),
+            Edit::GpuId(2, 0x2222),
+        ],
+    );
+    let Some(trip) = round_trip(
+        "two_gpus_restore_onto_the_gpus_swapped",
+        ckpt.path(),
+        rest.path(),
+        &[],
+    ) else {
+        return;
+    };
+    assert_bos_on_every_gpu(&trip.dumped, trip.pid);
+    let mut gpus = trip.restored.process(trip.pid).unwrap().gpus;
+    gpus.sort_unstable();
+    // 53109 was node 1 (device 29711), now node 2 (id 0x2222); 1266 the other way round.
+    assert_eq!(gpus, vec![(1266, 0x1111), (53109, 0x2222)]);
+    for mapping in [
+        "GPU 0xcf75 (renderD128) -> 0x2222 (renderD129)",
+        "GPU 0x04f2 (renderD129) -> 0x1111 (renderD128)",
+    ] {
+        assert!(
+            trip.restore.log.contains(mapping),
+            "no `{mapping}` in the restore log:\n{}",
+            errors_of(&trip.restore)
+        );
+    }
+    trip.bench.e.kill_and_reap(&[trip.pid]);
+    drop((ckpt, rest));
+}
+
+#[test]
+fn parallel_restore_hands_the_copies_to_criu() {
+    let test = "parallel_restore_hands_the_copies_to_criu";
+    {
+        // Only to learn CRIU's release: the hand-over needs CRIU 4.2's POST_FORKING.
+        let Some(e) = E2e::start(test) else {
+            return;
+        };
+        if e.criu_release().is_none_or(|r| r < (4, 2)) {
+            eprintln!(
+                "SKIPPED {test}: CRIU {:?} is older than 4.2 (run with CRIU_BIN=.criu-4.2.1/bin/criu)",
+                e.criu_release()
+            );
+            return;
+        }
+    }
+    let t = topology("2gpu");
+    let Some(trip) = round_trip(
+        test,
+        &t,
+        &t,
+        &[("CRIU_GPU_AMDGPU_PARALLEL_RESTORE", "true")],
+    ) else {
+        return;
+    };
+    assert!(
+        trip.restore
+            .log
+            .contains("of BO contents handed to CRIU's main process"),
+        "no hand-over in the restore log:\n{}",
+        errors_of(&trip.restore)
+    );
+    trip.bench.e.kill_and_reap(&[trip.pid]);
 }

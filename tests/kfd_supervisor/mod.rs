@@ -6,11 +6,13 @@
 //! - [`seccomp`]: the filter and the notification primitives.
 //! - [`answer`]: what each call is answered with.
 //! - [`devns`]: the mount namespace with a fake `/dev`.
+//! - [`harness`]: what the CRIU tests share (plugin, machines, workload, CRIU runs).
 
 #![allow(dead_code)]
 
 pub mod answer;
 pub mod devns;
+pub mod harness;
 pub mod seccomp;
 
 use std::ffi::CString;
@@ -94,28 +96,48 @@ fn enter(cmd: &mut Command, inside: Inside<'_>) {
 /// The supervisor: a thread answering the notifications of every listener sent to it.
 pub struct Supervisor {
     ctl_send: OwnedFd,
+    addr: String,
     stop: OwnedFd,
     prog: Arc<Vec<libc::sock_filter>>,
     model: Arc<Mutex<Model>>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: writes two fds into `fds`.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } < 0
+fn dgram_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket returns a new fd or -1.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just created, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The abstract Unix address `name` (a NUL, then the name).
+fn abstract_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: plain data; all zeroes is a valid (empty) address.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in a.sun_path[1..].iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    (a, len as libc::socklen_t)
+}
+
+/// The supervisor's listener socket, bound to the abstract address `name` (so that a
+/// workload whose inherited fds are closed can reach it again), and a socket connected to it.
+fn listener_sockets(name: &str) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (addr, len) = abstract_addr(name);
+    let (send, recv) = (dgram_socket()?, dgram_socket()?);
+    // SAFETY: `addr` is a valid address of `len` bytes.
+    if unsafe { libc::bind(recv.as_raw_fd(), (&raw const addr).cast(), len) } < 0
+        // SAFETY: the same address.
+        || unsafe { libc::connect(send.as_raw_fd(), (&raw const addr).cast(), len) } < 0
     {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: both were just created and are owned here.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok((send, recv))
 }
 
 fn lock(m: &Mutex<Model>) -> std::sync::MutexGuard<'_, Model> {
@@ -124,7 +146,13 @@ fn lock(m: &Mutex<Model>) -> std::sync::MutexGuard<'_, Model> {
 
 impl Supervisor {
     pub fn start(model: Model) -> io::Result<Supervisor> {
-        let (ctl_send, ctl_recv) = socketpair()?;
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let addr = format!(
+            "kfd-supervisor-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let (ctl_send, ctl_recv) = listener_sockets(&addr)?;
         // SAFETY: eventfd returns a new fd or -1.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if stop < 0 {
@@ -139,6 +167,7 @@ impl Supervisor {
             .spawn(move || serve(&m, ctl_recv, stop_copy))?;
         Ok(Supervisor {
             ctl_send,
+            addr,
             stop,
             prog: Arc::new(seccomp::filter_program()),
             model,
@@ -166,7 +195,9 @@ impl Supervisor {
     /// listener socket as fd [`WORKLOAD_CTL_FD`] and the filter program (an array of
     /// `struct sock_filter`) as the memfd [`WORKLOAD_PROG_FD`], and is told so by
     /// `KFD_SUPERVISOR_FDS`. A process whose threads have no filter left when CRIU dumps it
-    /// can be dumped by a CRIU that runs under one (see `docs/kfd-seccomp.md`).
+    /// can be dumped by a CRIU that runs under one (see `docs/kfd-seccomp.md`). It is told
+    /// the supervisor's abstract address too (`KFD_SUPERVISOR_ADDR`), to send a listener of a
+    /// later thread to.
     pub fn filter_one_thread(
         &self,
         cmd: &mut Command,
@@ -192,7 +223,8 @@ impl Supervisor {
         cmd.env(
             "KFD_SUPERVISOR_FDS",
             format!("{WORKLOAD_CTL_FD},{WORKLOAD_PROG_FD}"),
-        );
+        )
+        .env("KFD_SUPERVISOR_ADDR", &self.addr);
         // SAFETY: the closure runs between fork and exec and makes only raw system calls.
         unsafe {
             cmd.pre_exec(move || {
