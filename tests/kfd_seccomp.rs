@@ -251,6 +251,31 @@ fn criu_dump_leave_running_keeps_the_workload_and_its_queues_running() {
         m.process(pid)
             .is_some_and(|v| !v.restored && v.resumed == 0)
     );
+    // The images it left restore (once the original is gone) with the same contents.
+    e.kill_and_reap(&[pid]);
+    let Some(m2) = Machine::start(test, &topology("1gpu")) else {
+        return;
+    };
+    let restore = bench.criu(&m2, &["restore", "-d"], &images, "restore.log", &[]);
+    assert_ran(&restore, &m2);
+    e.adopt(pid, pid);
+    let r = m2.process(pid).expect("restored process");
+    assert!(r.restored && r.resumed == 1 && !r.paused, "{r:?}");
+    let differ = m2
+        .sim()
+        .compare_contents(pid as u32, &m.sim(), pid as u32)
+        .expect("compare contents");
+    assert!(differ.is_empty(), "BOs that differ: {differ:x?}");
+    // Restored as it was at the dump: no signal seen yet.
+    assert!(common::signal(pid, libc::SIGUSR1));
+    wait_until("the restored workload to answer", || {
+        read(&out).matches("alive 1").count() == 2
+    });
+    assert!(
+        read(&out).ends_with("alive 1: GET_VERSION ok 1.14\n"),
+        "{}",
+        read(&out)
+    );
     e.kill_and_reap(&[pid]);
 }
 
