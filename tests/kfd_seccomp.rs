@@ -101,12 +101,43 @@ fn round_trip(
     restore_topology: &Path,
     restore_env: &[(&str, &str)],
 ) -> Option<RoundTrip> {
+    round_trip_in(test, dump_topology, restore_topology, restore_env, false)
+}
+
+/// The mount namespace `/proc/PID/ns/mnt` names (its inode number).
+fn mount_ns_of(pid: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .expect("mount namespace")
+        .ino()
+}
+
+/// [`round_trip`]; with `own_ns`, the workload runs in a mount namespace of its own (a copy
+/// of CRIU's) in which an empty tmpfs covers the image directory, CRIU dumps that namespace
+/// and restores the workload in a new one (on a bind mount of `/`), so that the plugin's
+/// restore hooks in the restored task reach their images only through CRIU's fd.
+fn round_trip_in(
+    test: &str,
+    dump_topology: &Path,
+    restore_topology: &Path,
+    restore_env: &[(&str, &str)],
+    own_ns: bool,
+) -> Option<RoundTrip> {
     let dumped = Machine::start(test, dump_topology)?;
     let bench = Bench::start(test, &dumped.minors())?;
     let e = &bench.e;
     let out = e.dir().join("workload.out");
-    let pid = bench.workload(&dumped, &out);
+    // It must exist before the workload starts for the workload's tmpfs to cover it.
     let images = e.images("dump");
+    let hidden = [images.clone()];
+    let pid = bench.workload_in(&dumped, &out, own_ns.then_some(&hidden[..]));
+    if own_ns {
+        assert_ne!(
+            mount_ns_of(&pid.to_string()),
+            bench.ns.ino(),
+            "the workload shares CRIU's mount namespace"
+        );
+    }
     let dump = bench.criu(
         &dumped,
         &["dump", "-t", &pid.to_string()],
@@ -128,6 +159,11 @@ fn round_trip(
         names.iter().any(|n| n.starts_with("amdgpu-pages-")),
         "no pages image in {names:?}"
     );
+    assert_eq!(
+        names.iter().any(|n| n.starts_with("mountpoints-")),
+        own_ns,
+        "mount namespace images in {names:?}"
+    );
     let log = dumped.sup.log();
     for call in ["CRIU_OP", "AMDGPU_CS"] {
         assert!(
@@ -141,15 +177,19 @@ fn round_trip(
 
     // The restore runs on a fresh machine (see docs/kfd-seccomp.md).
     let restored = Machine::start(test, restore_topology)?;
-    let restore = bench.criu(
-        &restored,
-        &["restore", "-d"],
-        &images,
-        "restore.log",
-        restore_env,
-    );
+    let root = e.dir().join("root");
+    let mut args = vec!["restore", "-d"];
+    if own_ns {
+        std::fs::create_dir(&root).unwrap();
+        bench.ns.bind_root(&root).expect("bind mount of /");
+        args.extend(["--root", root.to_str().unwrap()]);
+    }
+    let restore = bench.criu(&restored, &args, &images, "restore.log", restore_env);
     assert_ran(&restore, &restored);
     e.adopt(pid, pid);
+    if own_ns {
+        assert_restored_in_a_new_mount_namespace(&bench, &restored, pid, &images);
+    }
     let r = restored.process(pid).expect("restored process");
     assert!(r.restored && r.resumed == 1 && !r.paused, "{r:?}");
     let differ = restored
@@ -187,6 +227,48 @@ fn round_trip(
         restored,
         restore,
     })
+}
+
+/// Asserts that the restored `pid` is in a mount namespace other than CRIU's and the test's,
+/// in which the image directory `images` is the workload's empty tmpfs, and that its restore
+/// (the plugin's hooks in the restored task) opened the render nodes there.
+fn assert_restored_in_a_new_mount_namespace(bench: &Bench, m: &Machine, pid: i32, images: &Path) {
+    let ns = mount_ns_of(&pid.to_string());
+    assert_ne!(ns, bench.ns.ino(), "restored in CRIU's mount namespace");
+    assert_ne!(
+        ns,
+        mount_ns_of("self"),
+        "restored in the test's mount namespace"
+    );
+    let inside = Path::new(&format!("/proc/{pid}/root")).join(images.strip_prefix("/").unwrap());
+    let seen: Vec<_> = std::fs::read_dir(&inside)
+        .expect("the image directory seen from the restored task")
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    assert!(seen.is_empty(), "the restored task sees images: {seen:?}");
+    let log = m.sup.log();
+    for minor in m.minors() {
+        let open = format!("pid {pid}: open /dev/dri/renderD{minor} -> fd ");
+        assert!(
+            log.iter().any(|l| l.starts_with(&open)),
+            "no `{open}`: {log:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_image_directory_reached_from_a_new_mount_namespace() {
+    let t = topology("1gpu");
+    let Some(trip) = round_trip_in(
+        "the_image_directory_reached_from_a_new_mount_namespace",
+        &t,
+        &t,
+        &[],
+        true,
+    ) else {
+        return;
+    };
+    trip.bench.e.kill_and_reap(&[trip.pid]);
 }
 
 #[test]

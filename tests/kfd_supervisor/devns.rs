@@ -1,7 +1,7 @@
 //! A private mount namespace whose `/dev` is a tmpfs holding the few usual nodes plus
 //! `/dev/kfd` (a character device the supervisor can open, so that `stat` and `fstat` agree)
-//! and `/dev/dri/renderD<minor>` nodes. CRIU and the workload enter it before exec (both must
-//! share one mount namespace, or CRIU would try to dump the workload's).
+//! and `/dev/dri/renderD<minor>` nodes. CRIU and the workload enter it before exec (a workload
+//! in a copy of it of its own has its mount namespace dumped by CRIU).
 
 use std::ffi::CString;
 use std::io;
@@ -148,6 +148,47 @@ impl DevNs {
         let _ = child.kill();
         let _ = child.wait();
         Ok(DevNs { fd: ns?.into() })
+    }
+
+    /// The namespace's inode number (what `/proc/PID/ns/mnt` of a process in it names).
+    pub fn ino(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::File::from(self.fd.try_clone().expect("dup"))
+            .metadata()
+            .expect("fstat")
+            .ino()
+    }
+
+    /// Bind-mounts the root directory onto the directory `at` (absolute) in the namespace:
+    /// the root CRIU needs (`--root`) to restore a mount namespace (which it then builds on
+    /// that mount from its images).
+    pub fn bind_root(&self, at: &std::path::Path) -> io::Result<()> {
+        let (ns, root) = (self.raw(), c("/"));
+        let at = CString::new(at.as_os_str().as_encoded_bytes()).expect("no NUL in paths");
+        let mut cmd = Command::new("true");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: the closure runs between fork and exec and makes only raw system calls on
+        // strings prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                check(libc::setns(ns, libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    root.as_ptr(),
+                    at.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))
+            });
+        }
+        let st = cmd.status()?;
+        if st.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("true in the namespace: {st}")))
+        }
     }
 
     /// The namespace's fd, for `setns`.

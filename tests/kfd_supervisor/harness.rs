@@ -167,6 +167,12 @@ impl Bench {
     /// Starts the workload on every GPU of `m`, its set-up answered by `m`, writing to
     /// `out`; waits until it is ready and checks that no thread is left with a filter.
     pub fn workload(&self, m: &Machine, out: &Path) -> i32 {
+        self.workload_in(m, out, None)
+    }
+
+    /// [`Bench::workload`], in a mount namespace of its own where `own_ns` is given (see
+    /// [`Inside`]).
+    pub fn workload_in(&self, m: &Machine, out: &Path, own_ns: Option<&[PathBuf]>) -> i32 {
         let mut cmd = self.e.command(&workload());
         for g in &m.gpus {
             cmd.arg(format!("{:#x}", g.gpu_id))
@@ -179,6 +185,7 @@ impl Bench {
                     ns: &self.ns,
                     cwd: self.e.dir(),
                     output: Some(out),
+                    own_ns,
                 }),
             )
             .expect("filter program");
@@ -222,6 +229,7 @@ impl Bench {
                 ns: &self.ns,
                 cwd: e.dir(),
                 output: None,
+                own_ns: None,
             }),
         );
         let what = format!("criu {} -D {}", args.join(" "), images.display());

@@ -39,11 +39,15 @@ pub fn kfd_stand_in() -> Option<(String, u64)> {
 }
 
 /// Where a filtered process runs: in the namespace `ns`, in directory `cwd` (absolute), with
-/// stdin on the namespace's `/dev/null` and stdout and stderr appended to `output`.
+/// stdin on the namespace's `/dev/null` and stdout and stderr appended to `output`. With
+/// `own_ns`, in a mount namespace of its own instead, a copy of `ns` made by `unshare` (so
+/// CRIU dumps it and restores it as a new one) in which an empty tmpfs covers each directory
+/// of `own_ns` (absolute).
 pub struct Inside<'a> {
     pub ns: &'a DevNs,
     pub cwd: &'a std::path::Path,
     pub output: Option<&'a std::path::Path>,
+    pub own_ns: Option<&'a [std::path::PathBuf]>,
 }
 
 /// The fd a workload gets the listener socket as ([`Supervisor::filter_one_thread`]).
@@ -57,12 +61,34 @@ fn enter(cmd: &mut Command, inside: Inside<'_>) {
         CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in paths")
     };
     let (ns, cwd, output) = (inside.ns.raw(), cstr(inside.cwd), inside.output.map(cstr));
-    let null = CString::new("/dev/null").unwrap();
+    let own_ns: Option<Vec<CString>> = inside
+        .own_ns
+        .map(|hidden| hidden.iter().map(|p| cstr(p)).collect());
+    let (null, tmpfs) = (
+        CString::new("/dev/null").unwrap(),
+        CString::new("tmpfs").unwrap(),
+    );
     // SAFETY: the closure runs between fork and exec and makes only raw system calls.
     unsafe {
         cmd.pre_exec(move || {
             let fail = || Err(io::Error::last_os_error());
-            if libc::setns(ns, libc::CLONE_NEWNS) < 0 || libc::chdir(cwd.as_ptr()) < 0 {
+            if libc::setns(ns, libc::CLONE_NEWNS) < 0 {
+                return fail();
+            }
+            if let Some(hidden) = &own_ns {
+                // A copy of `ns`, its mounts private as there.
+                if libc::unshare(libc::CLONE_NEWNS) < 0 {
+                    return fail();
+                }
+                for h in hidden {
+                    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+                    let (t, none) = (tmpfs.as_ptr(), std::ptr::null());
+                    if libc::mount(t, h.as_ptr(), t, flags, none) < 0 {
+                        return fail();
+                    }
+                }
+            }
+            if libc::chdir(cwd.as_ptr()) < 0 {
                 return fail();
             }
             // Files opened outside would be on mounts CRIU cannot find in here.
