@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Debian package criu-gpu-plugin_<version>_amd64.deb into target/package/:
 # the release plugin as /usr/lib/criu/gpu_plugin.so (CRIU's default plugin directory on Debian
-# and Ubuntu), the commented example /etc/criu/gpu-plugin.conf (a conffile), the manual page
-# criu-gpu-plugin(7), the copyright file and changelog.Debian.gz. Sources: packaging/.
+# and Ubuntu), the operator's tool /usr/bin/criu-gpu, the commented example
+# /etc/criu/gpu-plugin.conf (a conffile), the manual pages criu-gpu-plugin(7) and criu-gpu(8),
+# the copyright file and changelog.Debian.gz. Sources: packaging/.
 #
 # Needs only cargo, dpkg-deb, binutils (objdump, objcopy) and gzip, no debhelper: on a Debian 12
 # machine set up by scripts/setup.sh all are there; binutils is installed with apt-get if
@@ -55,10 +56,12 @@ fi
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date -d "$changelog_date" +%s)}
 export SOURCE_DATE_EPOCH
 
-say "cargo build --release --locked ($PKG $version)"
-cargo build --release --locked
+say "cargo build --release --locked ($PKG $version, and criu-gpu)"
+cargo build --release --locked -p "$PKG" -p criu-gpu
 so=target/release/libcriu_gpu_plugin.so
+tool=target/release/criu-gpu
 [ -f "$so" ] || die "$so was not built"
+[ -x "$tool" ] || die "$tool was not built"
 
 stage=$OUT/deb/${PKG}_${version}_$ARCH
 deb=$OUT/${PKG}_${version}_$ARCH.deb
@@ -73,6 +76,9 @@ install -d "$stage/usr/lib/criu"
 objcopy --strip-unneeded --remove-section=.comment --remove-section=.note \
     "$so" "$stage/usr/lib/criu/gpu_plugin.so"
 chmod 0644 "$stage/usr/lib/criu/gpu_plugin.so"
+install -d "$stage/usr/bin"
+objcopy --strip-unneeded --remove-section=.comment --remove-section=.note "$tool" "$stage/usr/bin/criu-gpu"
+chmod 0755 "$stage/usr/bin/criu-gpu"
 
 install -D -m 0644 "$SRC/gpu-plugin.conf" "$stage/etc/criu/gpu-plugin.conf"
 
@@ -87,21 +93,26 @@ install -d "$man"
 # The page's footer carries the package version.
 sed "s/^\(\.TH .*\)\"criu\\\\-gpu\\\\-plugin\"/\1\"criu\\\\-gpu\\\\-plugin $upstream\"/" \
     "$SRC/criu-gpu-plugin.7" | gzip -9n >"$man/criu-gpu-plugin.7.gz"
-chmod 0644 "$doc/changelog.Debian.gz" "$man/criu-gpu-plugin.7.gz"
+install -d "$stage/usr/share/man/man8"
+sed "s/^\(\.TH .*\)\"criu\\\\-gpu\\\\-plugin\"/\1\"criu\\\\-gpu\\\\-plugin $upstream\"/" \
+    "$SRC/criu-gpu.8" | gzip -9n >"$stage/usr/share/man/man8/criu-gpu.8.gz"
+chmod 0644 "$doc/changelog.Debian.gz" "$man/criu-gpu-plugin.7.gz" "$stage/usr/share/man/man8/criu-gpu.8.gz"
 
-# Depends from the libraries the plugin links and the newest symbol version it needs of each.
-newest() { # newest() PREFIX: the highest PREFIX_x.y version the plugin references
-    objdump -T "$stage/usr/lib/criu/gpu_plugin.so" | grep -o "(${1}_[0-9.]*)" | tr -d '()' |
+# Depends from the libraries the plugin and the tool link and the newest symbol version they
+# need of each.
+binaries=("$stage/usr/lib/criu/gpu_plugin.so" "$stage/usr/bin/criu-gpu")
+newest() { # newest() PREFIX: the highest PREFIX_x.y version the binaries reference
+    objdump -T "${binaries[@]}" | grep -o "(${1}_[0-9.]*)" | tr -d '()' |
         sed "s/^${1}_//" | sort -uV | tail -n 1
 }
 depends=""
-for lib in $(objdump -p "$stage/usr/lib/criu/gpu_plugin.so" | awk '$1 == "NEEDED" { print $2 }'); do
+for lib in $(objdump -p "${binaries[@]}" | awk '$1 == "NEEDED" { print $2 }' | sort -u); do
     case $lib in
         libc.so.6 | ld-linux-x86-64.so.2 | libm.so.6 | libdl.so.2 | libpthread.so.0 | librt.so.1)
             dep="libc6 (>= $(newest GLIBC))" ;;
         libgcc_s.so.1)
             dep="libgcc-s1 (>= $(newest GCC))" ;;
-        *) die "the plugin links $lib, which this script does not map to a package: add it here" ;;
+        *) die "the plugin or the tool links $lib, which this script does not map to a package: add it here" ;;
     esac
     case ", $depends, " in *", $dep, "*) ;; *) depends=${depends:+$depends, }$dep ;; esac
 done

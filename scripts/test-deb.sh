@@ -16,6 +16,8 @@ PKG=criu-gpu-plugin
 PLUGIN=/usr/lib/criu/gpu_plugin.so
 CONF=/etc/criu/gpu-plugin.conf
 MAN=/usr/share/man/man7/criu-gpu-plugin.7.gz
+TOOL=/usr/bin/criu-gpu
+TOOL_MAN=/usr/share/man/man8/criu-gpu.8.gz
 DOC=/usr/share/doc/$PKG
 
 say() { printf '[test-deb] %s\n' "$*"; }
@@ -32,7 +34,7 @@ command -v dpkg >/dev/null || die "needs dpkg (a Debian or Ubuntu machine)"
 if is_known; then
     die "package $PKG is already known to dpkg (status '$(pkg_status)'); this test would replace and purge it. Remove it first (dpkg --purge $PKG) if that is intended."
 fi
-for f in "$PLUGIN" "$CONF"; do
+for f in "$PLUGIN" "$CONF" "$TOOL"; do
     if [ -e "$f" ] || [ -L "$f" ]; then
         die "$f already exists (an installation not made by this test?); this test would overwrite it and then delete it. Move it away first."
     fi
@@ -55,11 +57,13 @@ say "package: $deb"
 
 # --- The .deb itself ---------------------------------------------------------------------------
 expected_files="./etc/criu/gpu-plugin.conf
+./usr/bin/criu-gpu
 ./usr/lib/criu/gpu_plugin.so
 ./usr/share/doc/$PKG/changelog.Debian.gz
 ./usr/share/doc/$PKG/copyright
 ./usr/share/lintian/overrides/$PKG
-./usr/share/man/man7/criu-gpu-plugin.7.gz"
+./usr/share/man/man7/criu-gpu-plugin.7.gz
+./usr/share/man/man8/criu-gpu.8.gz"
 files=$(dpkg-deb --contents "$deb" | awk '$1 !~ /^d/ { print $6 }' | LC_ALL=C sort)
 [ "$files" = "$expected_files" ] ||
     die "unexpected package contents:"$'\n'"$files"$'\n'"expected:"$'\n'"$expected_files"
@@ -109,6 +113,14 @@ else
     readelf --dyn-syms -W "$PLUGIN" | awk '$7 != "UND" { print $8 }' | grep -qx CR_PLUGIN_DESC ||
         die "$PLUGIN does not export CR_PLUGIN_DESC"
 fi
+[ "$(stat -c '%a %U:%G' "$TOOL")" = "755 root:root" ] ||
+    die "$TOOL has mode/owner $(stat -c '%a %U:%G' "$TOOL")"
+"$TOOL" --version >/dev/null || die "$TOOL --version fails"
+"$TOOL" help suspend | grep -q suspend || die "$TOOL help suspend says nothing of suspend"
+rc=0
+"$TOOL" inspect /nonexistent-criu-gpu-image >/dev/null 2>&1 || rc=$?
+[ "$rc" = 1 ] || die "$TOOL inspect of a missing path exits $rc, not 1"
+say "$TOOL runs"
 cmp -s "$CONF" packaging/gpu-plugin.conf || die "$CONF differs from packaging/gpu-plugin.conf"
 dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q "^ $CONF " || die "dpkg does not track $CONF as a conffile"
 
@@ -129,7 +141,12 @@ if [ -f "$MAN" ]; then
             die "man cannot render $MAN: $(cat "$work/man.err")"
         [ ! -s "$work/man.err" ] || die "man warns about $MAN:"$'\n'"$(cat "$work/man.err")"
         grep -q 'CRIU plugin that checkpoints' "$work/man.txt" || die "$MAN renders without its NAME line"
-        say "manual page renders without warnings"
+        found=$(man -w 8 criu-gpu) || die "man does not find criu-gpu(8)"
+        [ "$found" = "$TOOL_MAN" ] || die "man finds criu-gpu(8) at $found, not $TOOL_MAN"
+        MANWIDTH=80 man --warnings -l "$TOOL_MAN" >"$work/man8.txt" 2>"$work/man8.err" ||
+            die "man cannot render $TOOL_MAN: $(cat "$work/man8.err")"
+        [ ! -s "$work/man8.err" ] || die "man warns about $TOOL_MAN:"$'\n'"$(cat "$work/man8.err")"
+        say "manual pages render without warnings"
     else
         say "note: no man (man-db) here; the manual page was not rendered"
     fi
@@ -175,7 +192,7 @@ grep -Eq 'test result: ok\. [1-9][0-9]* passed' "$work/cargo-test.log" ||
 say "dpkg --purge $PKG"
 dpkg --purge "$PKG"
 ! is_known || die "after the purge dpkg still knows $PKG (status '$(pkg_status)')"
-for f in "$PLUGIN" "$CONF" "$MAN" "$DOC/copyright" "/usr/share/lintian/overrides/$PKG"; do
+for f in "$PLUGIN" "$CONF" "$MAN" "$TOOL" "$TOOL_MAN" "$DOC/copyright" "/usr/share/lintian/overrides/$PKG"; do
     [ ! -e "$f" ] || die "$f is left after the purge"
 done
 for d in /etc/criu /usr/lib/criu "$DOC"; do
