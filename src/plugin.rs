@@ -190,7 +190,22 @@ impl Plugin for GpuPlugin {
         let mut config = match Config::from_process() {
             Ok(c) => c,
             Err(e) => {
-                log::error!("settings: {e}; GPU support is off for this run");
+                let options = criu_plugin::options::from_host();
+                let mine: Vec<String> = options
+                    .all
+                    .iter()
+                    .filter(|o| {
+                        o.plugin == crate::config::OPTION_NAMESPACE
+                            || o.plugin == crate::config::CUDA_PLUGIN_NAMESPACE
+                    })
+                    .map(|o| format!("{}.{}", o.plugin, o.name))
+                    .collect();
+                let unused = if mine.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (plugin options not applied: {})", mine.join(", "))
+                };
+                log::error!("settings: {e}; GPU support is off for this run{unused}");
                 return self.start(stage, &Config::default(), Vec::new());
             }
         };

@@ -164,7 +164,7 @@ impl Reader {
                 .ok_or_else(|| {
                     format!(
                         "the archive is truncated: {what} needs {n} bytes, the file has {} left",
-                        len - self.pos
+                        len.saturating_sub(self.pos)
                     )
                 })?;
             f.seek(SeekFrom::Start(end))
@@ -183,6 +183,12 @@ impl Reader {
     }
 }
 
+/// Largest entry size taken from a header: rounding it up to whole blocks cannot overflow.
+/// (Larger archives than [`MAX_ARCHIVE_BYTES`] are refused while reading.)
+const MAX_ENTRY_BYTES: u64 = u64::MAX - BLOCK as u64;
+
+/// `size` rounded up to whole blocks; sizes above [`MAX_ENTRY_BYTES`] are refused first, so
+/// this cannot overflow.
 fn padded(size: u64) -> u64 {
     size.div_ceil(BLOCK as u64) * BLOCK as u64
 }
@@ -237,6 +243,20 @@ fn field_str(f: &[u8]) -> String {
 
 /// The `path` record of a pax extended header, if any.
 fn pax_path(data: &[u8]) -> Option<String> {
+    pax_field(data, b"path=").map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The size a pax header gives the next entry (`size=`: the ustar field holds 0 past 8 GiB).
+fn pax_size(data: &[u8]) -> Option<u64> {
+    std::str::from_utf8(pax_field(data, b"size=")?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The value of the last pax record `key` (`path=`, `size=`) in `data`.
+fn pax_field<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let mut found = None;
     let mut rest = data;
     while !rest.is_empty() {
         let sp = rest.iter().position(|&b| b == b' ')?;
@@ -246,12 +266,12 @@ fn pax_path(data: &[u8]) -> Option<String> {
         }
         let rec = &rest[sp + 1..len];
         let rec = rec.strip_suffix(b"\n").unwrap_or(rec);
-        if let Some(v) = rec.strip_prefix(b"path=") {
-            return Some(String::from_utf8_lossy(v).into_owned());
+        if let Some(v) = rec.strip_prefix(key) {
+            found = Some(v);
         }
         rest = &rest[len..];
     }
-    None
+    found
 }
 
 /// Reads the archive at `path` (packed as `packing`), calling `visit` for every entry; the
@@ -262,7 +282,9 @@ pub fn read(
     mut visit: impl FnMut(&Entry) -> Want,
     mut take: impl FnMut(&Entry, Data),
 ) -> Result<(), String> {
-    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // Without blocking and only a regular file: a FIFO put in its place must not hang the tool.
+    let file = criu_plugin::files::open_regular(None, path, false)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let len = file.metadata().ok().map(|m| m.len());
     let src = match packing.tool() {
         None => Source::File(file),
@@ -334,6 +356,7 @@ fn walk(
 ) -> Result<(), String> {
     let mut count = 0u64;
     let mut long_name: Option<String> = None;
+    let mut next_size: Option<u64> = None;
     let mut h = [0u8; BLOCK];
     loop {
         // An archive without its end marker still has every entry before it.
@@ -361,28 +384,37 @@ fn walk(
         }
         let size = octal(&h[124..136])
             .ok_or_else(|| format!("entry {count} has a malformed size field"))?;
+        if size > MAX_ENTRY_BYTES {
+            return Err(format!(
+                "entry {count} declares {size} bytes, more than a tar entry can hold; refused"
+            ));
+        }
         let kind = h[156];
         let what = format!("entry {count}");
         match kind {
-            b'L' | b'x' => {
+            b'L' | b'K' | b'x' => {
                 if size > MAX_META {
                     return Err(format!(
                         "entry {count}: a {} of {size} bytes (at most {MAX_META}); refused",
-                        if kind == b'L' {
-                            "long name"
-                        } else {
-                            "pax header"
+                        match kind {
+                            b'L' => "long name",
+                            b'K' => "long link target",
+                            _ => "pax header",
                         }
                     ));
                 }
                 let mut data = vec![0u8; padded(size) as usize];
                 r.exact(&mut data, &what)?;
                 data.truncate(size as usize);
-                long_name = if kind == b'L' {
-                    Some(field_str(&data))
-                } else {
-                    pax_path(&data).or(long_name)
-                };
+                match kind {
+                    b'L' => long_name = Some(field_str(&data)),
+                    // A link's target: nothing here reads links.
+                    b'K' => {}
+                    _ => {
+                        long_name = pax_path(&data).or(long_name);
+                        next_size = pax_size(&data).or(next_size);
+                    }
+                }
                 continue;
             }
             b'g' => {
@@ -391,16 +423,32 @@ fn walk(
             }
             _ => {}
         }
+        let size = match next_size.take() {
+            Some(n) if n > MAX_ENTRY_BYTES => {
+                return Err(format!(
+                    "entry {count} declares {n} bytes, more than a tar entry can hold; refused"
+                ));
+            }
+            Some(n) => n,
+            None => size,
+        };
         let name = match long_name.take() {
             Some(n) => n,
-            None if &h[257..262] == b"ustar" && h[345] != 0 => {
+            // POSIX ustar only: GNU headers keep other fields there.
+            None if &h[257..263] == b"ustar\0" && h[345] != 0 => {
                 format!("{}/{}", field_str(&h[345..500]), field_str(&h[..100]))
             }
             None => field_str(&h[..100]),
         };
         let regular = matches!(kind, b'0' | 0 | b'7');
-        // Links, directories and devices carry no data in the archive.
-        let size = if regular { size } else { 0 };
+        // Links and directories carry no data in the archive; every other kind (sparse files,
+        // kinds this reader does not know) is skipped by its size, so that the walk stays in
+        // step and no entry hides in another's data.
+        let size = if matches!(kind, b'1' | b'2' | b'5') {
+            0
+        } else {
+            size
+        };
         let entry = Entry {
             path: name,
             size,
@@ -438,7 +486,67 @@ mod tests {
             Some("checkpoint/pstree.img".into())
         );
         assert_eq!(pax_path(b"999 path=x\n"), None);
+        assert_eq!(pax_size(b"19 size=8589934592\n"), Some(8 << 30));
+        assert_eq!(pax_size(b"11 size=x1\n"), None);
         assert_eq!(sniff(&[0x1f, 0x8b, 8]), Some(Packing::Gzip));
         assert_eq!(sniff(b"hello"), None);
+    }
+
+    fn header(name: &str, size: u64, kind: u8) -> Vec<u8> {
+        let mut h = vec![0u8; BLOCK];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..107].copy_from_slice(b"0000644");
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+        h[156] = kind;
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        h
+    }
+
+    fn entries_of(tar: &[u8]) -> Result<Vec<(String, u64)>, String> {
+        let path =
+            std::env::temp_dir().join(format!("criu-gpu-archive-{}.tar", std::process::id()));
+        std::fs::write(&path, tar).unwrap();
+        let mut seen = Vec::new();
+        let r = read(
+            &path,
+            Packing::Tar,
+            |e| {
+                seen.push((e.path.clone(), e.size));
+                Want::Skip
+            },
+            |_, _| {},
+        );
+        let _ = std::fs::remove_file(&path);
+        r.map(|()| seen)
+    }
+
+    #[test]
+    fn pax_sizes_and_unknown_kinds_keep_the_walk_in_step() {
+        // An entry whose size only a pax record gives (the ustar field is 0 past 8 GiB).
+        let pax = b"12 size=600\n";
+        let mut tar = header("./PaxHeaders/big", pax.len() as u64, b'x');
+        tar.extend(pax);
+        tar.resize(2 * BLOCK, 0);
+        tar.extend(header("big", 0, b'0'));
+        tar.extend(vec![7u8; 1024]);
+        // A kind this reader does not know, whose data is a header in disguise: skipped.
+        let hidden = header("checkpoint/hidden.img", 0, b'0');
+        tar.extend(header("odd", hidden.len() as u64, b'S'));
+        tar.extend(&hidden);
+        // A GNU long link target: read and dropped.
+        tar.extend(header("././@LongLink", 5, b'K'));
+        tar.extend(b"x/y/z");
+        tar.resize(tar.len().div_ceil(BLOCK) * BLOCK, 0);
+        tar.extend(header("link", 0, b'2'));
+        tar.extend(header("last", 0, b'0'));
+        tar.extend(vec![0u8; 2 * BLOCK]);
+        let seen = entries_of(&tar).unwrap();
+        let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["big", "odd", "link", "last"], "{seen:?}");
+        assert_eq!(seen[0].1, 600);
     }
 }

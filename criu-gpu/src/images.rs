@@ -17,6 +17,8 @@ use crate::archive::{self, Data, Entry, Packing, Want};
 
 /// Most files listed from an image directory.
 const MAX_DIR_ENTRIES: usize = 100_000;
+/// Longest image file name kept (a file-name component's limit on Linux).
+const MAX_NAME_BYTES: usize = 255;
 /// Most files read into memory.
 const MAX_READ_FILES: usize = 1024;
 /// Most bytes read into memory, all files together.
@@ -35,6 +37,8 @@ pub struct ImageSet {
     pub sizes: BTreeMap<String, u64>,
     /// Files not read because they are larger than their limit: (name, size, limit).
     pub too_large: Vec<(String, u64, u64)>,
+    /// Whether more names were seen than are remembered.
+    names_capped: bool,
     /// What was ignored, and why.
     pub notes: Vec<String>,
     ignored: usize,
@@ -171,6 +175,8 @@ fn image_name(path: &str) -> Result<Option<String>, String> {
         return Err(format!("{path}: an absolute path (ignored)"));
     }
     Ok(match parts.as_slice() {
+        // No image file has a longer name; a longer one is not worth remembering.
+        [name] | ["checkpoint", name] if name.len() > MAX_NAME_BYTES => None,
         [name] => Some((*name).to_string()),
         ["checkpoint", name] => Some((*name).to_string()),
         _ => None,
@@ -195,6 +201,16 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
         if !e.regular {
             if limit_for(&name).is_some() {
                 s.note(format!("{}: not a regular file (ignored)", e.path));
+            }
+            return Want::Skip;
+        }
+        // A hostile archive may list a million names: only so many are remembered.
+        if s.sizes.len() >= MAX_DIR_ENTRIES && !s.sizes.contains_key(&name) {
+            if !s.names_capped {
+                s.names_capped = true;
+                s.note(format!(
+                    "more than {MAX_DIR_ENTRIES} image files: the rest are not looked at"
+                ));
             }
             return Want::Skip;
         }

@@ -278,12 +278,26 @@ pub fn resume(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Fa
                 .iter()
                 .map(|(pid, e)| (*pid, format!("restore failed: {e}"))),
         );
-        let done: Touched = todo
+        let mut done: Touched = todo
             .iter()
             .filter(|t| results.iter().any(|r| r.0 == t.0 && r.1.is_ok()))
             .copied()
             .collect();
-        suspend_again(s, &mut report, &done);
+        // A failed restore may have gone half-way (restored, then the unlock failed): the
+        // driver says where each failed process is now.
+        let failed_pids: Vec<i32> = failed.iter().map(|(pid, _)| *pid).collect();
+        let mut locked_now: Touched = Vec::new();
+        for p in s.probe(&failed_pids) {
+            let Some(t) = todo.iter().find(|t| t.0 == p.pid) else {
+                continue;
+            };
+            match p.state() {
+                Some(ProcessState::Running) => done.push(*t),
+                Some(ProcessState::Locked) if t.2 => locked_now.push(*t),
+                _ => {}
+            }
+        }
+        suspend_again(s, &mut report, &done, &locked_now);
         for o in &mut report.processes {
             o.bytes = None;
         }
@@ -297,9 +311,13 @@ pub fn resume(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Fa
 }
 
 /// The rollback of a resume: the processes resumed are locked again, and those that were
-/// checkpointed checkpointed again.
-fn suspend_again(s: &Session, report: &mut Report, done: &Touched) {
-    progress(&format!("rolling back {} process(es)", done.len()));
+/// checkpointed checkpointed again; `locked_now` were restored but left locked by a failed
+/// unlock, and only need their checkpoint again.
+fn suspend_again(s: &Session, report: &mut Report, done: &Touched, locked_now: &Touched) {
+    progress(&format!(
+        "rolling back {} process(es)",
+        done.len() + locked_now.len()
+    ));
     report.rolled_back = true;
     let pids: Vec<i32> = done.iter().map(|t| t.0).collect();
     let timeout = Duration::from_millis(s.settings.lock_timeout_ms);
@@ -317,6 +335,7 @@ fn suspend_again(s: &Session, report: &mut Report, done: &Touched) {
             r => back.push((pid, r, t)),
         }
     }
+    again.extend(locked_now.iter().map(|d| (d.0, d.1)));
     back.extend(s.checkpoint(&again));
     roll_back(report, back, "suspended again");
 }

@@ -37,17 +37,16 @@ pub fn open_regular(
     check_regular(file, path)
 }
 
-/// Creates (or truncates) `name` in `dir` for writing, mode 0600, without blocking and never
-/// through a symbolic link; refused unless the result is a regular file.
+/// Creates (or empties) `name` in `dir` for writing, mode 0600, without blocking and never
+/// through a symbolic link; refused unless the result is a regular file with no other hard
+/// link. The file is emptied and its mode set only once that is checked, so a FIFO, a device
+/// or a hard link to another file planted under the name is refused untouched, and an old
+/// file's looser mode does not survive.
 pub fn create_regular(dir: BorrowedFd<'_>, name: &Path) -> io::Result<std::fs::File> {
     let c = CString::new(name.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    let flags = libc::O_WRONLY
-        | libc::O_CREAT
-        | libc::O_TRUNC
-        | libc::O_CLOEXEC
-        | libc::O_NONBLOCK
-        | libc::O_NOFOLLOW;
+    let flags =
+        libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOFOLLOW;
     // SAFETY: openat with a valid directory fd, a NUL-terminated path and the mode passed as
     // the variadic `mode_t` openat expects.
     let fd = unsafe {
@@ -62,8 +61,21 @@ pub fn create_regular(dir: BorrowedFd<'_>, name: &Path) -> io::Result<std::fs::F
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just opened and is owned by nobody else.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    check_regular(file, name)
+    let file = check_regular(
+        std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }),
+        name,
+    )?;
+    use std::os::unix::fs::MetadataExt;
+    if file.metadata()?.nlink() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} has other hard links; refused", name.display()),
+        ));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.set_len(0)?;
+    Ok(file)
 }
 
 /// The refusal of a file that is not a regular file (inside an [`io::Error`] of kind
@@ -205,6 +217,17 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // A FIFO without a reader: O_NONBLOCK makes the open fail at once instead of waiting.
         assert!(create_regular(dirfd, Path::new("fifo")).is_err());
+        // An old file keeps neither its contents nor a looser mode.
+        std::fs::write(d.join("old"), b"secret").unwrap();
+        std::fs::set_permissions(d.join("old"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(create_regular(dirfd, Path::new("old")).unwrap());
+        let m = std::fs::metadata(d.join("old")).unwrap();
+        assert_eq!((m.len(), m.permissions().mode() & 0o777), (0, 0o600));
+        // A hard link to another file is refused and the other file left whole.
+        std::fs::write(d.join("other"), b"keep").unwrap();
+        std::fs::hard_link(d.join("other"), d.join("hard")).unwrap();
+        assert!(create_regular(dirfd, Path::new("hard")).is_err());
+        assert_eq!(std::fs::read(d.join("other")).unwrap(), b"keep");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

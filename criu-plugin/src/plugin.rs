@@ -60,9 +60,10 @@ impl From<Failure> for HookError {
     }
 }
 
+/// An I/O error a hook passes up with `?` is a failure to log, like any other.
 impl From<std::io::Error> for HookError {
     fn from(e: std::io::Error) -> Self {
-        HookError::Errno(e.raw_os_error().unwrap_or(libc::EIO))
+        Failure::from(e).into()
     }
 }
 
