@@ -183,22 +183,7 @@ fn one_gpu_restores_onto_a_gpu_with_another_id() {
 fn two_gpus_restore_swapped() {
     // The two GPUs differ (device ids); the restore machine has them the other way round
     // and with other gpu ids, so each GPU's state must go to the other node.
-    let ckpt = edited_fixture(
-        "2gpu",
-        &[
-            Edit::Prop(1, "device_id", 29711),
-            Edit::Prop(2, "device_id", 29600),
-        ],
-    );
-    let rest = edited_fixture(
-        "2gpu",
-        &[
-            Edit::Prop(1, "device_id", 29600),
-            Edit::Prop(2, "device_id", 29711),
-            Edit::GpuId(1, 0x1111),
-            Edit::GpuId(2, 0x2222),
-        ],
-    );
+    let (ckpt, rest) = swapped_gpu_topologies();
     let sim = SimKfd::from_sysfs(ckpt.path()).unwrap();
     let p = spawn(
         &sim,

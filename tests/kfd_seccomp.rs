@@ -16,7 +16,7 @@ mod kfd_supervisor;
 
 use std::path::Path;
 
-use amdgpu_support::{Edit, edited_fixture};
+use amdgpu_support::swapped_gpu_topologies;
 use common::{CriuRun, E2e, wait_until};
 use criu_gpu_plugin::amdgpu::device::alloc_flags;
 use criu_gpu_plugin::amdgpu::sim::{Fault, Faults};
@@ -479,22 +479,7 @@ fn two_gpus_dump_and_restore_with_their_contents() {
 fn two_gpus_restore_onto_the_gpus_swapped() {
     // As `two_gpus_restore_swapped` of the in-process tests: the two GPUs differ (device
     // ids), and the restore machine has them the other way round and with other gpu ids.
-    let ckpt = edited_fixture(
-        "2gpu",
-        &[
-            Edit::Prop(1, "device_id", 29711),
-            Edit::Prop(2, "device_id", 29600),
-        ],
-    );
-    let rest = edited_fixture(
-        "2gpu",
-        &[
-            Edit::Prop(1, "device_id", 29600),
-            Edit::Prop(2, "device_id", 29711),
-            Edit::GpuId(1, 0x1111),
-            Edit::GpuId(2, 0x2222),
-        ],
-    );
+    let (ckpt, rest) = swapped_gpu_topologies();
     let Some(trip) = round_trip(
         "two_gpus_restore_onto_the_gpus_swapped",
         ckpt.path(),

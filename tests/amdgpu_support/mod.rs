@@ -110,6 +110,29 @@ pub fn edited_fixture(name: &str, edits: &[Edit]) -> TempDir {
     dir
 }
 
+/// Two topologies from the `2gpu` fixture whose GPUs differ (device ids): the checkpoint
+/// machine's, and a restore machine that has them the other way round and with other gpu ids,
+/// so that each GPU's state must go to the other node.
+pub fn swapped_gpu_topologies() -> (TempDir, TempDir) {
+    let ckpt = edited_fixture(
+        "2gpu",
+        &[
+            Edit::Prop(1, "device_id", 29711),
+            Edit::Prop(2, "device_id", 29600),
+        ],
+    );
+    let rest = edited_fixture(
+        "2gpu",
+        &[
+            Edit::Prop(1, "device_id", 29600),
+            Edit::Prop(2, "device_id", 29711),
+            Edit::GpuId(1, 0x1111),
+            Edit::GpuId(2, 0x2222),
+        ],
+    );
+    (ckpt, rest)
+}
+
 /// Settings text with the topology root and extra lines.
 /// Parallel restore is on unless `extra` turns it off: most tests exercise the hand-over.
 pub fn config(topology: &Path, extra: &str) -> Config {

@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -230,12 +229,7 @@ def main():
             print(json.dumps(r), flush=True)
             results["rounds"].append(r)
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        gpu_check.wait_gone(pids)
+        gpu_check.kill_all(pids)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -171,14 +171,19 @@ def start_workload(ctx, name, argv, nproc, key_prefix):
     return prefix, root, pids
 
 
-def end_case(ctx, res, pids, img):
-    """Ends a case: its processes killed and gone, its images removed, its result recorded."""
+def kill_all(pids):
+    """SIGKILLs `pids` (those already gone are fine) and waits until they are reaped."""
     for p in pids:
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
     wait_gone(pids)
+
+
+def end_case(ctx, res, pids, img):
+    """Ends a case: its processes killed and gone, its images removed, its result recorded."""
+    kill_all(pids)
     shutil.rmtree(img, ignore_errors=True)
     ctx.results.append(res)
     return res
@@ -215,9 +220,7 @@ def _dump_restore(ctx, name, argv, nproc, key, leave_running, extra_dump):
         v = verify(prefix, pids, key)
         res["ok"] = all(ok and moved for ok, moved, _ in v.values())
         res["detail"] = {str(k): v[k][2] for k in v}
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-        wait_gone(pids)
+        kill_all(pids)
         ctx.results.append(res)
         return res
     wait_gone(pids)
@@ -352,9 +355,7 @@ def mapopt_case(ctx, wl):
                      and all(last_counter(prefix, p) > counters[p] for p in pids))
         ok = ok and run["ok"]
         res["runs"].append(run)
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-        wait_gone(pids)
+        kill_all(pids)
         shutil.rmtree(img, ignore_errors=True)
     res["ok"] = ok
     ctx.results.append(res)

@@ -20,7 +20,6 @@ import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -183,12 +182,7 @@ def main():
             run("toggle", lambda: toggle_case(args, prefix, pids))
         run("images", lambda: images_case(args, ctx, prefix, root, pids))
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        gpu_check.wait_gone(pids)
+        gpu_check.kill_all(pids)
     if args.scale:
         prefix, root, pids = gpu_check.start_workload(
             ctx, "scale", [wl, "--mib", "64", "--children", str(args.scale - 1), "--out"], args.scale, "counter")
@@ -197,12 +191,7 @@ def main():
             time.sleep(1.0)
             run(f"scale{args.scale}", lambda: swap_case(args, prefix, root, pids))
         finally:
-            for p in pids:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            gpu_check.wait_gone(pids)
+            gpu_check.kill_all(pids)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

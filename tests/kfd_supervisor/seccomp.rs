@@ -246,12 +246,17 @@ pub fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     };
     // SAFETY: `local` is our buffer; the remote range is checked by the kernel.
     let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
-    if n as usize != buf.len() {
-        return Err(if n < 0 {
-            io::Error::last_os_error()
-        } else {
-            io::Error::from_raw_os_error(libc::EFAULT)
-        });
+    transferred(n, buf.len())
+}
+
+/// The result of a `process_vm_*` call that moved `n` of `len` bytes: a short transfer (a
+/// range that ends in unmapped memory) is `EFAULT`.
+fn transferred(n: isize, len: usize) -> io::Result<()> {
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != len {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
     }
     Ok(())
 }
@@ -271,14 +276,7 @@ pub fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
     };
     // SAFETY: `local` is our buffer, only read; the remote range is checked by the kernel.
     let n = unsafe { libc::process_vm_writev(pid as i32, &local, 1, &remote, 1, 0) };
-    if n as usize != buf.len() {
-        return Err(if n < 0 {
-            io::Error::last_os_error()
-        } else {
-            io::Error::from_raw_os_error(libc::EFAULT)
-        });
-    }
-    Ok(())
+    transferred(n, buf.len())
 }
 
 /// Reads a `T` (plain data) at `addr` of `pid`.
