@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod fake_cuda;
+mod fake_cuda_build;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -813,54 +814,9 @@ pub fn mkfifo(path: &Path) {
     assert_eq!(rc, 0, "mkfifo {}", path.display());
 }
 
-/// The stand-in CUDA driver (`tests/fixtures/fake-cuda`), the stand-in NVML, and the programs
-/// linked against the driver, built once per test binary.
-pub struct FakeCudaBuild {
-    /// `libcuda.so.1`.
-    pub libcuda: PathBuf,
-    /// `libnvidia-ml.so.1`: its `nvmlInit_v2` starts a thread that never ends, as NVIDIA's
-    /// does, so whatever loads it into CRIU's process makes it multi-threaded.
-    pub nvml: PathBuf,
-    /// The CUDA workload.
-    pub workload: PathBuf,
-    /// Lists the fake's GPUs.
-    pub gpu_list: PathBuf,
-}
+pub use fake_cuda_build::FakeCudaBuild;
 
-/// Builds (or finds, once built) [`FakeCudaBuild`].
+/// Builds (or finds, once built) the stand-in CUDA driver, NVML and their programs.
 pub fn fake_cuda_build() -> FakeCudaBuild {
-    let shared = |src: &str, name: &str| {
-        cc(
-            name,
-            &[
-                "-shared".into(),
-                "-fPIC".into(),
-                fixture(src),
-                "-lpthread".into(),
-            ],
-        )
-    };
-    let libcuda = shared("fake-cuda/fake_libcuda.c", "libcuda.so.1");
-    let nvml = shared("fake-cuda/fake_nvml.c", "libnvidia-ml.so.1");
-    // Linked against the fake only, found next to the binary ($ORIGIN, DT_RPATH) before any
-    // real libcuda.
-    let linked = |src: &str, name: &str| {
-        cc(
-            name,
-            &[
-                fixture(src),
-                format!("-L{}", build_dir().display()),
-                "-l:libcuda.so.1".into(),
-                "-Wl,-rpath,$ORIGIN".into(),
-                "-Wl,--disable-new-dtags".into(),
-                "-lpthread".into(),
-            ],
-        )
-    };
-    FakeCudaBuild {
-        libcuda,
-        nvml,
-        workload: linked("fake-cuda/workload.c", "workload"),
-        gpu_list: linked("e2e/gpu_list.c", "gpu_list"),
-    }
+    fake_cuda_build::build(&cc, &fixture, build_dir())
 }

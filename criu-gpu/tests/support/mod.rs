@@ -59,50 +59,16 @@ fn cc(name: &str, args: &[String]) -> PathBuf {
     out
 }
 
-/// The stand-in driver's files.
-pub struct FakeBuild {
-    pub libcuda: PathBuf,
-    pub nvml: PathBuf,
-    pub workload: PathBuf,
-    pub gpu_list: PathBuf,
-}
+#[path = "../../../tests/common/fake_cuda_build.rs"]
+mod fake_cuda_build;
 
+/// The stand-in driver's files.
+pub use fake_cuda_build::FakeCudaBuild as FakeBuild;
+
+/// Builds (once per test binary) the stand-in driver, NVML and their programs.
 pub fn fake_build() -> &'static FakeBuild {
     static B: OnceLock<FakeBuild> = OnceLock::new();
-    B.get_or_init(|| {
-        let shared = |src: &str, name: &str| {
-            cc(
-                name,
-                &[
-                    "-shared".into(),
-                    "-fPIC".into(),
-                    fixture(src),
-                    "-lpthread".into(),
-                ],
-            )
-        };
-        let libcuda = shared("fake-cuda/fake_libcuda.c", "libcuda.so.1");
-        let nvml = shared("fake-cuda/fake_nvml.c", "libnvidia-ml.so.1");
-        let linked = |src: &str, name: &str| {
-            cc(
-                name,
-                &[
-                    fixture(src),
-                    format!("-L{}", build_dir().display()),
-                    "-l:libcuda.so.1".into(),
-                    "-Wl,-rpath,$ORIGIN".into(),
-                    "-Wl,--disable-new-dtags".into(),
-                    "-lpthread".into(),
-                ],
-            )
-        };
-        FakeBuild {
-            libcuda,
-            nvml,
-            workload: linked("fake-cuda/workload.c", "workload"),
-            gpu_list: linked("e2e/gpu_list.c", "gpu_list"),
-        }
-    })
+    B.get_or_init(|| fake_cuda_build::build(&cc, &fixture, build_dir()))
 }
 
 /// Waits up to 20 s for `cond`.

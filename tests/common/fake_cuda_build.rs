@@ -1,0 +1,62 @@
+//! How the stand-in CUDA driver of `tests/fixtures/fake-cuda` is built: one recipe for every
+//! test crate that needs it (the plugin's tests and `criu-gpu`'s), each bringing its own way
+//! to compile a file and to find fixtures.
+
+use std::path::{Path, PathBuf};
+
+/// The stand-in CUDA driver (`tests/fixtures/fake-cuda`), the stand-in NVML, and the programs
+/// linked against the driver.
+pub struct FakeCudaBuild {
+    /// `libcuda.so.1`.
+    pub libcuda: PathBuf,
+    /// `libnvidia-ml.so.1`: its `nvmlInit_v2` starts a thread that never ends, as NVIDIA's
+    /// does, so whatever loads it into CRIU's process makes it multi-threaded.
+    pub nvml: PathBuf,
+    /// The CUDA workload.
+    pub workload: PathBuf,
+    /// Lists the fake's GPUs.
+    pub gpu_list: PathBuf,
+}
+
+/// Builds the stand-in with `cc(output name, arguments)` into `build_dir`, taking sources
+/// from `fixture(path under tests/fixtures)`.
+pub fn build(
+    cc: &dyn Fn(&str, &[String]) -> PathBuf,
+    fixture: &dyn Fn(&str) -> String,
+    build_dir: &Path,
+) -> FakeCudaBuild {
+    let shared = |src: &str, name: &str| {
+        cc(
+            name,
+            &[
+                "-shared".into(),
+                "-fPIC".into(),
+                fixture(src),
+                "-lpthread".into(),
+            ],
+        )
+    };
+    let libcuda = shared("fake-cuda/fake_libcuda.c", "libcuda.so.1");
+    let nvml = shared("fake-cuda/fake_nvml.c", "libnvidia-ml.so.1");
+    // Linked against the fake only, found next to the binary ($ORIGIN, DT_RPATH) before any
+    // real libcuda.
+    let linked = |src: &str, name: &str| {
+        cc(
+            name,
+            &[
+                fixture(src),
+                format!("-L{}", build_dir.display()),
+                "-l:libcuda.so.1".into(),
+                "-Wl,-rpath,$ORIGIN".into(),
+                "-Wl,--disable-new-dtags".into(),
+                "-lpthread".into(),
+            ],
+        )
+    };
+    FakeCudaBuild {
+        libcuda,
+        nvml,
+        workload: linked("fake-cuda/workload.c", "workload"),
+        gpu_list: linked("e2e/gpu_list.c", "gpu_list"),
+    }
+}
