@@ -13,6 +13,8 @@
 //! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
 //!   killed;
+//! - [`guardian`]: a process that outlives CRIU and undoes a plugin's work on other processes
+//!   when CRIU ends before the plugin could (a signal, a crash, a timeout);
 //! - [`failure`]: a hook's failure as a value (errno, kind, message), logged once where the
 //!   hook returns to CRIU;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
@@ -34,6 +36,7 @@ pub mod child;
 pub mod failure;
 pub mod fds;
 pub mod files;
+pub mod guardian;
 pub mod host;
 pub mod log;
 pub mod options;

@@ -17,8 +17,8 @@ use super::helper::{self, RestoreJob};
 use super::restore_thread::RunningThreads;
 use super::worker;
 
-/// How long a restore helper may run for a batch (the C plugin's default timeout).
-const RESTORE_HELPER_DEADLINE: Duration = Duration::from_secs(300);
+/// How long the helper process of one batch may run (the C plugin's default timeout).
+pub const HELPER_DEADLINE: Duration = Duration::from_secs(300);
 
 /// One process's result and the time its calls took.
 pub type Timed<E = DriverError> = (i32, Result<(), E>, Duration);
@@ -197,6 +197,28 @@ where
     })
 }
 
+/// Runs `op` for every pid in a helper process ([`helper::each_in_helper`]): a driver call
+/// that never returns, or waits for a task that died, costs a killed helper, never a CRIU that
+/// hangs. A helper that gives no answer fails every pid, saying why.
+pub fn each_in_helper(
+    driver: &Driver,
+    pids: &[i32],
+    parallel: bool,
+    op: impl Fn(i32) -> Result<(), DriverError> + Sync,
+) -> Vec<Timed> {
+    let t = Instant::now();
+    match helper::each_in_helper(driver, pids, parallel, false, HELPER_DEADLINE, op) {
+        Ok(v) => v,
+        Err(e) => pids
+            .iter()
+            .map(|&pid| {
+                let why = format!("the driver helper process gave no answer: {e}");
+                (pid, Err(DriverError::InvalidArgument(why)), t.elapsed())
+            })
+            .collect(),
+    }
+}
+
 /// Whether the driver refused a restore because the caller has not called `cuInit` (needed
 /// when persistence mode is off).
 fn needs_init(r: &Result<(), DriverError>) -> bool {
@@ -204,7 +226,7 @@ fn needs_init(r: &Result<(), DriverError>) -> bool {
         if e.code == CUresult::NOT_PERMITTED && e.call == "cuCheckpointProcessRestore")
 }
 
-/// Restores (and unlocks) every job: `here` does a job in this process; the jobs the driver
+/// Restores (and unlocks) every job: `here` does a job in a helper process; the jobs the driver
 /// refused for want of `cuInit` are redone from a helper process that calls it (`cuInit`
 /// starts threads, which must not stay in CRIU's process) and then checked with `check`.
 pub fn restore_each(
@@ -217,7 +239,7 @@ pub fn restore_each(
 ) -> Vec<Timed> {
     let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
     let job = |pid: i32| jobs.iter().find(|j| j.pid == pid);
-    let mut results = run_each(&pids, parallel, |pid| match job(pid) {
+    let mut results = each_in_helper(driver, &pids, parallel, |pid| match job(pid) {
         Some(j) => here(j),
         None => Ok(()),
     });
@@ -234,8 +256,7 @@ pub fn restore_each(
         retry.len()
     );
     let t = Instant::now();
-    let redone =
-        helper::restore_with_init(driver, &retry, pairs, parallel, RESTORE_HELPER_DEADLINE);
+    let redone = helper::restore_with_init(driver, &retry, pairs, parallel, HELPER_DEADLINE);
     let helper_wall = t.elapsed();
     for slot in results.iter_mut().filter(|(_, r, _)| needs_init(r)) {
         let (pid, result, took) = slot;

@@ -9,12 +9,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criu_plugin::child::ChildError;
+use criu_plugin::guardian::Guardian;
 use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
-use super::batch::{Batch, Ran, ms, run_each};
+use super::batch::{Batch, Ran, each_in_helper, ms};
 use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure, os_failure};
 use super::gpus::{self, Gpu};
+use super::guardian::{PutBack, RESTORE, UNLOCK};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{INVENTORY_NAME, driver, exclusive, helper, image, procfs};
@@ -37,6 +39,9 @@ pub struct DumpRun {
     abandoned_locks: Vec<(i32, Option<u64>)>,
     /// This CRIU's claims on the processes it dumps, held until `exit`.
     claims: BTreeMap<i32, exclusive::Claim>,
+    /// The process that puts everything back should CRIU end first; started before the
+    /// first lock.
+    guardian: Option<Guardian>,
     inventory_added: bool,
 }
 
@@ -113,6 +118,7 @@ impl DumpRun {
             dumped: BTreeMap::new(),
             abandoned_locks: Vec::new(),
             claims: BTreeMap::new(),
+            guardian: None,
             inventory_added: false,
         })
     }
@@ -143,10 +149,12 @@ impl DumpRun {
             }
         };
         self.settings.check(&format!("cuda: pid {pid} uses CUDA"))?;
-        self.claim(pid)?;
+        let start = self.claim(pid)?;
         check_runnable(pid, tid)?;
-        let locked = self.lock(pid)?;
+        self.start_guardian()?;
+        let locked = self.lock(pid, start)?;
         in_driver += locked.in_driver;
+        self.watch(pid, start, &locked);
         self.dumped.insert(
             pid,
             DumpedProcess {
@@ -159,7 +167,7 @@ impl DumpRun {
                 rss_before: 0,
                 host_bytes: 0,
                 result: None,
-                start_time: procfs::start_time(pid),
+                start_time: start,
             },
         );
         if !self.inventory_added {
@@ -184,16 +192,71 @@ impl DumpRun {
         Ok(())
     }
 
+    /// Starts the guardian (once): no process is locked unless something outside CRIU will
+    /// put it back should CRIU end before the dump does.
+    fn start_guardian(&mut self) -> Result<(), Failure> {
+        if self.guardian.is_some() {
+            return Ok(());
+        }
+        let g = Guardian::spawn(PutBack {
+            driver: &self.driver,
+        })
+        .map_err(|e| {
+            Failure::new(
+                FailureKind::System,
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!(
+                    "cuda: cannot start the guardian process that puts CUDA processes back should CRIU end early ({e}); nothing is locked without it"
+                ),
+            )
+        })?;
+        log::debug!("cuda: guardian {} started", g.pid());
+        self.guardian = Some(g);
+        Ok(())
+    }
+
+    /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
+    /// holds too), once the lock helper said how it found the process.
+    fn watch(&self, pid: i32, start: Option<u64>, locked: &Locked) {
+        let (Some(g), Some(start)) = (&self.guardian, start) else {
+            return;
+        };
+        let action = match (locked.found, locked.locked_by_us) {
+            (_, true) => RESTORE | UNLOCK,
+            // Checkpointed by this dump, left locked by whoever locked it.
+            (FoundState::Locked, false) => RESTORE,
+            _ => return,
+        };
+        let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
+        if let Err(e) = g.watch(pid, start, action, claim) {
+            log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}");
+        }
+    }
+
+    /// Tells the guardian that `pid` needs nothing more from it.
+    fn forget(&self, pid: i32) {
+        if let Some(g) = &self.guardian {
+            let _ = g.forget(pid);
+        }
+    }
+
     /// Asks for `pid`'s state and locks it when it runs, in a helper process: a target that
     /// never answers costs a killed helper, not a thread stuck in CRIU's process for good.
-    fn lock(&mut self, pid: i32) -> Result<Locked, Failure> {
+    fn lock(&mut self, pid: i32, start: Option<u64>) -> Result<Locked, Failure> {
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".
         let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
         let deadline = timeout + LOCK_GRACE;
         let t = Instant::now();
-        let outcome =
-            helper::state_and_lock(&self.driver, pid, ms_timeout, deadline).map_err(|e| match e {
+        let guardian = self.guardian.as_ref();
+        // In the helper, just before the lock: from then on the guardian unlocks it.
+        let announce = || {
+            if let (Some(g), Some(start)) = (guardian, start) {
+                let _ = g.watch(pid, start, RESTORE | UNLOCK, None);
+            }
+        };
+        let outcome = helper::state_and_lock(&self.driver, pid, ms_timeout, deadline, &announce)
+            .map_err(|e| match e {
                 // A lock may have been asked for and complete later: checked again at exit.
                 ChildError::TimedOut(_) => {
                     self.abandoned_locks.push((pid, procfs::start_time(pid)));
@@ -276,20 +339,20 @@ impl DumpRun {
         }
     }
 
-    /// Claims `pid` for this dump; refuses it while another CRIU dumps it.
-    fn claim(&mut self, pid: i32) -> Result<(), Failure> {
-        // Already ours (CRIU asks again after a failed seize): a second lock of the same file
-        // from this process would be granted, and dropping either would release both.
-        if self.claims.contains_key(&pid) {
-            return Ok(());
-        }
+    /// Claims `pid` for this dump; refuses it while another CRIU dumps it. Returns the
+    /// process's start time, when it has one.
+    fn claim(&mut self, pid: i32) -> Result<Option<u64>, Failure> {
         let Some(start) = procfs::start_time(pid) else {
-            return Ok(());
+            return Ok(None);
         };
+        // Already ours (CRIU asks again after a failed seize).
+        if self.claims.contains_key(&pid) {
+            return Ok(Some(start));
+        }
         match exclusive::claim(pid, start) {
             Ok(c) => {
                 self.claims.insert(pid, c);
-                Ok(())
+                Ok(Some(start))
             }
             Err(exclusive::ClaimError::Busy) => Err(Failure::new(
                 FailureKind::Process,
@@ -300,7 +363,7 @@ impl DumpRun {
             )),
             Err(exclusive::ClaimError::Unavailable(e)) => {
                 log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
-                Ok(())
+                Ok(Some(start))
             }
         }
     }
@@ -346,7 +409,9 @@ impl DumpRun {
             results,
             not_stopped,
             phase,
-        } = batch.run(|pids, parallel| run_each(pids, parallel, |pid| driver.checkpoint(pid)));
+        } = batch.run(|pids, parallel| {
+            each_in_helper(driver, pids, parallel, |pid| driver.checkpoint(pid))
+        });
         for (pid, r, took) in results {
             let Some(p) = self.dumped.get_mut(&pid) else {
                 continue;
@@ -472,18 +537,31 @@ impl DumpRun {
     }
 
     /// `exit`: after a failed dump, or when the tasks live on, every process is put back. The
-    /// claims go with the run.
+    /// claims go with the run. The guardian is released when nothing is left for it to do:
+    /// the dump is done and CRIU ends the tasks, or every process was put back; otherwise it
+    /// stays, and tries again once CRIU has ended (the tasks then run untraced).
     pub fn finish(mut self, ret: i32) {
         let final_state = CriuSymbols::get().final_state();
         let put_back = ret != 0 || !matches!(final_state, Some(criu_plugin::FinalState::Dead));
+        let mut left = 0;
         if put_back {
             log::info!(
                 "cuda: dump {} (final state {final_state:?}): putting processes back",
                 if ret != 0 { "failed" } else { "done" }
             );
-            self.put_back_all();
+            left = self.put_back_all();
         }
-        self.release_abandoned_locks();
+        left += self.release_abandoned_locks();
+        if let Some(g) = self.guardian.take() {
+            if left == 0 {
+                g.release();
+            } else {
+                log::warn!(
+                    "cuda: {left} process(es) not put back yet; guardian {} tries again once CRIU has ended",
+                    g.pid()
+                );
+            }
+        }
     }
 }
 

@@ -5,10 +5,12 @@
 //! loser locks it, fails to seize it, then cannot unlock what the winner checkpointed). So a
 //! dump holds a lock on a file named after the process (pid and start time, which survive
 //! nothing but that process) from `PAUSE_DEVICES` to `exit`, and a second dump of the same
-//! process is refused before it touches the driver. The lock is a POSIX record lock, owned by
-//! CRIU's process: the plugin's helper processes do not inherit it (an `flock` would go with
-//! them), and CRIU's death releases it. A claim removes its file when it ends, and a claim
-//! taken on a file that was removed meanwhile is retried on the new one.
+//! process is refused before it touches the driver. The lock is an open-file-description lock
+//! (`F_OFD_SETLK`): it is held while any descriptor of that open file lives, so the guardian
+//! that puts processes back after CRIU's death holds the claims it was sent until it is done,
+//! and a helper child holds them only while it runs (it dies with CRIU). A claim removes its
+//! file when it ends, and a claim taken on a file that was removed meanwhile is retried on the
+//! new one.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -19,11 +21,20 @@ use std::path::{Path, PathBuf};
 /// Where the lock files live: `/run` is per boot and root's.
 const LOCK_DIR: &str = "/run/criu-gpu-plugin";
 
-/// A held claim on one process; released on drop.
+/// A held claim on one process; released on drop (once no other process holds a copy of
+/// its descriptor, see [`Claim::fd`]).
 #[derive(Debug)]
 pub struct Claim {
     fd: Option<OwnedFd>,
     path: PathBuf,
+}
+
+impl Claim {
+    /// The lock's descriptor: whoever holds a copy holds the claim (the guardian).
+    pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
 }
 
 impl Drop for Claim {
@@ -78,8 +89,7 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
     )))
 }
 
-/// Device and inode of the file behind `fd`. `fstat` on the fd itself: closing any other fd of
-/// the file (a duplicate) would drop this process's POSIX lock on it.
+/// Device and inode of the file behind `fd`, from the fd itself.
 fn fd_metadata(fd: &OwnedFd) -> io::Result<(u64, u64)> {
     // SAFETY: stat is plain data, filled by fstat for an fd we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -118,8 +128,9 @@ fn lock_file(c: &std::ffi::CStr) -> Result<(OwnedFd, bool), ClaimError> {
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: F_SETLK with a valid struct on an fd we own; it does not block.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLK, &fl) } != 0 {
+    // SAFETY: F_OFD_SETLK with a valid struct (l_pid 0, as OFD locks need) on an fd we own;
+    // it does not block.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EAGAIN | libc::EACCES) => Ok((fd, false)),

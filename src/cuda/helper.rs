@@ -217,12 +217,14 @@ pub struct LockOutcome {
 }
 
 /// Asks for `pid`'s state and, when it runs, locks it with `timeout_ms`, in a helper killed
-/// after `deadline`.
+/// after `deadline`. The helper calls `announce` just before it asks for the lock (the
+/// guardian learns of the process there: a CRIU killed during the lock is covered).
 pub fn state_and_lock(
     driver: &Driver,
     pid: i32,
     timeout_ms: u32,
     deadline: Duration,
+    announce: &dyn Fn(),
 ) -> Result<LockOutcome, ChildError> {
     let reply = child::run(deadline, MAX_REPLY, || {
         let mut w = Writer::default();
@@ -235,6 +237,7 @@ pub fn state_and_lock(
                     // before the parent's deadline, never after the helper is gone.
                     let spent = t.elapsed().as_millis().min(u128::from(u32::MAX)) as u32;
                     let left = timeout_ms.saturating_sub(spent).max(1);
+                    announce();
                     w.u8(1).driver_result(&driver.lock(pid, left));
                 } else {
                     w.u8(0);
@@ -319,8 +322,7 @@ impl RestoreJob {
 }
 
 /// Restores (and unlocks) `jobs` from a helper that first calls `cuInit`, as the driver
-/// requires of a restoring process when persistence mode is off. The helper runs the jobs at
-/// once when `parallel`, one after another otherwise; `deadline` bounds the whole batch.
+/// requires of a restoring process when persistence mode is off (see [`each_in_helper`]).
 pub fn restore_with_init(
     driver: &Driver,
     jobs: &[RestoreJob],
@@ -328,17 +330,34 @@ pub fn restore_with_init(
     parallel: bool,
     deadline: Duration,
 ) -> Result<Vec<Timed>, ChildError> {
+    let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
+    each_in_helper(driver, &pids, parallel, true, deadline, |pid| {
+        jobs.iter()
+            .find(|j| j.pid == pid)
+            .map_or(Ok(()), |j| j.restore(driver, pairs))
+    })
+}
+
+/// Runs `op` for every pid in a helper process killed after `deadline` (after `cuInit` when
+/// `init`): each call on a thread of the helper's, all at once when `parallel`, else one after
+/// another. A driver call waits for the target's restore thread, and a target that dies
+/// meanwhile may never answer: the helper watches each target through a pidfd and answers for
+/// one that ended at once, so a task killed in the middle of a dump costs a failed call, not a
+/// CRIU that hangs. A helper that gives no answer fails every pid with its reason.
+pub fn each_in_helper(
+    driver: &Driver,
+    pids: &[i32],
+    parallel: bool,
+    init: bool,
+    deadline: Duration,
+    op: impl Fn(i32) -> Result<(), DriverError> + Sync,
+) -> Result<Vec<Timed>, ChildError> {
     let reply = child::run(deadline, MAX_REPLY, || {
         let mut w = Writer::default();
-        let init = driver.init();
-        w.driver_result(&init);
-        if init.is_ok() {
-            let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
-            let results = super::batch::run_each(&pids, parallel, |pid| {
-                jobs.iter()
-                    .find(|j| j.pid == pid)
-                    .map_or(Ok(()), |j| j.restore(driver, pairs))
-            });
+        let started = if init { driver.init() } else { Ok(()) };
+        w.driver_result(&started);
+        if started.is_ok() {
+            let results = watched_calls(pids, parallel, &op);
             w.u64(results.len() as u64);
             for (pid, r, took) in &results {
                 w.i32(*pid)
@@ -351,9 +370,9 @@ pub fn restore_with_init(
     let mut r = Reader(&reply);
     if let Err(e) = r.driver_result(driver)? {
         let started = Instant::now();
-        return Ok(jobs
+        return Ok(pids
             .iter()
-            .map(|j| (j.pid, Err(e.clone()), started.elapsed()))
+            .map(|&pid| (pid, Err(e.clone()), started.elapsed()))
             .collect());
     }
     let n = r.count()?;
@@ -364,6 +383,126 @@ pub fn restore_with_init(
         out.push((pid, r.driver_result(driver)?, took));
     }
     Ok(out)
+}
+
+/// What the worker threads of [`watched_calls`] share.
+struct Calls {
+    next: std::sync::atomic::AtomicUsize,
+    under_way: Vec<std::sync::atomic::AtomicBool>,
+}
+
+/// Inside a helper: the calls of [`each_in_helper`], each answered when it returns or when its
+/// target ends, whichever comes first. Threads stuck in a call to a dead target stay behind;
+/// the helper's `_exit` ends them.
+fn watched_calls(
+    pids: &[i32],
+    parallel: bool,
+    op: &(impl Fn(i32) -> Result<(), DriverError> + Sync),
+) -> Vec<Timed> {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let began = Instant::now();
+    let pidfds: Vec<Option<std::os::fd::OwnedFd>> = pids
+        .iter()
+        .map(|&p| criu_plugin::guardian::pidfd(p).ok())
+        .collect();
+    let calls = Arc::new(Calls {
+        next: 0.into(),
+        under_way: pids.iter().map(|_| false.into()).collect(),
+    });
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<(), DriverError>, Duration)>();
+    let worker = |calls: Arc<Calls>, tx: std::sync::mpsc::Sender<_>| {
+        move || {
+            loop {
+                let k = calls.next.fetch_add(1, Ordering::SeqCst);
+                let Some(&pid) = pids.get(k) else { return };
+                calls.under_way[k].store(true, Ordering::SeqCst);
+                let t = Instant::now();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid)))
+                    .unwrap_or_else(|_| {
+                        Err(DriverError::InvalidArgument(format!(
+                            "internal error while handling pid {pid}"
+                        )))
+                    });
+                let _ = tx.send((k, r, t.elapsed()));
+                calls.under_way[k].store(false, Ordering::SeqCst);
+                if !parallel {
+                    continue;
+                }
+                return;
+            }
+        }
+    };
+    let spawn = |calls: &Arc<Calls>| {
+        let f = worker(Arc::clone(calls), tx.clone());
+        // SAFETY: the thread borrows `pids` and `op`, which live in frames of the callers of
+        // `child::run`. The helper never returns into them: it writes its answer and `_exit`s,
+        // which ends this thread too, so they outlive it. Its other state is owned (`Arc`).
+        unsafe { std::thread::Builder::new().spawn_unchecked(f) }.is_ok()
+    };
+    let workers = if parallel {
+        pids.len()
+    } else {
+        1.min(pids.len())
+    };
+    let mut results: Vec<Option<Timed>> = pids.iter().map(|_| None).collect();
+    for _ in 0..workers {
+        if !spawn(&calls) {
+            // No thread: the calls are made here, one after another, unwatched.
+            return pids
+                .iter()
+                .map(|&pid| {
+                    let t = Instant::now();
+                    (pid, op(pid), t.elapsed())
+                })
+                .collect();
+        }
+    }
+    while results.iter().any(Option::is_none) {
+        if let Ok((k, r, took)) = rx.recv_timeout(Duration::from_millis(10)) {
+            results[k] = Some((pids[k], r, took));
+            continue;
+        }
+        for (k, fd) in pidfds.iter().enumerate() {
+            // A killed task under CRIU's ptrace stays a zombie (its threads wait for CRIU, the
+            // tracer, to reap them), so its pidfd never turns readable while CRIU waits here.
+            let ended = fd.as_ref().is_some_and(criu_plugin::guardian::ended)
+                || matches!(
+                    super::procfs::thread_state(pids[k], pids[k]),
+                    None | Some('Z' | 'X')
+                );
+            if results[k].is_some() || !ended || !calls.under_way[k].load(Ordering::SeqCst) {
+                continue;
+            }
+            results[k] = Some((
+                pids[k],
+                Err(DriverError::InvalidArgument(format!(
+                    "pid {} ended while the driver was working on it",
+                    pids[k]
+                ))),
+                began.elapsed(),
+            ));
+            // One after another: the stuck call held the only worker.
+            if !parallel && !spawn(&calls) {
+                break;
+            }
+        }
+    }
+    results
+        .into_iter()
+        .zip(pids)
+        .map(|(r, &pid)| {
+            r.unwrap_or_else(|| {
+                (
+                    pid,
+                    Err(DriverError::InvalidArgument(
+                        "no thread to call the driver".into(),
+                    )),
+                    began.elapsed(),
+                )
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

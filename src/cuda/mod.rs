@@ -30,6 +30,7 @@ mod dump;
 mod error;
 pub mod exclusive;
 pub mod gpus;
+mod guardian;
 pub mod helper;
 mod image;
 pub mod metadata;
@@ -130,8 +131,10 @@ impl GpuBackend for CudaBackend {
 
     fn exit(&mut self, _stage: Stage, ret: i32) {
         // The run's own stage decides; its claims and driver go with it.
-        if let Some(Run::Dump(d)) = self.run.take() {
-            d.finish(ret);
+        match self.run.take() {
+            Some(Run::Dump(d)) => d.finish(ret),
+            Some(Run::Restore(r)) => r.finish(ret),
+            None => {}
         }
     }
 }

@@ -89,24 +89,53 @@ pub fn tree(pid: i32) -> Vec<i32> {
     while i < out.len() && out.len() < 1 << 16 {
         let p = out[i];
         i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let Some(children) = read_small(&t.path().join("children")) else {
-                continue;
-            };
-            for c in children
-                .split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok())
-            {
-                if !out.contains(&c) {
-                    out.push(c);
-                }
+        for c in children(p) {
+            if !out.contains(&c) {
+                out.push(c);
             }
         }
     }
     out
+}
+
+/// The children of every thread of `pid`.
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten().take(1 << 16) {
+        let Some(children) = read_small(&t.path().join("children")) else {
+            continue;
+        };
+        out.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    out
+}
+
+/// The signals blocked by the main thread of `pid` (`SigBlk` of its status).
+pub fn blocked_signals(pid: i32) -> Option<u64> {
+    u64::from_str_radix(&status_field(pid, "SigBlk:")?, 16).ok()
+}
+
+/// The parent of `pid`.
+pub fn parent(pid: i32) -> Option<i32> {
+    status_field(pid, "PPid:")?.parse().ok()
+}
+
+/// The first line of `/proc/PID/maps` (the lowest mapping, normally the executable's, with
+/// its address): equal for a process and its fork, different for another exec of the same
+/// program (address space layout randomisation).
+pub fn first_mapping(pid: i32) -> Option<String> {
+    let mut text = String::new();
+    std::fs::File::open(format!("/proc/{pid}/maps"))
+        .and_then(|f| f.take(4096).read_to_string(&mut text))
+        .ok()?;
+    text.lines().next().map(str::to_string)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use criu_plugin::guardian::Guardian;
 use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair};
 
@@ -26,6 +27,10 @@ pub struct RestoreRun {
     /// What the image's metadata says; `None` for an image without it (made by CRIU's C
     /// plugin), whose processes are then restored one at a time.
     image: Option<ImageRestore>,
+    /// Kills the tasks CRIU forked should CRIU end before they have their GPU state back.
+    guardian: Option<Guardian>,
+    /// Whether `RESUME_DEVICES_LATE` came already.
+    resumed: bool,
 }
 
 /// A restore planned from the image's metadata.
@@ -43,6 +48,18 @@ impl RestoreRun {
         settings: &CudaSettings,
         listing: InventoryListing,
     ) -> Result<Option<RestoreRun>, Failure> {
+        let Some(mut run) = Self::plan(settings, listing)? else {
+            return Ok(None);
+        };
+        run.guardian = Some(spawn_guardian()?);
+        Ok(Some(run))
+    }
+
+    /// The restore the image asks for, before any guardian.
+    fn plan(
+        settings: &CudaSettings,
+        listing: InventoryListing,
+    ) -> Result<Option<RestoreRun>, Failure> {
         // An image that does not need the plugin is none of its business: whatever file of
         // our name lies in it (stale, misplaced, hostile) is not even opened.
         if listing == InventoryListing::NotListed {
@@ -52,6 +69,8 @@ impl RestoreRun {
             driver,
             parallel: settings.parallel,
             image,
+            guardian: None,
+            resumed: false,
         };
         let Some(md) = image::read_metadata()? else {
             // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
@@ -110,6 +129,27 @@ impl RestoreRun {
     /// `RESUME_DEVICES_LATE`: CRIU calls it for the root task first, and the whole tree is
     /// restored then; each process then gets its own answer.
     pub fn resume(&mut self, pid: i32) -> HookResult {
+        let first = !std::mem::replace(&mut self.resumed, true);
+        let answer = self.answer(pid);
+        // The tree has its GPU state back: from now on the guardian ends it only if CRIU
+        // ends before it let the tasks go (they would wait inside its restore for good).
+        // Released at `exit` alone, which a CRIU that waits for its tree calls when the tree
+        // ends: until then, a tree that runs is left running.
+        let tree_ok = self
+            .image
+            .as_ref()
+            .and_then(|i| i.results.as_ref())
+            .is_none_or(|r| r.values().all(Result::is_ok));
+        if first
+            && tree_ok
+            && let (Some(g), Some(start)) = (&self.guardian, procfs::start_time(pid))
+        {
+            let _ = g.watch(pid, start, super::guardian::END_IF_STUCK, None);
+        }
+        answer
+    }
+
+    fn answer(&mut self, pid: i32) -> HookResult {
         let Some(image) = &mut self.image else {
             return resume_one(&self.driver, pid);
         };
@@ -124,6 +164,53 @@ impl RestoreRun {
             .cloned()
             .unwrap_or(Err(HookError::NotMine))
     }
+
+    /// `exit`: a restore that succeeded releases the guardian; one that failed leaves it to
+    /// end what CRIU leaves behind once CRIU has ended.
+    pub fn finish(mut self, ret: i32) {
+        if ret == 0 {
+            self.release_guardian();
+        }
+    }
+
+    fn release_guardian(&mut self) {
+        if let Some(g) = self.guardian.take() {
+            g.release();
+        }
+    }
+}
+
+/// Starts the restore's guardian: should CRIU end before the tasks have their GPU state back,
+/// it kills what CRIU forked. Its pid must not be one the restore needs (CRIU gives the tasks
+/// the image's pids when they share its pid namespace).
+fn spawn_guardian() -> Result<Guardian, Failure> {
+    let wanted: Vec<u32> = image::image_dir()
+        .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
+        .unwrap_or_default();
+    let mut last = None;
+    for _ in 0..8 {
+        match Guardian::spawn(super::guardian::EndRestore::for_this_criu()) {
+            Ok(g) if wanted.contains(&(g.pid() as u32)) => {
+                g.release();
+            }
+            Ok(g) => {
+                log::debug!("cuda: restore guardian {} started", g.pid());
+                return Ok(g);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let why = last.map_or_else(
+        || "every try took a pid the restore needs".to_string(),
+        |e| e.to_string(),
+    );
+    Err(Failure::new(
+        FailureKind::System,
+        libc::EAGAIN,
+        format!(
+            "cuda: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
+        ),
+    ))
 }
 
 impl ImageRestore {

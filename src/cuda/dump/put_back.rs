@@ -68,6 +68,7 @@ impl DumpRun {
                     );
                     p.locked_by_us = false;
                     p.checkpointed_by_us = false;
+                    self.forget(pid);
                 }
                 Err(e) => {
                     failed += 1;
@@ -80,7 +81,9 @@ impl DumpRun {
     }
 
     /// Unlocks the processes whose lock was abandoned, should the lock have completed since.
-    pub(super) fn release_abandoned_locks(&mut self) {
+    /// Returns how many could not be checked (the guardian tries again once CRIU ends).
+    pub(super) fn release_abandoned_locks(&mut self) -> usize {
+        let mut unsettled = 0;
         for (pid, start) in std::mem::take(&mut self.abandoned_locks) {
             // The pid may belong to another process by now: leave that one alone.
             if start.is_none() || procfs::start_time(pid) != start {
@@ -92,11 +95,19 @@ impl DumpRun {
                     "cuda: pid {pid}: the lock given up on had completed; unlocked again"
                 ),
                 Ok(false) => log::debug!("cuda: pid {pid}: not locked after the abandoned lock"),
-                Err(e) => log::error!(
-                    "cuda: pid {pid}: cannot check whether the abandoned lock completed ({e}); if it did, the process stays locked: run `cuda-checkpoint --toggle --pid {pid}`"
-                ),
+                Err(e) => {
+                    log::error!(
+                        "cuda: pid {pid}: cannot check whether the abandoned lock completed ({e}); the guardian checks again once CRIU ends"
+                    );
+                    unsettled += 1;
+                    continue;
+                }
+            }
+            if !self.dumped.contains_key(&pid) {
+                self.forget(pid);
             }
         }
+        unsettled
     }
 }
 

@@ -1,0 +1,706 @@
+//! A guardian: a process that outlives CRIU and undoes what a plugin did to other processes
+//! (a GPU process locked, checkpointed, half restored) when CRIU ends before the plugin could
+//! undo it itself.
+//!
+//! Runtimes end CRIU at any moment: the kubelet's checkpoint timeout, `timeout(1)`, Ctrl-C, a
+//! runtime killing runc, the OOM killer; CRIU 4.1 even exits from its `SIGCHLD` handler, without
+//! calling any plugin, when a task of the tree dies. Nothing inside CRIU's process survives
+//! that, so a plugin about to change another process's state spawns a guardian
+//! ([`Guardian::spawn`]) and tells it, message by message, which processes to look after and
+//! what undoes its work on each ([`Guardian::watch`], [`Guardian::forget`]). When the run ends
+//! well the plugin releases it ([`Guardian::release`]). When CRIU's process ends first, the
+//! guardian hands every watched process that is still the same process to the plugin's
+//! [`Duty::rescue`], then exits.
+//!
+//! The guardian:
+//! - is made with `clone(2)` and no exit signal, like [`crate::child`]: CRIU's `SIGCHLD` handler
+//!   never hears of it (during a restore it would take any exiting child for a dead task);
+//!   [`Guardian::release`] reaps it by pid;
+//! - has no parent-death signal, leaves CRIU's session and process group (`setsid`) and blocks
+//!   every signal that can be blocked: a Ctrl-C or a `kill` of CRIU's process group, and CRIU's
+//!   death, leave it running;
+//! - learns of CRIU's end from a pidfd of CRIU's process, which turns readable when it ends,
+//!   whatever ended it;
+//! - closes every descriptor it inherited except character devices (a GPU driver's) and regular
+//!   files (CRIU's log): a runtime waits for EOF on CRIU's pipes and sockets, and a guardian
+//!   holding copies would keep it waiting;
+//! - holds every watched process by a pidfd of its own, opened when the watch arrives and
+//!   checked against the start time the plugin gave, so a pid reused by another process is
+//!   never acted on;
+//! - keeps any descriptor sent with a watch (a claim on the process, say) until the process is
+//!   forgotten or the guardian ends, so the claim outlives CRIU until the rescue is done.
+//!
+//! Messages travel over a `SOCK_SEQPACKET` socket pair: one fixed-size record each, with at
+//! most one descriptor attached. A helper child of CRIU's (see [`crate::child`]) inherits the
+//! socket and may send watches too.
+//!
+//! [`Guardian::spawn`] copies the calling process: call it only while that process has a single
+//! thread (CRIU's does, see [`crate::child`]).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// What a plugin's guardian does; it runs in the guardian's process, never in CRIU's.
+pub trait Duty {
+    /// How often to call [`Duty::discover`] while CRIU lives; `None`: never.
+    fn discover_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Finds processes to watch by looking (a restore's tasks, which CRIU forks without
+    /// telling plugins): `(pid, start time, action)` of each. `criu` is CRIU's pid; `known`
+    /// tells whether a pid is watched already.
+    fn discover(&mut self, _criu: i32, _known: &dyn Fn(i32) -> bool) -> Vec<(i32, u64, u32)> {
+        Vec::new()
+    }
+
+    /// CRIU ended without releasing the guardian: undo the plugin's work on each process (all
+    /// still alive and the same processes when this is called).
+    fn rescue(&mut self, watched: Vec<Watched>);
+}
+
+/// One process the guardian looks after.
+#[derive(Debug)]
+pub struct Watched {
+    /// Pid in the guardian's (CRIU's) pid namespace.
+    pub pid: i32,
+    /// Start time (clock ticks since boot), as the plugin gave it.
+    pub start: u64,
+    /// The plugin's own word for what undoes its work (its bits are the plugin's).
+    pub action: u32,
+    pidfd: OwnedFd,
+    held: Option<OwnedFd>,
+}
+
+impl Watched {
+    /// Whether the process is still alive (and so still the process that was watched).
+    pub fn alive(&self) -> bool {
+        !readable(self.pidfd.as_raw_fd(), 0)
+    }
+
+    /// Sends `signal` to this very process (through its pidfd: never to a reused pid).
+    pub fn signal(&self, signal: libc::c_int) -> io::Result<()> {
+        pidfd_send_signal(&self.pidfd, signal)
+    }
+}
+
+/// Message kinds.
+const WATCH: u32 = 1;
+const FORGET: u32 = 2;
+const RELEASE: u32 = 3;
+
+/// One message: `[op u32][action u32][pid i32][pad u32][start u64]`, little-endian.
+const MSG_LEN: usize = 24;
+
+fn encode(op: u32, action: u32, pid: i32, start: u64) -> [u8; MSG_LEN] {
+    let mut m = [0u8; MSG_LEN];
+    m[0..4].copy_from_slice(&op.to_le_bytes());
+    m[4..8].copy_from_slice(&action.to_le_bytes());
+    m[8..12].copy_from_slice(&pid.to_le_bytes());
+    m[16..24].copy_from_slice(&start.to_le_bytes());
+    m
+}
+
+fn decode(m: &[u8; MSG_LEN]) -> (u32, u32, i32, u64) {
+    let word = |r: std::ops::Range<usize>| u32::from_le_bytes(m[r].try_into().expect("4 bytes"));
+    (
+        word(0..4),
+        word(4..8),
+        word(8..12) as i32,
+        u64::from_le_bytes(m[16..24].try_into().expect("8 bytes")),
+    )
+}
+
+/// How long [`Guardian::release`] waits for the guardian to end before leaving it to init.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// The most processes one guardian watches: a bound on what a hostile image can make it hold.
+pub const MAX_WATCHED: usize = 1 << 16;
+
+/// CRIU's side of a guardian.
+#[derive(Debug)]
+pub struct Guardian {
+    sock: OwnedFd,
+    pid: libc::pid_t,
+    pidfd: Option<OwnedFd>,
+    released: bool,
+}
+
+impl Guardian {
+    /// Starts a guardian that will do `duty` should CRIU's process end before
+    /// [`Guardian::release`]. The calling process must be single-threaded (module docs).
+    pub fn spawn(duty: impl Duty) -> io::Result<Guardian> {
+        let criu = std::process::id() as libc::pid_t;
+        let criu_fd = pidfd_open(criu)?;
+        let mut pair = [0 as libc::c_int; 2];
+        // SAFETY: socketpair writes two fds into the valid array.
+        if unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                pair.as_mut_ptr(),
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both fds were just created and are owned by nobody else.
+        let (ours, theirs) =
+            unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let mut pidfd: libc::c_int = -1;
+        let saved = block_all_signals();
+        // SAFETY: as in `child::run`: clone without an exit signal is fork(2) without SIGCHLD;
+        // the child continues below on a copy of this single-threaded process and never
+        // returns. CLONE_PIDFD stores the child's pidfd in `pidfd`.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                libc::CLONE_PIDFD as libc::c_ulong,
+                0 as libc::c_ulong,
+                &mut pidfd as *mut libc::c_int,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if pid == 0 {
+            drop(ours);
+            guardian_main(theirs, criu_fd, criu, duty);
+        }
+        let spawn_error = (pid < 0).then(io::Error::last_os_error);
+        restore_mask(&saved);
+        if let Some(e) = spawn_error {
+            return Err(e);
+        }
+        drop(theirs);
+        drop(criu_fd);
+        Ok(Guardian {
+            sock: ours,
+            pid: pid as libc::pid_t,
+            // SAFETY: the kernel just created this fd for us (-1 on kernels without it).
+            pidfd: (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) }),
+            released: false,
+        })
+    }
+
+    /// The guardian's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Asks the guardian to look after `pid` (started at `start`, see [`Watched`]) with
+    /// `action`; `held`, if given, is kept open by the guardian while it watches the process.
+    /// A second watch of the same pid replaces the action (and `held`, when one is given).
+    pub fn watch(
+        &self,
+        pid: i32,
+        start: u64,
+        action: u32,
+        held: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
+        self.send(&encode(WATCH, action, pid, start), held)
+    }
+
+    /// Tells the guardian that the plugin has undone its work on `pid` itself.
+    pub fn forget(&self, pid: i32) -> io::Result<()> {
+        self.send(&encode(FORGET, 0, pid, 0), None)
+    }
+
+    /// Ends the guardian: nothing needs undoing. Waits briefly for it to end and reaps it.
+    pub fn release(mut self) {
+        self.released = true;
+        if let Err(e) = self.send(&encode(RELEASE, 0, 0, 0), None) {
+            log::debug!("guardian {}: release not sent: {e}", self.pid);
+        }
+        let started = Instant::now();
+        if let Some(fd) = &self.pidfd {
+            readable(fd.as_raw_fd(), RELEASE_WAIT.as_millis() as libc::c_int);
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for our own child by pid; __WALL since it sends no exit signal.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG | libc::__WALL) };
+            if r == self.pid
+                || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+            {
+                return;
+            }
+            if started.elapsed() >= RELEASE_WAIT {
+                // It stays a process of its own, reaped by init once CRIU exits.
+                log::warn!("guardian {}: still running after its release", self.pid);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn send(&self, msg: &[u8; MSG_LEN], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        send_msg(self.sock.as_raw_fd(), msg, fd.map(|f| f.as_raw_fd()))
+    }
+}
+
+impl Drop for Guardian {
+    fn drop(&mut self) {
+        // Not released: the guardian stays, waiting for CRIU's end, and then does its duty.
+        if !self.released {
+            log::debug!("guardian {}: left to act when CRIU ends", self.pid);
+        }
+    }
+}
+
+fn send_msg(sock: RawFd, msg: &[u8; MSG_LEN], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: MSG_LEN,
+    };
+    // Room for one descriptor, aligned as cmsghdr needs.
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; the fields set below point to live buffers.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE and CMSG_LEN only compute sizes.
+        let (space, len) = unsafe {
+            (
+                libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32),
+                libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32),
+            )
+        };
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = space as usize;
+        // SAFETY: the control buffer (32 bytes) holds one cmsghdr with one fd (CMSG_SPACE of
+        // an int is 24 bytes on 64-bit Linux); CMSG_FIRSTHDR points into it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = len as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    loop {
+        // SAFETY: sends one message from the buffers above on a socket we hold.
+        let n = unsafe { libc::sendmsg(sock, &hdr, libc::MSG_NOSIGNAL) };
+        if n == MSG_LEN as isize {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if n < 0 && e.raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return Err(if n < 0 {
+            e
+        } else {
+            io::Error::other("short message")
+        });
+    }
+}
+
+/// One message read by the guardian: `None` at EOF; messages of another size are skipped.
+fn recv_msg(sock: RawFd) -> io::Result<Option<([u8; MSG_LEN], Option<OwnedFd>)>> {
+    let mut msg = [0u8; MSG_LEN];
+    let mut iov = libc::iovec {
+        iov_base: msg.as_mut_ptr().cast(),
+        iov_len: MSG_LEN,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; the fields set below point to live buffers.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.as_mut_ptr().cast();
+    hdr.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: receives into the buffers above; MSG_CMSG_CLOEXEC marks a received fd so.
+        let n =
+            unsafe { libc::recvmsg(sock, &mut hdr, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        break n;
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut fd = None;
+    // SAFETY: walks the control messages the kernel wrote into `control`, within
+    // msg_controllen; an SCM_RIGHTS message holds at least one fd, now ours.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&hdr);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                if fd.is_none() {
+                    fd = Some(OwnedFd::from_raw_fd(raw));
+                } else {
+                    libc::close(raw);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&hdr, c);
+        }
+    }
+    if n as usize != MSG_LEN {
+        return Ok(Some(([0u8; MSG_LEN], None)));
+    }
+    Ok(Some((msg, fd)))
+}
+
+/// The guardian's process: never returns.
+fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty) -> ! {
+    // SAFETY: setsid only concerns this new process, which leads no group, so it succeeds.
+    unsafe { libc::setsid() };
+    let (sock, criu_fd) = keep_only(sock, criu_fd);
+    let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
+    let every = duty.discover_every();
+    let mut released = false;
+    let mut next_look = Instant::now();
+    loop {
+        let wait = every.map_or(-1, |e| {
+            let left = next_look.saturating_duration_since(Instant::now());
+            left.min(e).as_millis() as libc::c_int
+        });
+        let mut pfds = [
+            libc::pollfd {
+                fd: sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: criu_fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        unsafe { libc::poll(pfds.as_mut_ptr(), 2, wait) };
+        // Every message sent before CRIU ended is read before CRIU's end is acted on.
+        let mut eof = false;
+        loop {
+            match recv_msg(sock.as_raw_fd()) {
+                Ok(Some((m, held))) => match decode(&m) {
+                    (WATCH, action, pid, start) => add(&mut watched, pid, start, action, held),
+                    (FORGET, _, pid, _) => {
+                        watched.remove(&pid);
+                    }
+                    (RELEASE, ..) => released = true,
+                    _ => {}
+                },
+                Ok(None) => {
+                    eof = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if released {
+            // SAFETY: ends the guardian at once, running none of CRIU's exit handlers.
+            unsafe { libc::_exit(0) };
+        }
+        let criu_ended = pfds[1].revents != 0 || readable(criu_fd.as_raw_fd(), 0);
+        if criu_ended {
+            break;
+        }
+        if eof {
+            // Every sender is gone but CRIU lives (it dropped us): wait for its end alone.
+            wait_for_end(criu_fd.as_raw_fd(), &mut duty, &mut watched, criu, every);
+            break;
+        }
+        if let Some(e) = every
+            && Instant::now() >= next_look
+        {
+            look(&mut duty, &mut watched, criu);
+            next_look = Instant::now() + e;
+        }
+    }
+    let alive: Vec<Watched> = std::mem::take(&mut watched)
+        .into_values()
+        .filter(Watched::alive)
+        .collect();
+    if !alive.is_empty() {
+        log::warn!(
+            "guardian: CRIU (pid {criu}) ended before its run was done; undoing the plugin's work on {} process(es)",
+            alive.len()
+        );
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| duty.rescue(alive)));
+    }
+    // SAFETY: as above.
+    unsafe { libc::_exit(0) }
+}
+
+/// After every sender has closed the socket: only CRIU's end (or nothing) remains to wait for.
+fn wait_for_end(
+    criu_fd: RawFd,
+    duty: &mut impl Duty,
+    watched: &mut BTreeMap<i32, Watched>,
+    criu: i32,
+    every: Option<Duration>,
+) {
+    loop {
+        let ms = every.map_or(-1, |e| e.as_millis() as libc::c_int);
+        if readable(criu_fd, ms) {
+            return;
+        }
+        if every.is_some() {
+            look(duty, watched, criu);
+        }
+    }
+}
+
+fn look(duty: &mut impl Duty, watched: &mut BTreeMap<i32, Watched>, criu: i32) {
+    let found = {
+        let known = |pid: i32| watched.contains_key(&pid);
+        duty.discover(criu, &known)
+    };
+    for (pid, start, action) in found {
+        add(watched, pid, start, action, None);
+    }
+}
+
+fn add(
+    watched: &mut BTreeMap<i32, Watched>,
+    pid: i32,
+    start: u64,
+    action: u32,
+    held: Option<OwnedFd>,
+) {
+    if let Some(w) = watched.get_mut(&pid)
+        && w.start == start
+    {
+        w.action = action;
+        if held.is_some() {
+            w.held = held;
+        }
+        return;
+    }
+    if pid <= 0 || watched.len() >= MAX_WATCHED {
+        return;
+    }
+    // The pidfd first, then the start time: if the start time matches, the pidfd is that
+    // process's (a pid is not reused while the process it names lives).
+    let Ok(pidfd) = pidfd_open(pid) else {
+        return;
+    };
+    if start_time(pid) != Some(start) {
+        return;
+    }
+    watched.insert(
+        pid,
+        Watched {
+            pid,
+            start,
+            action,
+            pidfd,
+            held,
+        },
+    );
+}
+
+/// Closes every inherited descriptor but the two given, character devices and regular files;
+/// points 0, 1 and 2 at `/dev/null` unless they are such a file. Returns the two kept.
+fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
+    let keep = [sock.as_raw_fd(), criu_fd.as_raw_fd()];
+    let mut fds: Vec<RawFd> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+        for e in rd.flatten() {
+            if let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) {
+                fds.push(fd);
+            }
+        }
+    }
+    // SAFETY: /dev/null with a NUL-terminated path.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    for fd in fds {
+        if keep.contains(&fd) || fd == null {
+            continue;
+        }
+        // SAFETY: stat is plain data filled by fstat; a closed fd just fails.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+        let kind = st.st_mode & libc::S_IFMT;
+        let harmless = ok && (kind == libc::S_IFCHR || kind == libc::S_IFREG);
+        if harmless {
+            continue;
+        }
+        if fd <= 2 && null >= 0 {
+            // SAFETY: dup2 of our own /dev/null over a standard descriptor.
+            unsafe { libc::dup2(null, fd) };
+        } else {
+            // SAFETY: the descriptor is an inherited copy nobody in this process uses.
+            unsafe { libc::close(fd) };
+        }
+    }
+    if null >= 0 {
+        // SAFETY: closes our own /dev/null descriptor (the standard ones are duplicates).
+        unsafe { libc::close(null) };
+    }
+    (sock, criu_fd)
+}
+
+/// The start time of `pid` (field 22 of `/proc/PID/stat`).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let bytes = crate::files::read_regular(
+        None,
+        std::path::Path::new(&format!("/proc/{pid}/stat")),
+        false,
+        4096,
+    )
+    .ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    // The command name may hold spaces and parentheses: count from the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A pidfd of process `pid` (`pidfd_open(2)`, close-on-exec).
+pub fn pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    pidfd_open(pid)
+}
+
+/// Whether the process of pidfd `fd` has ended.
+pub fn ended(fd: &OwnedFd) -> bool {
+    readable(fd.as_raw_fd(), 0)
+}
+
+fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just created this fd for us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // pidfd_open's fd is close-on-exec already.
+    Ok(fd)
+}
+
+/// Sends `signal` to the process of pidfd `fd`.
+pub fn signal(fd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
+    pidfd_send_signal(fd, signal)
+}
+
+fn pidfd_send_signal(fd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal on a pidfd we own, without siginfo.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is readable within `ms` milliseconds (a pidfd: its process has ended).
+fn readable(fd: RawFd, ms: libc::c_int) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return r > 0;
+    }
+}
+
+/// Blocks every signal that can be blocked in the calling thread; returns the mask before.
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data initialised by sigfillset; pthread_sigmask changes only
+    // the calling thread's mask and writes the old one into `old`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+fn restore_mask(old: &libc::sigset_t) {
+    // SAFETY: `old` is a mask pthread_sigmask returned.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = encode(WATCH, 7, 1234, 99_999_999_999);
+        assert_eq!(decode(&m), (WATCH, 7, 1234, 99_999_999_999));
+    }
+
+    /// A duty that writes each rescued pid into a file.
+    struct Record(std::path::PathBuf);
+
+    impl Duty for Record {
+        fn rescue(&mut self, watched: Vec<Watched>) {
+            let pids: Vec<String> = watched
+                .iter()
+                .map(|w| format!("{} {}", w.pid, w.action))
+                .collect();
+            let _ = std::fs::write(&self.0, pids.join("\n"));
+        }
+    }
+
+    /// The guardian acts when the process that spawned it dies, and not when it is released.
+    /// The "CRIU" here is a child process of the test (the test's own process has threads).
+    #[test]
+    fn a_guardian_acts_only_when_its_criu_ends_unreleased() {
+        let dir = std::env::temp_dir().join(format!("guardian-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (released, name) in [(false, "killed"), (true, "released")] {
+            let out = dir.join(name);
+            let _ = std::fs::remove_file(&out);
+            // A watched process: sleeps until killed.
+            let mut target = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let tpid = target.id() as i32;
+            let tstart = start_time(tpid).unwrap();
+            let r = crate::child::run(Duration::from_secs(10), 64, || {
+                let g = Guardian::spawn(Record(out.clone())).unwrap();
+                g.watch(tpid, tstart, 5, None).unwrap();
+                // A reused pid (wrong start time) is never watched.
+                g.watch(1, 12345, 9, None).unwrap();
+                if released {
+                    g.release();
+                } else {
+                    std::mem::forget(g);
+                }
+                Vec::new()
+            });
+            assert!(r.is_ok(), "{r:?}");
+            let t = Instant::now();
+            while !out.exists() && t.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if released {
+                assert!(!out.exists(), "a released guardian does nothing");
+            } else {
+                assert_eq!(std::fs::read_to_string(&out).unwrap(), format!("{tpid} 5"));
+            }
+            target.kill().unwrap();
+            target.wait().unwrap();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

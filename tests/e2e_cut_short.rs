@@ -1,0 +1,456 @@
+//! Runs cut short: real CRIU killed (SIGKILL, SIGTERM, SIGINT) at random moments of dumps and
+//! restores of CUDA trees, a task of the tree killed in the middle of a dump, a driver call
+//! that never returns. After each, every stand-in CUDA process must run again with its GPU
+//! state within 2 s of CRIU's end (the plugin's guardian puts it back), or, after a restore cut
+//! short, nothing may hold the image's pids and the next restore from the same images must
+//! succeed. The stand-in driver and harness are those of `tests/e2e_cuda_fake.rs`.
+//!
+//! The kill loops are bounded in count and in time: `CUT_SHORT_KILLS` sets the number of
+//! kills of dumps (default 160) and of restores (a quarter of it, at least 40).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::fake_cuda::*;
+use common::{reap_until_gone, signal, state_of, wait_until};
+
+/// How long a process may stay frozen after CRIU's end.
+const BACK_WITHIN: Duration = Duration::from_secs(2);
+/// The most time one kill loop may take.
+const LOOP_BUDGET: Duration = Duration::from_secs(240);
+
+fn dump_kills() -> usize {
+    std::env::var("CUT_SHORT_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(160)
+}
+
+/// A small random-number generator (xorshift), seeded from the clock and printed, so that a
+/// failing sequence can be told apart from another.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("CUT_SHORT_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+                    | 1
+            });
+        eprintln!("cut-short seed {seed} (CUT_SHORT_SEED={seed} repeats it)");
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const SIGNALS: [(libc::c_int, &str); 3] = [
+    (libc::SIGKILL, "SIGKILL"),
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGINT, "SIGINT"),
+];
+
+/// A CRIU run ended by a signal `after` it started (if it had not ended by then).
+struct Cut {
+    /// CRIU's exit status (`None`: killed).
+    code: Option<i32>,
+    log: String,
+    /// When CRIU was gone.
+    ended: Instant,
+    /// How long it ran.
+    took: Duration,
+}
+
+fn criu_cut(
+    f: &Fake,
+    args: &[&str],
+    images: &Path,
+    env: &[(&str, String)],
+    after: Duration,
+    sig: libc::c_int,
+) -> Cut {
+    let _ = std::fs::remove_file(images.join("cut.log"));
+    let mut cmd: Command = f.e.command(&f.e.criu);
+    cmd.args(args).arg("-D").arg(images).args(["-o", "cut.log"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start criu");
+    let started = Instant::now();
+    let mut sent = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for criu") {
+            break st;
+        }
+        if !sent && started.elapsed() >= after {
+            signal(child.id() as i32, sig);
+            sent = true;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "criu {args:?} still runs 60 s after it was signalled"
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    };
+    Cut {
+        code: status.code(),
+        log: std::fs::read_to_string(images.join("cut.log")).unwrap_or_default(),
+        ended: Instant::now(),
+        took: started.elapsed(),
+    }
+}
+
+/// Every process of `w` holds its device memory again and counts, within [`BACK_WITHIN`] of
+/// `since`; then its memory is checked.
+fn assert_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) {
+    for &p in &w.pids {
+        let c0 = w.last_counter(p);
+        loop {
+            let back = f.device_files(p).len() == files
+                && matches!(state_of(p), Some('R' | 'S'))
+                && w.last_counter(p) > c0;
+            if back {
+                break;
+            }
+            assert!(
+                since.elapsed() < BACK_WITHIN,
+                "{what}: pid {p} not running with its GPU state {BACK_WITHIN:?} after CRIU ended (state {:?}, device files {:?}, {:?})",
+                state_of(p),
+                f.device_files(p),
+                w.tail(p)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    for &p in &w.pids {
+        w.verify(p);
+    }
+}
+
+fn workload(f: &Fake) -> Workload {
+    Workload::start(
+        f,
+        "w",
+        &[
+            "--mib",
+            "8",
+            "--chunk-mib",
+            "4",
+            "--children",
+            "1",
+            "--threads",
+            "1",
+        ],
+    )
+}
+
+/// SIGKILL, SIGTERM and SIGINT at random moments of `--leave-running` dumps of a CUDA tree:
+/// afterwards every process runs with its GPU state within 2 s, whether the dump had ended,
+/// was killed while processes were locked, or while they were checkpointed.
+#[test]
+fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
+    let Some(f) = Fake::start("cut-dump") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = workload(&f);
+    let files = f.device_files(w.root()).len();
+    let lib = lib();
+    let root = w.root().to_string();
+    let env = f.env(&nv, "calls");
+    let images = f.e.images("img");
+    let args = ["dump", "--leave-running", "-t", &root, "-L", &lib, "-v4"];
+    // How long a whole dump takes here: the kills land inside that.
+    let whole = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
+    assert_eq!(whole.code, Some(0), "{}", whole.log);
+    let again = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
+    assert_eq!(again.code, Some(0), "{}", again.log);
+    let span = whole.took.max(again.took).as_micros().max(1) as u64;
+    eprintln!("a whole dump takes {:?}", whole.took.max(again.took));
+    let mut rng = Rng::new();
+    let started = Instant::now();
+    let (mut killed, mut finished, mut guarded) = (0usize, 0usize, 0usize);
+    let kills = dump_kills();
+    for i in 0..kills {
+        assert!(
+            started.elapsed() < LOOP_BUDGET,
+            "{i} kills took longer than {LOOP_BUDGET:?}"
+        );
+        let (sig, name) = SIGNALS[rng.below(3) as usize];
+        let after = Duration::from_micros(rng.below(span * 11 / 10));
+        let cut = criu_cut(&f, &args, &images, &env, after, sig);
+        let what = format!(
+            "kill {i}: {name} after {after:?} (criu exit {:?})",
+            cut.code
+        );
+        if cut.code == Some(0) {
+            finished += 1;
+        } else {
+            killed += 1;
+        }
+        if cut.log.contains("guardian") {
+            guarded += 1;
+        }
+        // The guardian of a killed CRIU is this test's child (a subreaper): reap it.
+        reap_until_gone(&[], Duration::ZERO);
+        assert_back(&f, &w, files, cut.ended, &what);
+    }
+    eprintln!(
+        "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}"
+    );
+    assert!(
+        killed >= kills / 4,
+        "too few dumps were cut short: {killed}"
+    );
+}
+
+/// SIGKILL, SIGTERM and SIGINT at random moments of restores: afterwards either the tree runs
+/// with its GPU state, or nothing holds the image's pids; the next restore from the same images
+/// always succeeds.
+#[test]
+fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
+    let Some(f) = Fake::start("cut-restore") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = workload(&f);
+    let files = f.device_files(w.root()).len();
+    let lib = lib();
+    let root = w.root().to_string();
+    let env = f.env(&nv, "calls");
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env,
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    let args = ["restore", "-d", "-L", &lib, "-v4"];
+    let end_tree = |w: &Workload| {
+        for &p in &w.pids {
+            signal(p, libc::SIGKILL);
+        }
+        assert!(
+            reap_until_gone(&w.pids, common::WAIT),
+            "restored tree did not go"
+        );
+        f.clear_device_dir();
+    };
+    let whole = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
+    assert_eq!(whole.code, Some(0), "{}", whole.log);
+    let span = whole.took.as_micros().max(1) as u64;
+    eprintln!("a whole restore takes {:?}", whole.took);
+    end_tree(&w);
+    let mut rng = Rng::new();
+    let started = Instant::now();
+    let kills = (dump_kills() / 4).max(40);
+    let (mut killed, mut finished) = (0usize, 0usize);
+    for i in 0..kills {
+        assert!(
+            started.elapsed() < LOOP_BUDGET,
+            "{i} kills took longer than {LOOP_BUDGET:?}"
+        );
+        let (sig, name) = SIGNALS[rng.below(3) as usize];
+        let after = Duration::from_micros(rng.below(span * 11 / 10));
+        let cut = criu_cut(&f, &args, &images, &env, after, sig);
+        let what = format!(
+            "kill {i}: {name} after {after:?} (criu exit {:?})",
+            cut.code
+        );
+        reap_until_gone(&[], Duration::ZERO);
+        if cut.code == Some(0) {
+            finished += 1;
+            assert_back(&f, &w, files, cut.ended, &what);
+        } else {
+            killed += 1;
+            // Nothing half restored stays: the pids are free again within the bound (plus
+            // the time this machine's init takes to reap what it inherits).
+            let gone = reap_until_gone(&w.pids, BACK_WITHIN + Duration::from_secs(3));
+            assert!(
+                gone,
+                "{what}: pids {:?} still held: {:?}\n{}",
+                w.pids,
+                w.pids.iter().map(|&p| (p, state_of(p))).collect::<Vec<_>>(),
+                cut.log
+            );
+        }
+        end_tree(&w);
+    }
+    eprintln!(
+        "{kills} restores signalled: {killed} ended by the signal, {finished} done before it"
+    );
+    // And a last restore, not cut short, from the same images.
+    let last = f.criu(&args, &images, "restore.log", &env);
+    last.assert_ok();
+    assert_back(&f, &w, files, Instant::now(), "the last restore");
+}
+
+/// A child of the tree killed in the middle of a `--leave-running` dump: CRIU fails the dump
+/// (4.1 exits from its own SIGCHLD handler without calling the plugin) and the root runs with
+/// its GPU state again within 2 s.
+#[test]
+fn a_child_killed_mid_dump_leaves_the_root_running() {
+    let Some(f) = Fake::start("cut-child") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let lib = lib();
+    let env = f.env(&nv, "calls");
+    let mut rng = Rng::new();
+    for round in 0..6 {
+        let w = Workload::start(
+            &f,
+            &format!("w{round}"),
+            &["--mib", "8", "--chunk-mib", "4", "--children", "1"],
+        );
+        let files = f.device_files(w.root()).len();
+        let (root, child) = (w.pids[0], w.pids[1]);
+        let images = f.e.images(&format!("img{round}"));
+        let root_s = root.to_string();
+        let args = ["dump", "--leave-running", "-t", &root_s, "-L", &lib, "-v4"];
+        let mut cmd: Command = f.e.command(&f.e.criu);
+        cmd.args(args)
+            .arg("-D")
+            .arg(&images)
+            .args(["-o", "cut.log"]);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut criu = cmd.spawn().expect("criu");
+        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
+        signal(child, libc::SIGKILL);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = criu.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "criu hangs after the child died"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let ended = Instant::now();
+        // The child stays a zombie of the root (which never waits for it).
+        reap_until_gone(&[], Duration::ZERO);
+        let survivor = Workload {
+            out: w.out.clone(),
+            pids: vec![root],
+            ns_pids: vec![root],
+        };
+        let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
+        assert_back(
+            &f,
+            &survivor,
+            files,
+            ended,
+            &format!("round {round}: criu {status:?}\n{log}"),
+        );
+        f.e.kill_and_reap(&w.pids);
+    }
+}
+
+/// A driver call that never returns (the stand-in waits for good, as the real driver does,
+/// and a task killed mid-checkpoint never answers): CRIU does not hang, the dump fails, and
+/// the survivors run again.
+#[test]
+fn a_driver_call_that_never_returns_does_not_hang_criu() {
+    let Some(f) = Fake::start("cut-hung") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let lib = lib();
+    let mut env = f.env(&nv, "calls");
+    env.retain(|(k, _)| *k != "FAKE_CUDA_CALL_TIMEOUT_MS");
+    env.push(("FAKE_CUDA_CALL_TIMEOUT_MS", "0".into()));
+    for round in 0..4 {
+        let w = Workload::start(
+            &f,
+            &format!("w{round}"),
+            &["--mib", "8", "--chunk-mib", "4", "--children", "1"],
+        );
+        let files = f.device_files(w.root()).len();
+        let (root, child) = (w.pids[0], w.pids[1]);
+        let images = f.e.images(&format!("img{round}"));
+        let root_s = root.to_string();
+        let args = [
+            "dump",
+            "--leave-running",
+            "--timeout",
+            "5",
+            "-t",
+            &root_s,
+            "-L",
+            &lib,
+            "-v4",
+        ];
+        let mut cmd: Command = f.e.command(&f.e.criu);
+        cmd.args(args)
+            .arg("-D")
+            .arg(&images)
+            .args(["-o", "cut.log"]);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut criu = cmd.spawn().expect("criu");
+        // Kill the child once the checkpoint has begun: its call then never returns.
+        let calls = f.e.dir().join("calls");
+        wait_until("a checkpoint call", || {
+            std::fs::read_to_string(&calls).is_ok_and(|t| {
+                t.lines().filter(|l| l.starts_with("lock ")).count() >= 2 * (round + 1)
+            })
+        });
+        signal(child, libc::SIGKILL);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = criu.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = criu.kill();
+                let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
+                panic!("criu still runs 30 s after a task of the tree died:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let ended = Instant::now();
+        // The child stays a zombie of the root (which never waits for it).
+        reap_until_gone(&[], Duration::ZERO);
+        let survivor = Workload {
+            out: w.out.clone(),
+            pids: vec![root],
+            ns_pids: vec![root],
+        };
+        let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
+        assert_back(
+            &f,
+            &survivor,
+            files,
+            ended,
+            &format!("round {round}: criu {status:?}\n{log}"),
+        );
+        f.e.kill_and_reap(&w.pids);
+    }
+}
