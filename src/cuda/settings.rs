@@ -72,7 +72,8 @@ impl CudaSettings {
                 cfg.describe_origin("cuda.backend")
             )),
             Some(b) => problems.push(format!(
-                "cuda.backend = {b} ({}): expected auto or driver-api",
+                "cuda.backend = {} ({}): expected auto or driver-api",
+                crate::config::shown(b),
                 cfg.describe_origin("cuda.backend")
             )),
         }
