@@ -23,7 +23,7 @@
 //! | key | meaning | default |
 //! |---|---|---|
 //! | `disable` | comma list of backends to switch off (`cuda`, `amdgpu`) | none |
-//! | `libcuda` | path of the CUDA driver library to load | `libcuda.so.1` |
+//! | `libcuda` | the CUDA driver library: a bare name (the loader's search, never the working directory) or an absolute path | `libcuda.so.1` |
 //! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
 //! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
 //! | `cuda.backend` | `auto` or `driver-api` (both: the driver's checkpoint API, in-process); `cuda-checkpoint` (the C plugin's external utility) is refused | `auto` |
@@ -106,6 +106,25 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Facts worth a line at INFO (no file, an empty file, an environment value ignored).
     pub notes: Vec<String>,
+    /// Why the settings file could not be read (the plugin then runs on defaults only to
+    /// refuse what needs a GPU), `None` when it was read or is absent.
+    pub unreadable: Option<String>,
+}
+
+/// Longest value shown in a log line; the rest is counted, not shown.
+pub const MAX_SHOWN_VALUE: usize = 256;
+
+/// `value` as log lines show it: at most [`MAX_SHOWN_VALUE`] bytes (cut at a character
+/// boundary), then `… (N bytes)`.
+pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_SHOWN_VALUE {
+        return value.into();
+    }
+    let mut end = MAX_SHOWN_VALUE;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &value[..end], value.len()).into()
 }
 
 /// The plugin-option namespace of this plugin (`--plugin-option gpu_plugin.KEY=VALUE`).
@@ -324,7 +343,7 @@ impl Config {
         let items: Vec<String> = self
             .values
             .iter()
-            .map(|(k, (v, _))| format!("{k}={v} ({})", self.describe_origin(k)))
+            .map(|(k, (v, _))| format!("{k}={} ({})", shown(v), self.describe_origin(k)))
             .collect();
         Some(items.join(", "))
     }
@@ -337,6 +356,7 @@ impl Config {
 
     /// `key = value (where from)`, for error messages.
     fn quote(&self, key: &str, v: &str) -> String {
+        let v = shown(v);
         match self.origin(key) {
             Some(Origin::File(_)) | Some(Origin::Program) | None => format!("{key} = {v}"),
             Some(_) => format!("{key} = {v} ({})", self.describe_origin(key)),
@@ -501,6 +521,22 @@ mod tests {
             "{line}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn long_values_are_cut_in_log_lines() {
+        let mut c = Config::default();
+        c.set("cuda.device-map", &"é".repeat(30_000));
+        let line = c.summary().unwrap();
+        assert!(line.len() < 400, "{} bytes", line.len());
+        assert!(
+            line.contains("… (60000 bytes) (set by the program)"),
+            "{line}"
+        );
+        assert_eq!(shown("short"), "short");
+        let c = Config::parse(&format!("cuda.parallel = {}\n", "y".repeat(60_000)));
+        let e = c.get_bool("cuda.parallel", true).unwrap_err();
+        assert!(e.len() < 400 && e.contains("(60000 bytes)"), "{e}");
     }
 
     #[test]

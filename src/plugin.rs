@@ -184,9 +184,11 @@ impl Plugin for GpuPlugin {
     }
 
     fn init(&self, stage: Stage) -> HookResult {
-        // A settings file that cannot be read must not fail every CRIU run on the host: GPU
-        // support sits this run out, and a restore that needs it then fails in CRIU's own
-        // inventory check ("Missing required plugin"), after this line.
+        // A settings file that cannot be read must not fail every CRIU run on the host. The AMD
+        // side sits the run out (CRIU itself then refuses an AMD process: nothing handles its
+        // KFD mappings); the NVIDIA side loads nothing, but stays to fail a dump of a process
+        // that holds an NVIDIA device, which would otherwise lose its GPU state, and a restore
+        // that needs it.
         let mut config = match Config::from_process() {
             Ok(c) => c,
             Err(e) => {
@@ -205,8 +207,16 @@ impl Plugin for GpuPlugin {
                 } else {
                     format!(" (plugin options not applied: {})", mine.join(", "))
                 };
-                log::error!("settings: {e}; GPU support is off for this run{unused}");
-                return self.start(stage, &Config::default(), Vec::new());
+                log::error!(
+                    "settings: {e}; GPU support is off for this run: a dump or restore of GPU processes fails{unused}"
+                );
+                let mut config = Config::default();
+                config.unreadable = Some(e);
+                return self.start(
+                    stage,
+                    &config,
+                    vec![Box::new(crate::cuda::CudaBackend::new())],
+                );
             }
         };
         // CRIU 4.3's plugin options come last and win: they are what a runtime asks for this

@@ -457,6 +457,38 @@ fn hostile(tag: &str, edit: impl FnOnce(&Path, u32)) {
     );
 }
 
+/// CRIU 4.1 and 4.2 call no RESTORE_INIT: a hostile image is refused by `init`, which they
+/// call before forking the tasks, and a good one still restores past it.
+#[test]
+fn without_restore_init_hostile_images_are_refused_before_criu_forks() {
+    for host in [HostVersion::V4_0, HostVersion::V4_2] {
+        let (_, images, dumped) = dumped_images(500);
+        let id = dumped[0].kfd_id;
+        let topo = fixture("2gpu");
+        let sim = SimKfd::from_sysfs(&topo).unwrap();
+        let cfg = config(&topo, "");
+        let mut b = backend(&sim, images.path());
+        assert_eq!(
+            b.init(&ctx(&cfg, host, InventoryListing::Listed), Stage::Restore),
+            Ok(true),
+            "{host:?}: a good image"
+        );
+        b.exit(Stage::Restore, -1);
+        let mut out = 64usize.to_ne_bytes().to_vec();
+        out.extend((0..64u8).map(|i| i.wrapping_mul(37) | 0x80));
+        std::fs::write(images.path().join(image::kfd_file_name(id)), out).unwrap();
+        let mut b = backend(&sim, images.path());
+        match b.init(&ctx(&cfg, host, InventoryListing::Listed), Stage::Restore) {
+            Err(h) if h != HookError::NotMine => {
+                assert!([libc::EINVAL, libc::EIO].contains(&h.errno()), "{h:?}")
+            }
+            other => panic!("{host:?}: init of a hostile image gave {other:?}"),
+        }
+        assert_no_leaks(&sim, 0, 0);
+        assert!(sim.process(500).is_none());
+    }
+}
+
 #[test]
 fn hostile_images_fail_cleanly() {
     // A BO claiming 2^60 bytes of VRAM.

@@ -94,11 +94,10 @@ fn check_cuda(
             return;
         }
     };
-    if !settings.nvidia_proc.is_dir() {
+    if let Some(problem) = settings.nvidia_proc_problem() {
         v.reasons.push(format!(
-            "the image holds {} CUDA process(es) but this machine has no NVIDIA driver ({} is missing)",
+            "the image holds {} CUDA process(es) but this machine has no NVIDIA driver ({problem})",
             md.processes.len(),
-            settings.nvidia_proc.display()
         ));
         return;
     }

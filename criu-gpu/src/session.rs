@@ -95,10 +95,9 @@ impl Session {
                 "a setting is bad: {p}; fix it in the settings file or the environment"
             ));
         }
-        if !settings.nvidia_proc.is_dir() {
+        if let Some(problem) = settings.nvidia_proc_problem() {
             return Err(format!(
-                "no NVIDIA driver here ({} is missing): load the nvidia kernel module, or set cuda.nvidia-proc",
-                settings.nvidia_proc.display()
+                "no NVIDIA driver here ({problem}): load the nvidia kernel module, or set cuda.nvidia-proc"
             ));
         }
         let (driver, version) = driver::load(&settings).map_err(|e| {

@@ -37,7 +37,13 @@ impl From<log::Level> for CriuLevel {
     }
 }
 
-/// Builds one CRIU log line the way CRIU's `pr_*` macros do.
+/// Longest line handed to CRIU. CRIU formats each line into one 8 KiB buffer after its
+/// timestamp and pid prefix (`LOG_BUF_LEN` in `criu/log.c`) and writes what the text would
+/// have taken, so a longer line loses its newline and runs into the next one.
+pub const MAX_LINE_BYTES: usize = 4096;
+
+/// Builds one CRIU log line the way CRIU's `pr_*` macros do, at most [`MAX_LINE_BYTES`] long
+/// (a longer message is cut at a character boundary and says how long it was).
 pub fn format_line(
     level: CriuLevel,
     prefix: &str,
@@ -55,9 +61,19 @@ pub fn format_line(
         CriuLevel::Warn => format!("Warn  ({loc}): {prefix}: {msg}"),
         CriuLevel::Info | CriuLevel::Debug => format!("{prefix}: {msg}"),
     };
-    if !s.ends_with('\n') {
-        s.push('\n');
+    if s.ends_with('\n') {
+        s.pop();
     }
+    if s.len() >= MAX_LINE_BYTES {
+        let total = s.len();
+        let mut end = MAX_LINE_BYTES - 64;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str(&format!("… (line of {total} bytes cut)"));
+    }
+    s.push('\n');
     s
 }
 
@@ -177,6 +193,19 @@ mod tests {
             format_line(CriuLevel::Info, "gpu", Some("a.rs"), Some(1), "hi"),
             "gpu: hi\n"
         );
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_keep_their_newline() {
+        let msg = "ü".repeat(30_000);
+        let line = format_line(CriuLevel::Info, "gpu", None, None, &msg);
+        assert!(line.len() <= MAX_LINE_BYTES, "{}", line.len());
+        assert!(
+            line.ends_with("… (line of 60005 bytes cut)\n"),
+            "{}",
+            &line[4000..]
+        );
+        assert_eq!(line.matches('\n').count(), 1);
     }
 
     #[test]

@@ -126,8 +126,23 @@ impl Driver {
         Self::open_name(DEFAULT_LIBRARY)
     }
 
-    /// Opens an explicit file (a path containing `/` bypasses the search path), e.g. a stand-in
-    /// driver for tests.
+    /// Opens library `name` (a file name without `/`, such as `libcuda.so.1`) through the
+    /// dynamic loader's own search (`LD_LIBRARY_PATH`, the cache, the system directories),
+    /// never the working directory. A name holding `/` is refused: it is a path, for
+    /// [`Driver::open`].
+    pub fn open_search(name: &str) -> Result<Self> {
+        if name.contains('/') || name.is_empty() {
+            return Err(DriverError::Load {
+                path: name.to_owned(),
+                reason: "not a bare library name (a path goes to Driver::open)".into(),
+            });
+        }
+        Self::open_name(name)
+    }
+
+    /// Opens an explicit file, e.g. a stand-in driver for tests. A path containing `/` bypasses
+    /// the search path; a bare name is taken as a file of the working directory, so a caller
+    /// that must not load code from there uses [`Driver::open_search`] for bare names.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = path.to_string_lossy().into_owned();
@@ -457,6 +472,15 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(err.errno(), -libc::ENOENT);
+    }
+
+    #[test]
+    fn a_search_name_is_never_a_path() {
+        for bad in ["./libcuda.so.1", "lib/libcuda.so.1", "/x/libcuda.so.1", ""] {
+            assert!(Driver::open_search(bad).is_err(), "{bad:?}");
+        }
+        // Found by the loader's search, not as a file of the working directory.
+        assert!(Driver::open_search("libc.so.6").is_ok());
     }
 
     #[test]

@@ -319,6 +319,17 @@ impl GpuBackend for AmdgpuBackend {
             Ok(Run::Idle) => Ok(false),
             Ok(run) => {
                 self.run = run;
+                // CRIU before 4.3 calls no RESTORE_INIT: the images are checked now, still
+                // before CRIU forks the tasks, instead of in each task's RESTORE_EXT_FILE.
+                if stage == Stage::Restore && !ctx.host.has_hook(HookId::RestoreInit) {
+                    match self.restore_init() {
+                        Ok(()) | Err(HookError::NotMine) => {}
+                        Err(e) => {
+                            self.exit(stage, -1);
+                            return Err(e);
+                        }
+                    }
+                }
                 Ok(true)
             }
             Err(e) => Err(fail(e)),

@@ -82,7 +82,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         Some(b'G' | b'g') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let bad = || format!("{text:?} is not a size (e.g. 268435456, 0x10000000, 256M, 2G)");
+    let bad = || {
+        format!(
+            "{:?} is not a size (e.g. 268435456, 0x10000000, 256M, 2G)",
+            crate::config::shown(text)
+        )
+    };
     let value = if let Some(hex) = digits
         .strip_prefix("0x")
         .or_else(|| digits.strip_prefix("0X"))
@@ -96,6 +101,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     value
         .checked_mul(1u64 << shift)
         .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
+/// A check switch as CRIU's C plugin reads `KFD_*_CHECK` (`0`/`no` off, `1`/`yes` on, any
+/// case), `None` for anything else.
+fn switch_value(v: &str) -> Option<bool> {
+    match v.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        t if t.eq_ignore_ascii_case("no") => Some(false),
+        t if t.eq_ignore_ascii_case("yes") => Some(true),
+        _ => None,
+    }
 }
 
 impl AmdgpuSettings {
@@ -166,7 +183,8 @@ impl AmdgpuSettings {
                     "amdgpu.copy-threads = {n}: expected 1 to {MAX_COPY_THREADS}"
                 )),
                 Err(_) => errors.push(format!(
-                    "amdgpu.copy-threads = {v}: expected a whole number"
+                    "amdgpu.copy-threads = {}: expected a whole number",
+                    crate::config::shown(&v)
                 )),
             }
         }
@@ -186,10 +204,40 @@ impl AmdgpuSettings {
                 Err(e) => errors.push(e),
             }
         }
-        s.checks = CompatChecks::from_env(|name| {
+        // Each check by its key, as the other settings: a bad value is named with where it
+        // came from and fails only a run that needs an AMD GPU. CompatChecks sees good values
+        // only.
+        let mut switches = std::collections::BTreeMap::new();
+        for name in CompatChecks::ENV_VARS {
             let key = format!("amdgpu.{}", name.to_ascii_lowercase().replace('_', "-"));
-            ours_env(&key).or_else(|| env(name)).or_else(|| file(&key))
-        });
+            let found = if let Some(v) = option(&key) {
+                Some((v, cfg.describe_origin(&key)))
+            } else if let Some(v) = env(&env_name(&key)) {
+                Some((v, format!("environment {}", env_name(&key))))
+            } else if let Some(v) = env(name) {
+                Some((v, format!("environment {name}, CRIU's C plugin's variable")))
+            } else {
+                file(&key).map(|v| (v, cfg.describe_origin(&key)))
+            };
+            let Some((v, origin)) = found else {
+                continue;
+            };
+            if switch_value(&v).is_some() {
+                switches.insert(name, v.trim().to_string());
+            } else if origin.starts_with("environment KFD_") {
+                // As the C plugin does with its own variables: ignored, keeping the default.
+                log::warn!(
+                    "amdgpu: {name} = {} ({origin}) is not yes or no: ignored, the check stays on",
+                    crate::config::shown(&v)
+                );
+            } else {
+                errors.push(format!(
+                    "{key} = {} ({origin}): expected yes or no (or 1 or 0)",
+                    crate::config::shown(&v)
+                ));
+            }
+        }
+        s.checks = CompatChecks::from_env(|name| switches.get(name).cloned());
         (s, errors)
     }
 
@@ -262,6 +310,38 @@ mod tests {
         assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
         let bad = Config::parse("amdgpu.max-buffer-size = lots\n");
         assert!(AmdgpuSettings::from_config(&bad, &|_| None).is_err());
+    }
+
+    #[test]
+    fn bad_check_values_name_their_key_and_origin() {
+        let cfg = Config::parse("amdgpu.kfd-fw-ver-check = maybe\namdgpu.kfd-numa-check = No\n");
+        let (s, errors) = AmdgpuSettings::from_config_lenient(&cfg, &|_| None);
+        assert_eq!(
+            errors,
+            [
+                "amdgpu.kfd-fw-ver-check = maybe (line 1 of the settings): expected yes or no (or 1 or 0)"
+            ]
+        );
+        assert!(s.checks.fw_version && !s.checks.numa);
+        let env = |k: &str| match k {
+            "CRIU_GPU_AMDGPU_KFD_VRAM_SIZE_CHECK" => Some("sure".to_string()),
+            "KFD_CAPABILITY_CHECK" => Some("perhaps".to_string()),
+            "KFD_NUM_GWS_CHECK" => Some(" 0 ".to_string()),
+            _ => None,
+        };
+        let (s, errors) = AmdgpuSettings::from_config_lenient(&Config::default(), &env);
+        // The C plugin's own variable is ignored as it ignores it; ours is an error.
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with(
+            "amdgpu.kfd-vram-size-check = sure (environment CRIU_GPU_AMDGPU_KFD_VRAM_SIZE_CHECK)"
+        ));
+        assert!(s.checks.capability && s.checks.vram_size && !s.checks.num_gws);
+        let long = Config::parse(&format!("amdgpu.kfd-numa-check = {}\n", "x".repeat(60_000)));
+        let (_, errors) = AmdgpuSettings::from_config_lenient(&long, &|_| None);
+        assert!(
+            errors[0].len() < 400 && errors[0].contains("(60000 bytes)"),
+            "{errors:?}"
+        );
     }
 
     #[test]

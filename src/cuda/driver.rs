@@ -14,30 +14,59 @@ use super::settings::CudaSettings;
 
 /// Loads the CUDA driver the settings name and checks that it can checkpoint processes;
 /// returns it with its version.
+/// Errors name the `libcuda` value and where it came from.
 pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
-    if let Some(p) = &settings.libcuda {
-        library_file(p)?;
-    }
+    let named = |e: &dyn std::fmt::Display| format!("{}: {e}", settings.describe_libcuda());
     let driver = match &settings.libcuda {
-        Some(p) => Driver::open(p),
         None => Driver::open_default(),
+        Some(p) => {
+            let value = p.to_string_lossy();
+            match library(&value).map_err(|e| named(&e))? {
+                Library::Search(name) => Driver::open_search(name),
+                Library::File(path) => Driver::open(path),
+            }
+        }
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| named(&e))?;
     let version = driver.check_checkpoint_support().map_err(|e| {
-        format!(
+        named(&format!(
             "{e}: the CUDA checkpoint API needs driver 570 or later (CUDA {})",
             cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
-        )
+        ))
     })?;
     Ok((driver, version))
 }
 
-/// Refuses a configured library path that is not a regular file: `dlopen` of a FIFO blocks
-/// for good.
-pub fn library_file(p: &Path) -> Result<(), String> {
-    match std::fs::metadata(p) {
-        Ok(m) if !m.is_file() => Err(format!("{} is not a regular file", p.display())),
-        _ => Ok(()),
+/// How a library named in the settings (`libcuda`, `nvml`) is loaded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Library<'a> {
+    /// A bare name: the dynamic loader's own search only.
+    Search(&'a str),
+    /// An absolute path to a regular file.
+    File(&'a Path),
+}
+
+/// Where a configured library may be loaded from. CRIU's working directory is the image
+/// directory, which an imported checkpoint fills: code is never loaded from a path it could
+/// supply. So a bare name goes to the loader's search (which never looks in the working
+/// directory unless `LD_LIBRARY_PATH` says so), a relative path is refused, and an absolute
+/// one must be a regular file (`dlopen` of a FIFO blocks for good).
+pub fn library(value: &str) -> Result<Library<'_>, String> {
+    if value.is_empty() {
+        return Err("an empty library name".into());
+    }
+    if !value.contains('/') {
+        return Ok(Library::Search(value));
+    }
+    let path = Path::new(value);
+    if !path.is_absolute() {
+        return Err(format!(
+            "{value} is a relative path, which would be looked up from CRIU's working directory (the image directory); give an absolute path or a bare library name"
+        ));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(format!("{value} is not a regular file")),
+        _ => Ok(Library::File(path)),
     }
 }
 
@@ -89,4 +118,31 @@ pub fn not_a_cuda_process(e: &DriverError) -> bool {
         e.cuda_code(),
         Some(CUresult::NOT_INITIALIZED | CUresult::INVALID_VALUE | CUresult::NOT_FOUND)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libraries_come_from_the_loader_search_or_an_absolute_path_only() {
+        assert_eq!(library("libcuda.so.1"), Ok(Library::Search("libcuda.so.1")));
+        for rel in ["./libcuda.so.1", "lib/libcuda.so.1", "../x.so"] {
+            let e = library(rel).unwrap_err();
+            assert!(
+                e.contains("relative path") && e.contains("image directory"),
+                "{e}"
+            );
+        }
+        assert!(library("").is_err());
+        assert_eq!(
+            library("/nonexistent/libcuda.so.1"),
+            Ok(Library::File(Path::new("/nonexistent/libcuda.so.1")))
+        );
+        assert_eq!(
+            library("/dev/zero"),
+            Err("/dev/zero is not a regular file".into())
+        );
+        assert!(library("/").unwrap_err().contains("not a regular file"));
+    }
 }

@@ -71,31 +71,35 @@ struct Locked {
 }
 
 impl DumpRun {
-    /// Prepares a dump; `None` when the NVIDIA side sits it out (no driver, no checkpoint API,
-    /// GPUs that cannot be listed).
-    pub fn start(settings: CudaSettings) -> Option<DumpRun> {
-        let proc_dir = &settings.nvidia_proc;
-        if !proc_dir.is_dir() {
-            log::info!(
-                "cuda: no NVIDIA driver here ({} is missing): the NVIDIA side is off",
-                proc_dir.display()
-            );
-            return None;
+    /// Prepares a dump: `Ok(None)` when this machine has no NVIDIA driver; `Err(why)` when the
+    /// NVIDIA side cannot run although it may be needed (settings file unreadable, a
+    /// `cuda.nvidia-proc` that lists nothing, no driver or checkpoint API, GPUs that cannot
+    /// be listed): a process that holds an NVIDIA device then fails the dump with `why`.
+    pub fn start(settings: CudaSettings) -> Result<Option<DumpRun>, String> {
+        if let Some(e) = &settings.file_error {
+            // The file may name another libcuda or switch the NVIDIA side off: load nothing.
+            return Err(format!("the settings file cannot be read ({e})"));
         }
-        let (driver, driver_version) = match driver::load(&settings) {
-            Ok(d) => d,
-            Err(e) => {
-                log::warn!("cuda: NVIDIA driver present but CUDA checkpointing is off: {e}");
-                return None;
+        let proc_dir = &settings.nvidia_proc;
+        if let Some(problem) = settings.nvidia_proc_problem() {
+            if settings.nvidia_proc_is_default() && !Path::new("/dev/nvidiactl").exists() {
+                log::info!(
+                    "cuda: no NVIDIA driver here ({} is missing): the NVIDIA side is off",
+                    proc_dir.display()
+                );
+                return Ok(None);
             }
-        };
-        let mut gpus = match gpus::read_gpus(proc_dir, Path::new("/dev")) {
-            Ok(g) => g,
-            Err(e) => {
-                log::warn!("cuda: cannot list the GPUs, CUDA checkpointing is off: {e}");
-                return None;
-            }
-        };
+            return Err(problem);
+        }
+        let (driver, driver_version) =
+            driver::load(&settings).map_err(|e| format!("CUDA checkpointing cannot work: {e}"))?;
+        let mut gpus = gpus::read_gpus(proc_dir, Path::new("/dev")).map_err(|e| {
+            format!(
+                "the GPUs cannot be listed from cuda.nvidia-proc = {} ({}): {e}",
+                proc_dir.display(),
+                settings.nvidia_proc_from
+            )
+        })?;
         driver::fill_memory(&settings.nvml, &mut gpus);
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
         if !CriuSymbols::get().request_interrupt_only_mode() {
@@ -110,7 +114,7 @@ impl DumpRun {
             gpus.len()
         );
         exclusive::sweep(64);
-        Some(DumpRun {
+        Ok(Some(DumpRun {
             settings,
             driver,
             driver_version,
@@ -120,7 +124,7 @@ impl DumpRun {
             claims: BTreeMap::new(),
             guardian: None,
             inventory_added: false,
-        })
+        }))
     }
 
     /// `PAUSE_DEVICES`: locks `pid` if it uses CUDA and runs.

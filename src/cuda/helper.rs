@@ -166,9 +166,7 @@ fn state_from_code(c: u64) -> ProcessState {
 
 /// NVML's memory figures for `uuids`, asked in a helper process.
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
-    if lib.contains('/') {
-        super::driver::library_file(std::path::Path::new(lib))?;
-    }
+    super::driver::library(lib).map_err(|e| format!("nvml = {lib}: {e}"))?;
     let reply = child::run(NVML_DEADLINE, MAX_REPLY, || {
         let mut w = Writer::default();
         match nvml::query_memory(lib, uuids) {

@@ -47,11 +47,12 @@ mod tests;
 
 use std::ffi::CStr;
 
-use criu_plugin::{HookError, HookResult, Stage};
+use criu_plugin::{HookError, HookResult, InventoryListing, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use dump::DumpRun;
 pub use dump::put_back::{check_put_back, put_back};
+use error::{Failure, FailureKind};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
 
@@ -69,6 +70,12 @@ pub struct CudaBackend {
 enum Run {
     Dump(DumpRun),
     Restore(RestoreRun),
+    /// A dump the NVIDIA side cannot serve (`why`) on a machine that may have NVIDIA GPUs:
+    /// a process that holds an NVIDIA device fails it rather than lose its GPU state; the
+    /// others are left to CRIU.
+    Unusable {
+        why: String,
+    },
 }
 
 impl CudaBackend {
@@ -93,7 +100,22 @@ impl GpuBackend for CudaBackend {
         self.run = match stage {
             // Nothing would unlock a process locked in pre-dump: CRIU calls no exit there.
             Stage::PreDump => None,
-            Stage::Dump => DumpRun::start(settings).map(Run::Dump),
+            Stage::Dump => match DumpRun::start(settings) {
+                Ok(run) => run.map(Run::Dump),
+                Err(why) => {
+                    log::warn!(
+                        "cuda: {why}; a dump of a process that holds an NVIDIA device fails"
+                    );
+                    Some(Run::Unusable { why })
+                }
+            },
+            // Loads nothing on settings it could not read, unless the image needs it (and
+            // then fails, naming the file).
+            Stage::Restore
+                if settings.file_error.is_some() && ctx.listing != InventoryListing::Listed =>
+            {
+                None
+            }
             Stage::Restore => RestoreRun::start(&settings, ctx.listing)
                 .map_err(HookError::from)?
                 .map(Run::Restore),
@@ -104,6 +126,7 @@ impl GpuBackend for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.pause(pid).map_err(HookError::from),
+            Some(Run::Unusable { why }) => refuse_nvidia_user(pid, why),
             _ => Err(HookError::NotMine),
         }
     }
@@ -134,7 +157,29 @@ impl GpuBackend for CudaBackend {
         match self.run.take() {
             Some(Run::Dump(d)) => d.finish(ret),
             Some(Run::Restore(r)) => r.finish(ret),
-            None => {}
+            Some(Run::Unusable { .. }) | None => {}
         }
+    }
+}
+
+/// `PAUSE_DEVICES` when the NVIDIA side cannot run: "not mine" for a process without NVIDIA
+/// devices, a failure naming `why` for one that holds any (CRIU would dump it without its GPU
+/// state, and the restored process would have lost it).
+fn refuse_nvidia_user(pid: i32, why: &str) -> HookResult {
+    match procfs::nvidia_device(pid) {
+        Ok(None) => Err(HookError::NotMine),
+        Ok(Some(dev)) => Err(Failure::new(
+            FailureKind::Settings,
+            libc::ENODEV,
+            format!(
+                "cuda: pid {pid} holds {dev}, but {why}: its GPU state cannot be saved, so the dump fails"
+            ),
+        )
+        .into()),
+        Err(e) => Err(error::os_failure(
+            &e,
+            format!("cuda: cannot tell whether pid {pid} holds an NVIDIA device ({e}), and {why}"),
+        )
+        .into()),
     }
 }

@@ -36,6 +36,8 @@ type MemoryInfoFn = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
 /// Asks NVML (library `lib`, e.g. `libnvidia-ml.so.1`) for the memory of each GPU in `uuids`.
 /// Errors say why NVML could not answer; GPUs NVML does not know are left out of the map.
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
+    // Never a file of the working directory (the image directory) nor a FIFO.
+    super::driver::library(lib)?;
     let name = CString::new(lib).map_err(|_| "NVML path contains NUL".to_string())?;
     // SAFETY: dlopen of a NUL-terminated name; the library's constructors run, as for any user
     // of NVML. The handle is never closed (NVML does not support being unloaded and reloaded).

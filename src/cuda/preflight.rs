@@ -91,6 +91,18 @@ pub fn plan(
         ),
         ..Preflight::default()
     };
+    if md.gpus.is_empty() && !md.processes.is_empty() {
+        // A dump records the GPUs it saw: none beside CUDA processes is a damaged image, and
+        // the memory check would report "0 MiB free" of no GPUs.
+        out.refusals.push(Refusal::new(
+            libc::EINVAL,
+            format!(
+                "the image records {} CUDA process(es) but no GPUs (its gpu-plugin-cuda.img has no gpu lines): it is damaged or was edited",
+                md.processes.len()
+            ),
+        ));
+        return out;
+    }
     let plan = match gpus::plan_gpu_map(&md.gpus, local, explicit) {
         Ok(p) => p,
         Err(e) => {
@@ -206,6 +218,21 @@ mod tests {
         let p = preflight(&m, 13000, &[gpu(3, "A100")], None, &[]);
         assert!(p.plan.is_none());
         assert!(p.refusals[0].message.contains("no counterpart"));
+    }
+
+    #[test]
+    fn an_image_without_gpus_is_said_to_record_none() {
+        let m = md(vec![], 1 << 30);
+        let free: BTreeMap<_, _> = [(GpuUuid([1; 16]), 80u64 << 30)].into();
+        let p = preflight(&m, 13000, &[gpu(1, "H100")], Some(&free), &[]);
+        assert_eq!(p.refusals.len(), 1, "{p:?}");
+        assert!(
+            p.refusals[0]
+                .message
+                .contains("records 1 CUDA process(es) but no GPUs"),
+            "{p:?}"
+        );
+        assert!(!p.refusals[0].message.contains("free GPU memory"));
     }
 
     #[test]

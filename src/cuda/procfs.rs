@@ -138,6 +138,46 @@ pub fn first_mapping(pid: i32) -> Option<String> {
     text.lines().next().map(str::to_string)
 }
 
+/// Most descriptors and `maps` bytes looked at for NVIDIA devices: a bound on what a hostile
+/// or huge process costs, far above what a CUDA process has.
+const MAX_FDS_SCANNED: usize = 1 << 20;
+const MAX_MAPS_BYTES: u64 = 64 << 20;
+
+/// The first NVIDIA device (`/dev/nvidia*`) that `pid` has open or mapped, `None` when it has
+/// none (or is gone). The driver is not asked: this is for runs where it cannot be.
+pub fn nvidia_device(pid: i32) -> std::io::Result<Option<String>> {
+    let is_nvidia = |p: &str| p.starts_with("/dev/nvidia");
+    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for fd in fds.take(MAX_FDS_SCANNED).flatten() {
+        if let Ok(target) = std::fs::read_link(fd.path()) {
+            let target = target.to_string_lossy();
+            if is_nvidia(&target) {
+                return Ok(Some(target.into_owned()));
+            }
+        }
+    }
+    // A mapping outlives its descriptor (the driver's memory maps of /dev/nvidia*).
+    let maps = match std::fs::File::open(format!("/proc/{pid}/maps")) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let reader = std::io::BufReader::new(maps.take(MAX_MAPS_BYTES));
+    for line in std::io::BufRead::split(reader, b'\n') {
+        let line = line?;
+        // The path is the sixth field; it may hold spaces.
+        let text = String::from_utf8_lossy(&line);
+        if let Some(pos) = text.find(" /dev/nvidia") {
+            return Ok(Some(text[pos + 1..].trim_end().to_string()));
+        }
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +194,24 @@ mod tests {
         assert_eq!(start_time(-1), None);
         assert_eq!(rss_bytes(-1), 0);
         assert_eq!(ns_pid(-1), None);
+    }
+
+    #[test]
+    fn nvidia_devices_are_found_open_or_mapped() {
+        let me = std::process::id() as i32;
+        assert_eq!(nvidia_device(me).unwrap(), None);
+        assert_eq!(nvidia_device(-1).unwrap(), None);
+        // Root may create a file of that name in /dev; elsewhere the positive case is left to
+        // tests/e2e_cuda_fake.rs.
+        let path = format!("/dev/nvidia-gpu-plugin-unit-{me}");
+        let Ok(f) = std::fs::File::create(&path) else {
+            return;
+        };
+        let _ = std::fs::remove_file(&path);
+        let found = nvidia_device(me).unwrap();
+        assert_eq!(found.as_deref(), Some(format!("{path} (deleted)").as_str()));
+        drop(f);
+        assert_eq!(nvidia_device(me).unwrap(), None);
     }
 
     #[test]

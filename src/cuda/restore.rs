@@ -351,15 +351,11 @@ fn end_one(pid: i32, e: &DriverError) -> HookError {
 /// Loads the driver for a restore that cannot do without it; `why` starts the error.
 fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), Failure> {
     settings.check(why)?;
-    let proc_dir = &settings.nvidia_proc;
-    if !proc_dir.is_dir() {
+    if let Some(problem) = settings.nvidia_proc_problem() {
         return Err(Failure::new(
             FailureKind::Machine,
             libc::ENODEV,
-            format!(
-                "{why} but this machine has no NVIDIA driver ({} is missing)",
-                proc_dir.display()
-            ),
+            format!("{why} but this machine has no NVIDIA driver ({problem})"),
         ));
     }
     driver::load(settings)

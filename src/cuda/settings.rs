@@ -20,6 +20,14 @@ pub struct CudaSettings {
     pub device_map: String,
     /// NVML library for memory sizes.
     pub nvml: String,
+    /// Where `libcuda`, `cuda.nvidia-proc` and `nvml` came from, in words, for messages.
+    pub libcuda_from: String,
+    pub nvidia_proc_from: String,
+    pub nvml_from: String,
+    /// Why the settings file could not be read, if it could not: the NVIDIA side then loads
+    /// nothing (the file may name another library or switch it off) and a dump of a process
+    /// that holds an NVIDIA device fails with this.
+    pub file_error: Option<String>,
     /// Bad values, each kept at its default: warned about at `init`, and they fail a dump or
     /// restore that has CUDA processes, naming the key and where its value came from.
     pub problems: Vec<String>,
@@ -35,6 +43,9 @@ impl CudaSettings {
     /// processes without CUDA.
     pub fn from_config(cfg: &crate::config::Config) -> CudaSettings {
         let mut problems = Vec::new();
+        if let Some(e) = &cfg.unreadable {
+            problems.push(format!("the settings file cannot be read ({e})"));
+        }
         let parallel = cfg.get_bool("cuda.parallel", true).unwrap_or_else(|e| {
             problems.push(e);
             true
@@ -61,7 +72,8 @@ impl CudaSettings {
                 cfg.describe_origin("cuda.backend")
             )),
             Some(b) => problems.push(format!(
-                "cuda.backend = {b} ({}): expected auto or driver-api",
+                "cuda.backend = {} ({}): expected auto or driver-api",
+                crate::config::shown(b),
                 cfg.describe_origin("cuda.backend")
             )),
         }
@@ -80,8 +92,41 @@ impl CudaSettings {
             lock_timeout_ms,
             device_map: cfg.get("cuda.device-map").unwrap_or("").to_string(),
             nvml: cfg.get("nvml").unwrap_or("libnvidia-ml.so.1").to_string(),
+            libcuda_from: cfg.describe_origin("libcuda"),
+            nvidia_proc_from: cfg.describe_origin("cuda.nvidia-proc"),
+            nvml_from: cfg.describe_origin("nvml"),
+            file_error: cfg.unreadable.clone(),
             problems,
         }
+    }
+
+    /// `libcuda` as given, with where it came from (`libcuda = X (line 2 of F)`).
+    pub fn describe_libcuda(&self) -> String {
+        match &self.libcuda {
+            Some(p) => format!("libcuda = {} ({})", p.display(), self.libcuda_from),
+            None => format!("libcuda = {} (default)", cuda_ckpt_sys::DEFAULT_LIBRARY),
+        }
+    }
+
+    /// Why `cuda.nvidia-proc` lists no GPUs, `None` when it is a directory: missing, or
+    /// something else than a directory (`/dev/zero`), with where the value came from.
+    pub fn nvidia_proc_problem(&self) -> Option<String> {
+        let what = match std::fs::metadata(&self.nvidia_proc) {
+            Ok(m) if m.is_dir() => return None,
+            Ok(_) => "is not a directory",
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "is missing",
+            Err(_) => "cannot be read",
+        };
+        Some(format!(
+            "cuda.nvidia-proc = {} ({}) {what}",
+            self.nvidia_proc.display(),
+            self.nvidia_proc_from
+        ))
+    }
+
+    /// Whether the GPU listing is the default one (not set in the settings).
+    pub fn nvidia_proc_is_default(&self) -> bool {
+        self.nvidia_proc_from == "default"
     }
 
     /// The first bad value, as a failure of a run that needs CUDA (`why` starts the message).

@@ -68,3 +68,75 @@ fn bad_settings_are_kept_for_the_runs_that_need_cuda() {
         assert!(s.problems.is_empty() && s.check("x").is_ok());
     }
 }
+
+#[test]
+fn a_gpu_listing_that_is_no_directory_is_named_so() {
+    use super::settings::CudaSettings;
+    let mut cfg = crate::config::Config::parse("cuda.nvidia-proc = /dev/zero\n");
+    let s = CudaSettings::from_config(&cfg);
+    assert_eq!(
+        s.nvidia_proc_problem().as_deref(),
+        Some("cuda.nvidia-proc = /dev/zero (line 1 of the settings) is not a directory")
+    );
+    cfg.set("cuda.nvidia-proc", "/nonexistent/gpus");
+    let s = CudaSettings::from_config(&cfg);
+    assert!(s.nvidia_proc_problem().unwrap().ends_with("is missing"));
+    cfg.set("cuda.nvidia-proc", "/");
+    assert_eq!(CudaSettings::from_config(&cfg).nvidia_proc_problem(), None);
+}
+
+#[test]
+fn a_dump_that_cannot_use_the_driver_says_why_naming_the_key() {
+    use super::dump::DumpRun;
+    use super::settings::CudaSettings;
+    let why = |text: &str| match DumpRun::start(CudaSettings::from_config(
+        &crate::config::Config::parse(text),
+    )) {
+        Err(why) => why,
+        Ok(_) => panic!("{text}: the NVIDIA side would run"),
+    };
+    let e = why("cuda.nvidia-proc = /dev/zero\n");
+    assert!(
+        e.contains("cuda.nvidia-proc = /dev/zero") && e.contains("not a directory"),
+        "{e}"
+    );
+    let e = why("cuda.nvidia-proc = /\nlibcuda = /nonexistent/libcuda.so.1\n");
+    assert!(
+        e.contains("libcuda = /nonexistent/libcuda.so.1 (line 2 of the settings)"),
+        "{e}"
+    );
+    let e = why("cuda.nvidia-proc = /\nlibcuda = lib/libcuda.so.1\n");
+    assert!(
+        e.contains("libcuda = lib/libcuda.so.1") && e.contains("relative path"),
+        "{e}"
+    );
+    let e = why("cuda.nvidia-proc = /\nlibcuda = libc.so.6\n");
+    assert!(
+        e.contains("libcuda = libc.so.6 (line 2") && e.contains("does not export"),
+        "{e}"
+    );
+    let mut cfg = crate::config::Config::default();
+    cfg.unreadable = Some("cannot read /etc/criu/gpu-plugin.conf: it is not UTF-8 text".into());
+    let s = CudaSettings::from_config(&cfg);
+    assert!(s.check("x").unwrap_err().message.contains("not UTF-8"));
+    let Err(e) = DumpRun::start(s) else {
+        panic!("ran on unread settings");
+    };
+    assert!(
+        e.contains("settings file cannot be read") && e.contains("gpu-plugin.conf"),
+        "{e}"
+    );
+}
+
+#[test]
+fn only_a_process_that_holds_an_nvidia_device_is_refused() {
+    let me = std::process::id() as i32;
+    assert_eq!(
+        super::refuse_nvidia_user(me, "why"),
+        Err(HookError::NotMine)
+    );
+    assert_eq!(
+        super::refuse_nvidia_user(-1, "why"),
+        Err(HookError::NotMine)
+    );
+}
