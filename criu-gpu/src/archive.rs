@@ -11,13 +11,24 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Most entries read from one archive.
 pub const MAX_ENTRIES: u64 = 1_000_000;
 /// Most bytes read through one archive (its whole unpacked size).
 pub const MAX_ARCHIVE_BYTES: u64 = 1 << 40;
+/// Most bytes a compressed archive may unpack to per byte of its own: far beyond what
+/// checkpoint images compress by, while a decompression bomb (gigabytes of zeros in a few
+/// megabytes) is cut off within a second or two. Larger ones can be unpacked by hand and the
+/// directory inspected.
+const MAX_RATIO: u64 = 256;
+/// What any compressed archive may unpack to, however small it is.
+const MIN_UNPACKED: u64 = 1 << 30;
+/// How long a decompressor may take, whatever it unpacks.
+const MAX_UNPACK_TIME: Duration = Duration::from_secs(600);
 /// Longest GNU long name or pax header accepted.
 const MAX_META: u64 = 64 * 1024;
 const BLOCK: usize = 512;
@@ -93,14 +104,57 @@ pub enum Data {
 /// The archive's byte source: a file (seekable, so skipping is cheap) or a decompressor.
 enum Source {
     File(File),
-    Pipe(Child, ChildStdout),
+    Pipe(Child, ChildStdout, Instant),
 }
 
 impl Read for Source {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Source::File(f) => f.read(buf),
-            Source::Pipe(_, out) => out.read(buf),
+            Source::Pipe(_, out, deadline) => Deadlined(out, *deadline).read(buf),
+        }
+    }
+}
+
+/// A decompressor's output read no later than a deadline.
+struct Deadlined<'a>(&'a mut ChildStdout, Instant);
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        wait_readable(self.0, self.1)?;
+        self.0.read(buf)
+    }
+}
+
+/// Waits until the decompressor's output can be read, at most until `deadline`.
+fn wait_readable(out: &ChildStdout, deadline: Instant) -> io::Result<()> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "unpacking took longer than {} s; refused",
+                    MAX_UNPACK_TIME.as_secs()
+                ),
+            ));
+        }
+        let mut p = libc::pollfd {
+            fd: out.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: poll(2) on one valid pollfd that lives across the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return Ok(());
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 }
@@ -111,6 +165,8 @@ struct Reader {
     pos: u64,
     /// The file's length, when it is one.
     len: Option<u64>,
+    /// Most bytes read through the archive: [`MAX_ARCHIVE_BYTES`], less for a compressed one.
+    limit: u64,
 }
 
 impl Reader {
@@ -130,10 +186,17 @@ impl Reader {
             }
         }
         self.pos += buf.len() as u64;
-        if self.pos > MAX_ARCHIVE_BYTES {
-            return Err(format!(
-                "the archive unpacks to more than {MAX_ARCHIVE_BYTES} bytes; refused"
-            ));
+        if self.pos > self.limit {
+            return Err(match self.src {
+                Source::Pipe(..) if self.limit < MAX_ARCHIVE_BYTES => format!(
+                    "the archive unpacks to more than {} bytes, over {MAX_RATIO} times its packed size: refused as a likely decompression bomb (unpack it yourself and give the directory)",
+                    self.limit
+                ),
+                _ => format!(
+                    "the archive unpacks to more than {} bytes; refused",
+                    self.limit
+                ),
+            });
         }
         Ok(())
     }
@@ -299,28 +362,42 @@ pub fn read(
                     format!("cannot run `{tool}` to unpack the archive ({e}): install {tool}")
                 })?;
             let out = child.stdout.take().ok_or("no pipe from the decompressor")?;
-            Source::Pipe(child, out)
+            Source::Pipe(child, out, Instant::now() + MAX_UNPACK_TIME)
         }
+    };
+    let limit = match (&src, len) {
+        (Source::File(_), _) => MAX_ARCHIVE_BYTES,
+        (Source::Pipe(..), Some(n)) => unpack_limit(n),
+        (Source::Pipe(..), None) => MIN_UNPACKED,
     };
     let mut r = Reader {
         len: matches!(src, Source::File(_)).then_some(len).flatten(),
         src,
         pos: 0,
+        limit,
     };
     let result = walk(&mut r, &mut visit, &mut take);
     finish(r, packing, result)
+}
+
+/// What a compressed archive of `packed` bytes may unpack to.
+fn unpack_limit(packed: u64) -> u64 {
+    packed
+        .saturating_mul(MAX_RATIO)
+        .clamp(MIN_UNPACKED, MAX_ARCHIVE_BYTES)
 }
 
 /// Ends the decompressor: what follows the end marker is drained (a little padding; more is
 /// cut off), its complaint is added to a failure, and a decompressor that failed after a
 /// complete walk (a bad checksum at the end) fails the read.
 fn finish(r: Reader, packing: Packing, result: Result<(), String>) -> Result<(), String> {
-    let Source::Pipe(mut child, mut out) = r.src else {
+    let Source::Pipe(mut child, mut out, deadline) = r.src else {
         return result;
     };
     let mut drained = false;
     if result.is_ok() {
-        let mut rest = (&mut out).take(16 << 20);
+        // Through the deadline too: a decompressor that stalls here must not hang the tool.
+        let mut rest = Deadlined(&mut out, deadline).take(16 << 20);
         drained = io::copy(&mut rest, &mut io::sink()).is_ok_and(|n| n < 16 << 20);
     }
     drop(out);

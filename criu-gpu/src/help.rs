@@ -46,7 +46,10 @@ EXIT STATUS
     1  failed, with every process put back as it was found (check: it would not restore;
        inspect: the image is damaged); the message says which pid and why
     2  usage error
-    3  failed, and some processes could not be put back: the message names them
+    3  failed, and some processes could not be put back (or the driver found one neither
+       done nor as it was): the message names them
+    4  suspend/resume refused, nothing changed: another CRIU or criu-gpu is acting on one of
+       the processes (each holds a claim in /run/criu-gpu-plugin/ while it works)
 
 SEE ALSO
     criu-gpu help suspend, criu(8), criu-gpu-plugin(7), docs/criu-gpu.md

@@ -39,6 +39,8 @@ pub struct ImageSet {
     pub too_large: Vec<(String, u64, u64)>,
     /// Whether more names were seen than are remembered.
     names_capped: bool,
+    /// GPU-side files the plugin (and CRIU) would refuse to read: not regular files.
+    pub refused: Vec<String>,
     /// What was ignored, and why.
     pub notes: Vec<String>,
     ignored: usize,
@@ -82,8 +84,53 @@ impl ImageSet {
     }
 }
 
-/// Reads the checkpoint at `path`.
+/// Why a file the plugin reads is refused: the plugin opens each without following links and
+/// refuses anything but a regular file, so `check` must not call such an image restorable.
+fn refusal(name: &str, kind: &str) -> String {
+    format!(
+        "{name}: {kind}, not a regular file: refused (the plugin and CRIU read only regular files), so this image cannot be restored"
+    )
+}
+
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "of another kind"
+    }
+}
+
+/// Reads the checkpoint at `path`; refuses one that holds no CRIU image at all (neither
+/// `inventory.img` nor any file of the GPU side).
 pub fn open(path: &Path) -> Result<ImageSet, String> {
+    let set = open_any(path)?;
+    let any_gpu_file = set.sizes.keys().any(|n| limit_for(n).is_some());
+    if !set.has_inventory() && !any_gpu_file && set.refused.is_empty() {
+        return Err(format!(
+            "{} is not a CRIU checkpoint: it holds no inventory.img (nor any GPU image file); give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
+            set.source
+        ));
+    }
+    Ok(set)
+}
+
+impl ImageSet {
+    /// Whether the checkpoint has CRIU's `inventory.img` (without it CRIU cannot restore).
+    pub fn has_inventory(&self) -> bool {
+        self.sizes.contains_key("inventory.img")
+    }
+}
+
+fn open_any(path: &Path) -> Result<ImageSet, String> {
     let meta = std::fs::metadata(path).map_err(|e| {
         format!(
             "cannot open {}: {e}; give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
@@ -135,7 +182,7 @@ fn open_dir(path: &Path) -> Result<ImageSet, String> {
         };
         if !m.file_type().is_file() {
             if limit_for(&name).is_some() {
-                set.note(format!("{name}: not a regular file"));
+                set.refused.push(refusal(&name, kind_of(m.file_type())));
             }
             continue;
         }
@@ -200,7 +247,8 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
         };
         if !e.regular {
             if limit_for(&name).is_some() {
-                s.note(format!("{}: not a regular file (ignored)", e.path));
+                let r = refusal(&e.path, "a link or special file");
+                s.refused.push(r);
             }
             return Want::Skip;
         }

@@ -52,6 +52,11 @@ pub fn read(set: &ImageSet) -> Contents {
         render: Vec::new(),
         errors: Vec::new(),
     };
+    c.errors.extend(set.refused.iter().cloned());
+    if !set.has_inventory() && !set.refused.iter().any(|r| r.contains("inventory.img")) {
+        c.errors
+            .push("no inventory.img: not a complete CRIU image, CRIU cannot restore it".into());
+    }
     for (name, size, limit) in &set.too_large {
         c.errors.push(format!(
             "{name} is {size} bytes, more than the {limit} the plugin reads: damaged or forged"

@@ -18,23 +18,34 @@ use std::io::Write as _;
 
 use args::{Args, Command, Usage};
 
-/// A command that failed: what happened and what to do, for stderr; exit status 1.
+/// A command that failed: what happened and what to do, for stderr; exit status 1 (4 when
+/// another CRIU or criu-gpu holds a process).
 #[derive(Debug)]
 pub struct Failed {
     pub message: String,
+    pub code: i32,
 }
 
 impl Failed {
     pub fn new(message: impl Into<String>) -> Failed {
         Failed {
             message: message.into(),
+            code: 1,
+        }
+    }
+
+    /// Refused, nothing changed, because another CRIU or criu-gpu holds a target.
+    pub fn busy(message: impl Into<String>) -> Failed {
+        Failed {
+            message: message.into(),
+            code: 4,
         }
     }
 }
 
 impl From<String> for Failed {
     fn from(message: String) -> Failed {
-        Failed { message }
+        Failed::new(message)
     }
 }
 
@@ -157,7 +168,7 @@ fn main() {
                 Ok(code) => code,
                 Err(f) => {
                     eprintln!("criu-gpu: {}", f.message);
-                    1
+                    f.code
                 }
             }
         }

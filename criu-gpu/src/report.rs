@@ -87,12 +87,26 @@ impl Report {
         self.failed.extend(why);
     }
 
-    /// 0 done, 1 failed and everything put back, 3 failed and not everything put back.
+    /// The state the command leaves each process in when it succeeds.
+    fn goal(&self) -> &'static str {
+        if self.command == "suspend" {
+            "checkpointed"
+        } else {
+            "running"
+        }
+    }
+
+    /// 0 done, 1 failed and everything put back, 3 failed and not everything put back (a
+    /// rollback that failed, or a process the driver found neither done nor as it was).
     pub fn exit_code(&self) -> i32 {
+        let astray = self
+            .processes
+            .iter()
+            .any(|o| o.after != self.goal() && o.after != o.before);
         match (self.failed.is_empty(), self.rollback_failures.is_empty()) {
             (true, _) => 0,
-            (false, true) => 1,
-            (false, false) => 3,
+            (false, true) if !astray => 1,
+            (false, _) => 3,
         }
     }
 
@@ -128,11 +142,13 @@ impl Report {
         for s in &self.skipped {
             out.push_str(&format!("skipped: pid {} ({}): {}\n", s.pid, s.comm, s.why));
         }
-        let done = if self.failed.is_empty() {
-            self.processes.len()
-        } else {
-            0
-        };
+        // Only what the driver confirmed at the end (see `suspend::verify`).
+        let done = self
+            .processes
+            .iter()
+            .filter(|o| o.after == self.goal())
+            .count();
+        let done = if self.rolled_back { 0 } else { done };
         let verb = if self.command == "suspend" {
             "suspended"
         } else {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criu_gpu_plugin::cuda::batch::Timed;
+use criu_gpu_plugin::cuda::exclusive::{self, Claim, ClaimError};
 use criu_gpu_plugin::cuda::nvml::GpuMemory;
 use criu_gpu_plugin::cuda::{gpus, procfs};
 use cuda_ckpt_sys::{GpuUuid, ProcessState};
@@ -90,8 +91,91 @@ fn roll_back(report: &mut Report, results: Vec<Timed>, what: &str) {
     }
 }
 
-/// `suspend`: lock every running CUDA process, then checkpoint every locked one.
+/// Takes the plugin's per-process claim (the lock a CRIU dump holds from `PAUSE_DEVICES` to its
+/// end) on every target, held for the command's whole run: a CRIU or another `criu-gpu` acting
+/// on one of them at the same time would leave it in a state neither expects (a dump exiting 0
+/// with an image that cannot be restored, a resume undone behind its back). Nothing is changed
+/// when any is held elsewhere. Where no claim can be made (`/run` read-only), the command goes
+/// on unguarded, as the plugin does.
+fn claim_all(pids: &[i32]) -> Result<Vec<Claim>, Failed> {
+    let mut claims = Vec::with_capacity(pids.len());
+    let mut busy = Vec::new();
+    let mut warned = false;
+    for &pid in pids {
+        // A process gone meanwhile has nothing to guard; the probe reports it gone.
+        let Some(start) = procfs::start_time(pid) else {
+            continue;
+        };
+        match exclusive::claim(pid, start) {
+            Ok(c) => claims.push(c),
+            Err(ClaimError::Busy) => busy.push(pid),
+            Err(ClaimError::Unavailable(e)) if !warned => {
+                warned = true;
+                progress(&format!(
+                    "warning: cannot take the per-process claims in /run/criu-gpu-plugin ({e}); going on without protection against a CRIU acting on the same processes"
+                ));
+            }
+            Err(ClaimError::Unavailable(_)) => {}
+        }
+    }
+    if busy.is_empty() {
+        return Ok(claims);
+    }
+    let shown: Vec<String> = busy.iter().take(8).map(|p| p.to_string()).collect();
+    Err(Failed::busy(format!(
+        "nothing was changed: pid(s) {}{} are being checkpointed, restored, suspended or resumed by another CRIU or criu-gpu right now; try again when it is done",
+        shown.join(", "),
+        if busy.len() > 8 {
+            format!(" and {} more", busy.len() - 8)
+        } else {
+            String::new()
+        }
+    )))
+}
+
+/// Asks the driver where every process the command acted on ended up, so that the report says
+/// what is true rather than what the calls returned: a process whose state is not the one the
+/// command meant to leave (or cannot be asked) is named as not done.
+fn verify(s: &Session, report: &mut Report) {
+    let pids: Vec<i32> = report.processes.iter().map(|o| o.pid).collect();
+    if pids.is_empty() {
+        return;
+    }
+    let probes = s.probe(&pids);
+    for o in &mut report.processes {
+        let actual = probes
+            .iter()
+            .find(|p| p.pid == o.pid)
+            .map_or_else(|| "gone".to_string(), |p| p.state_word());
+        if actual == o.after {
+            continue;
+        }
+        let why = format!(
+            "the driver reports it {actual} afterwards, not {}; check it with `criu-gpu status {}`",
+            o.after, o.pid
+        );
+        o.after = actual;
+        o.bytes = None;
+        if report.rolled_back {
+            report
+                .rollback_failures
+                .push(format!("pid {}: {why}", o.pid));
+        } else if !report.failed.iter().any(|f| f.0 == o.pid) {
+            report.failed.push((o.pid, why));
+        }
+    }
+}
+
+/// `suspend`: lock every running CUDA process, then checkpoint every locked one, under the
+/// claims of [`claim_all`]; the end states are checked with the driver.
 pub fn suspend(s: &Session, pids: &[i32], timeout: Duration) -> Result<Report, Failed> {
+    let _claims = claim_all(pids)?;
+    let mut report = suspend_claimed(s, pids, timeout)?;
+    verify(s, &mut report);
+    Ok(report)
+}
+
+fn suspend_claimed(s: &Session, pids: &[i32], timeout: Duration) -> Result<Report, Failed> {
     let started = Instant::now();
     let probes = s.probe(pids);
     blockers(
@@ -207,8 +291,16 @@ pub fn suspend(s: &Session, pids: &[i32], timeout: Duration) -> Result<Report, F
 }
 
 /// `resume`: restore every checkpointed CUDA process (onto `map`'s GPUs) and unlock it, and
-/// unlock every locked one.
+/// unlock every locked one, under the claims of [`claim_all`]; each process's end state is
+/// checked with the driver before it is reported resumed.
 pub fn resume(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Failed> {
+    let _claims = claim_all(pids)?;
+    let mut report = resume_claimed(s, pids, map)?;
+    verify(s, &mut report);
+    Ok(report)
+}
+
+fn resume_claimed(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Failed> {
     let started = Instant::now();
     let text = map.unwrap_or(&s.settings.device_map);
     let pairs = gpus::parse_device_map(text).map_err(|e| {

@@ -245,6 +245,8 @@ fn amd_images(t: &T) -> PathBuf {
     }
     w.finish().unwrap();
     std::fs::write(dir.join("pages-1.img"), b"not read").unwrap();
+    // What CRIU writes beside them (the tool looks only at the plugin names in it).
+    std::fs::write(dir.join("inventory.img"), b"\x16\x31\x31\x58amdgpu_plugin").unwrap();
     dir
 }
 
@@ -363,7 +365,8 @@ fn hostile_archives_get_clear_errors() {
     tar.extend(header("checkpoint/inventory.img", 0, b'2'));
     tar.extend([0u8; 1024]);
     let r = run(&write("traversal.tar", &tar));
-    assert_eq!(r.code, Some(0), "{r:?}");
+    // A link in place of inventory.img is no image CRIU restores.
+    assert_eq!(r.code, Some(1), "{r:?}");
     assert!(
         r.stdout.contains("a path with `..` (ignored)"),
         "{}",
@@ -375,7 +378,9 @@ fn hostile_archives_get_clear_errors() {
         r.stdout
     );
     assert!(
-        r.stdout.contains("inventory.img: not a regular file"),
+        r.stdout.contains(
+            "checkpoint/inventory.img: a link or special file, not a regular file: refused"
+        ),
         "{}",
         r.stdout
     );
@@ -469,4 +474,101 @@ fn hostile_archives_get_clear_errors() {
         "{}",
         r.stdout
     );
+}
+
+/// What the plugin refuses, `check` refuses: a FIFO or a link (to `/dev/zero`) in place of
+/// the metadata, a FIFO in place of `pstree.img`. A directory that holds no checkpoint is no
+/// image at all.
+#[test]
+fn check_refuses_what_the_plugin_refuses() {
+    let t = T::start("img-kinds");
+    let images = cuda_images(&t);
+    let variant = |name: &str, file: &str, make: &dyn Fn(&Path)| -> String {
+        let d = t.dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for e in std::fs::read_dir(&images).unwrap().flatten() {
+            if e.file_name() != file {
+                std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+            }
+        }
+        make(&d.join(file));
+        d.display().to_string()
+    };
+    let fifo = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    };
+    let zero = |p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+    for (name, file, make, kind) in [
+        (
+            "md-fifo",
+            "gpu-plugin-cuda.img",
+            &fifo as &dyn Fn(&Path),
+            "a FIFO",
+        ),
+        ("md-zero", "gpu-plugin-cuda.img", &zero, "a symbolic link"),
+        ("pstree-fifo", "pstree.img", &fifo, "a FIFO"),
+    ] {
+        let dir = variant(name, file, make);
+        let c = t.tool(&["check", &dir], &[]);
+        assert_eq!(c.code, Some(1), "{name}: {c:?}");
+        assert!(
+            c.stdout
+                .contains(&format!("{file}: {kind}, not a regular file: refused")),
+            "{name}: {}",
+            c.stdout
+        );
+        assert!(
+            !c.stdout.contains("verdict: would restore"),
+            "{name}: {}",
+            c.stdout
+        );
+    }
+    let r = t.tool(&["inspect", "/"], &[]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("/ is not a CRIU checkpoint"),
+        "{}",
+        r.stderr
+    );
+    let r = t.tool(&["check", "/"], &[]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+}
+
+/// A decompression bomb (zstd frames of zeros, 8 GiB unpacked from a few hundred KiB) is
+/// refused within seconds, its decompressor killed.
+#[test]
+fn a_decompression_bomb_is_refused_quickly() {
+    let t = T::start("img-bomb");
+    let zstd = |data: &[u8]| -> Vec<u8> {
+        let mut c = Command::new("zstd")
+            .args(["-q", "-c", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("zstd");
+        let mut stdin = c.stdin.take().unwrap();
+        let data = data.to_vec();
+        let feeder = std::thread::spawn(move || {
+            use std::io::Write;
+            stdin.write_all(&data).unwrap();
+        });
+        let out = c.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        out.stdout
+    };
+    let mut bomb = zstd(&header("checkpoint/pages-1.img", 8 << 30, b'0'));
+    let zeros = zstd(&vec![0u8; 64 << 20]);
+    for _ in 0..128 {
+        bomb.extend_from_slice(&zeros);
+    }
+    let p = t.dir.join("bomb.tar.zst");
+    std::fs::write(&p, &bomb).unwrap();
+    let started = std::time::Instant::now();
+    let r = t.tool(&["inspect", p.to_str().unwrap()], &[]);
+    let took = started.elapsed();
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("decompression bomb"), "{}", r.stderr);
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
 }

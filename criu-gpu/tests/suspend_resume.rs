@@ -294,3 +294,81 @@ fn usage_errors_and_missing_targets_say_what_to_do() {
     let h = t.tool(&["--help"], &[]);
     assert!(h.stdout.contains("EXIT STATUS"));
 }
+
+/// A process another CRIU or criu-gpu holds (its claim in /run/criu-gpu-plugin/, taken here as
+/// a dump takes it) is refused with exit status 4 and nothing is changed; once the claim ends
+/// the same command works, and criu-gpu leaves no claim behind.
+#[test]
+fn a_process_claimed_elsewhere_is_refused_and_left_alone() {
+    use criu_gpu_plugin::cuda::{exclusive, procfs};
+    let t = T::start("claimed");
+    let w = t.workload("w", 1, 4);
+    let root = w.root().to_string();
+    let child = w.pids[1];
+    let hold = || exclusive::claim(child, procfs::start_time(child).unwrap()).unwrap();
+
+    let claim = hold();
+    let s = t.tool(&["suspend", &root], &[]);
+    assert_eq!(s.code, Some(4), "{s:?}");
+    assert!(
+        s.stderr
+            .contains(&format!("nothing was changed: pid(s) {child} are being"))
+            && s.stderr.contains("by another CRIU or criu-gpu"),
+        "{}",
+        s.stderr
+    );
+    for &p in &w.pids {
+        assert!(
+            t.transitions(p).is_empty(),
+            "pid {p}: {:?}",
+            t.transitions(p)
+        );
+    }
+    w.assert_running();
+    drop(claim);
+
+    let s = t.tool(&["suspend", &root], &[]);
+    assert_eq!(s.code, Some(0), "{s:?}");
+    let claim = hold();
+    let r = t.tool(&["resume", &root], &[]);
+    assert_eq!(r.code, Some(4), "{r:?}");
+    for &p in &w.pids {
+        assert_eq!(t.transitions(p), ["lock=0", "checkpoint=0"], "pid {p}");
+        w.assert_frozen(p);
+    }
+    drop(claim);
+    let r = t.tool(&["resume", &root], &[]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    w.assert_running();
+    // Taken again at once: criu-gpu's claims ended with it.
+    drop(hold());
+}
+
+/// `resume` reports as resumed only what the driver confirms running at the end: a process
+/// whose final state cannot be had is named, the others counted, and the exit status says not
+/// everything is as it should be.
+#[test]
+fn resume_reports_only_what_the_driver_confirms() {
+    let t = T::start("confirm");
+    let w = t.workload("w", 2, 4);
+    let root = w.root().to_string();
+    let child = w.pids[1];
+    let s = t.tool(&["suspend", &root], &[]);
+    assert_eq!(s.code, Some(0), "{s:?}");
+    // The child's second state query (the first is the probe) is the final check.
+    let rule = format!("get_state:2@{child}");
+    let r = t.tool(&["resume", &root, "--json"], &[("FAKE_CUDA_FAIL", &rule)]);
+    assert_eq!(r.code, Some(3), "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "resume failed: pid {child}: the driver reports it unknown afterwards, not running"
+        )),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(count(&r.stdout, r#""after":"running""#), 2, "{}", r.stdout);
+    assert_eq!(count(&r.stdout, r#""after":"unknown""#), 1, "{}", r.stdout);
+    let r = t.tool(&["resume", &root], &[("FAKE_CUDA_FAIL", &rule)]);
+    assert!(r.stdout.contains("already running"), "{}", r.stdout);
+    w.assert_running();
+}

@@ -299,6 +299,69 @@ pub fn unlock_if_locked(driver: &Driver, pid: i32, deadline: Duration) -> Result
         .map_err(|e| e.to_string())
 }
 
+/// A process's state, the driver's error, or `None` when it did not answer in time.
+pub type StateAnswer = Option<Result<ProcessState, DriverError>>;
+
+/// The state of each of `pids`, asked from one helper process with each query on its own
+/// thread there, so that a target that never answers costs only its own answer: what has not
+/// answered within `wait` comes back as `None`. The helper is killed shortly after `wait`.
+pub fn process_states(
+    driver: &Driver,
+    pids: &[i32],
+    wait: Duration,
+) -> Result<Vec<(i32, StateAnswer)>, ChildError> {
+    let reply = child::run(wait + Duration::from_secs(2), MAX_REPLY, || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for &pid in pids {
+            let (mine, d) = (tx.clone(), driver.clone());
+            // The helper is `_exit`ed after its reply: a thread stuck in the driver goes with
+            // it, which is why these are not scoped (joined) threads.
+            let started = std::thread::Builder::new().spawn(move || {
+                let _ = mine.send((pid, d.process_state(pid)));
+            });
+            if started.is_err() {
+                let _ = tx.send((pid, driver.process_state(pid)));
+            }
+        }
+        drop(tx);
+        let until = Instant::now() + wait;
+        let mut got: BTreeMap<i32, Result<ProcessState, DriverError>> = BTreeMap::new();
+        while got.len() < pids.len() {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok((pid, r)) => {
+                    got.insert(pid, r);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut w = Writer::default();
+        w.u64(pids.len().min(MAX_ITEMS) as u64);
+        for &pid in pids.iter().take(MAX_ITEMS) {
+            w.i32(pid);
+            match got.remove(&pid) {
+                Some(Ok(s)) => w.u8(0).u64(state_code(s)),
+                Some(Err(e)) => w.u8(1).driver_result(&Err(e)),
+                None => w.u8(2),
+            };
+        }
+        w.0
+    })?;
+    let mut r = Reader(&reply);
+    let n = r.count()?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let pid = r.i32()?;
+        let answer = match r.u8()? {
+            0 => Some(Ok(state_from_code(r.u64()?))),
+            1 => Some(Err(r.driver_result(driver)?.err().ok_or_else(malformed)?)),
+            2 => None,
+            _ => return Err(malformed()),
+        };
+        out.push((pid, answer));
+    }
+    Ok(out)
+}
+
 /// One process for [`restore_with_init`]: its pid and whether to unlock it after the restore.
 #[derive(Clone, Copy, Debug)]
 pub struct RestoreJob {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cuda_ckpt_sys::{GpuPair, GpuUuid};
 
 use super::gpus::{self, Gpu};
-use super::metadata::{CudaMetadata, FoundState};
+use super::metadata::CudaMetadata;
 use super::nvml;
 
 /// One reason a restore would fail, with the errno the plugin reports for it.
@@ -83,12 +83,8 @@ pub fn plan(
     explicit: &[GpuPair],
 ) -> Preflight {
     let mut out = Preflight {
-        need_bytes: total_bytes(
-            md.processes
-                .iter()
-                .filter(|p| p.found != FoundState::Checkpointed)
-                .map(|p| p.host_bytes),
-        ),
+        // Every recorded process gets its GPU state back, whatever state it was found in.
+        need_bytes: total_bytes(md.processes.iter().map(|p| p.host_bytes)),
         ..Preflight::default()
     };
     if md.gpus.is_empty() && !md.processes.is_empty() {
@@ -167,7 +163,7 @@ pub fn total_bytes(sizes: impl Iterator<Item = u64>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::metadata::ProcessRecord;
+    use crate::cuda::metadata::{FoundState, ProcessRecord};
 
     fn gpu(n: u8, model: &str) -> Gpu {
         Gpu {

@@ -11,14 +11,14 @@ use std::path::Path;
 
 use criu_plugin::guardian::Guardian;
 use criu_plugin::{HookError, HookResult, InventoryListing};
-use cuda_ckpt_sys::{Driver, DriverError, GpuPair};
+use cuda_ckpt_sys::{Driver, GpuPair};
 
-use super::batch::{Batch, Timed, ms, restore_each};
-use super::error::{Failure, FailureKind, Report, driver_failure, os_failure};
-use super::helper::RestoreJob;
-use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
+use super::error::{Failure, FailureKind};
+use super::metadata::{self, CudaMetadata, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{driver, gpus, image, preflight, procfs};
+
+mod settle;
 
 /// One restore's state, from `init` to `exit`.
 pub struct RestoreRun {
@@ -51,7 +51,11 @@ impl RestoreRun {
         let Some(mut run) = Self::plan(settings, listing)? else {
             return Ok(None);
         };
-        run.guardian = Some(spawn_guardian()?);
+        // An image the plugin is not listed in is restored without a guardian: its tasks
+        // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
+        if listing != InventoryListing::NotListed {
+            run.guardian = Some(spawn_guardian()?);
+        }
         Ok(Some(run))
     }
 
@@ -63,7 +67,7 @@ impl RestoreRun {
         // An image that does not need the plugin is none of its business: whatever file of
         // our name lies in it (stale, misplaced, hostile) is not even opened.
         if listing == InventoryListing::NotListed {
-            return Ok(None);
+            return Ok(unlisted(settings));
         }
         let run = |driver, image| RestoreRun {
             driver,
@@ -214,29 +218,28 @@ fn spawn_guardian() -> Result<Guardian, Failure> {
 }
 
 impl ImageRestore {
-    /// Restores every process of the restored tree rooted at `root` (host pid) at once.
+    /// Restores every process of the restored tree rooted at `root` (host pid) at once: the
+    /// driver is asked about every task, recorded or not ([`settle`]).
     fn restore_tree(
         &self,
         driver: &Driver,
         parallel: bool,
         root: i32,
     ) -> BTreeMap<i32, HookResult> {
-        let mut results = BTreeMap::new();
         // Host pid of each recorded process: match by the pid in its own namespace.
         let mut by_ns: BTreeMap<i32, &ProcessRecord> =
             self.metadata.processes.iter().map(|p| (p.pid, p)).collect();
-        let mut todo: Vec<(i32, &ProcessRecord)> = Vec::new();
-        for host_pid in procfs::tree(root) {
-            let ns = procfs::ns_pid(host_pid).unwrap_or(host_pid);
-            if let Some(rec) = by_ns.remove(&ns) {
-                if rec.found == FoundState::Checkpointed {
-                    log::info!("cuda: pid {host_pid}: was checkpointed when dumped; left so");
-                    results.insert(host_pid, Ok(()));
-                } else {
-                    todo.push((host_pid, rec));
+        let tree = procfs::tree(root);
+        let tasks: Vec<settle::Task> = tree
+            .iter()
+            .map(|&pid| {
+                let ns = procfs::ns_pid(pid).unwrap_or(pid);
+                settle::Task {
+                    pid,
+                    record: by_ns.remove(&ns).map(|r| r.found),
                 }
-            }
-        }
+            })
+            .collect();
         let unmatched: Vec<i32> = by_ns.keys().copied().collect();
         if !unmatched.is_empty() {
             log::error!(
@@ -244,42 +247,7 @@ impl ImageRestore {
                 list_pids(&unmatched)
             );
         }
-        let mut batch = Batch::new(parallel);
-        let mut jobs = Vec::with_capacity(todo.len());
-        for &(pid, rec) in &todo {
-            // Thread ids change with the pid namespace: ask the driver (it answers for a
-            // stopped process).
-            let started = batch
-                .restore_thread_id(driver, pid)
-                .map_err(|e| e.to_string())
-                .and_then(|tid| batch.add(pid, tid).map_err(|e| e.to_string()));
-            match started {
-                Ok(()) => jobs.push(RestoreJob {
-                    pid,
-                    unlock: rec.found == FoundState::Running,
-                }),
-                Err(e) => {
-                    let why = format!("cuda: pid {pid}: cannot let its restore thread run: {e}");
-                    results.insert(
-                        pid,
-                        Err(Failure::new(FailureKind::System, libc::EIO, why).report()),
-                    );
-                }
-            }
-        }
-        let mut ran = batch.run(|_, parallel| restore_jobs(driver, &jobs, &self.gpu_map, parallel));
-        ran.log_not_stopped();
-        for (pid, r, took) in ran.results {
-            let answer = match r {
-                Ok(()) => {
-                    log::info!("cuda: pid {pid}: restore and unlock {:.1} ms", ms(took));
-                    Ok(())
-                }
-                Err(e) => Err(driver_failure(pid, &e).report()),
-            };
-            results.insert(pid, answer);
-        }
-        ran.phase.log("restore");
+        let results = settle::settle(driver, &tasks, &self.gpu_map, parallel);
         let failed: Vec<i32> = results
             .iter()
             .filter(|(_, r)| r.is_err())
@@ -297,55 +265,39 @@ impl ImageRestore {
     }
 }
 
-/// Restores (and unlocks) `jobs`, from a helper process for those that need `cuInit`.
-fn restore_jobs(
-    driver: &Driver,
-    jobs: &[RestoreJob],
-    pairs: &[GpuPair],
-    parallel: bool,
-) -> Vec<Timed> {
-    restore_each(
-        driver,
-        jobs,
-        pairs,
-        parallel,
-        |j| j.restore(driver, pairs),
-        |_| Ok(()),
-    )
-}
-
-/// Restore of an image without our metadata (CRIU's C plugin made it): one process at a time.
+/// Restore of an image without our metadata (CRIU's C plugin made it, or the inventory does
+/// not list `cuda_plugin`): one process at a time, as the driver finds it ([`settle`]).
 fn resume_one(driver: &Driver, pid: i32) -> HookResult {
-    let tid = match driver.restore_thread_id(pid) {
-        Ok(tid) => tid,
-        Err(e) if driver::not_a_cuda_process(&e) => return Err(HookError::NotMine),
-        // A CUDA process the driver cannot name a restore thread for stays checkpointed:
-        // it must not run on frozen behind a successful restore.
-        Err(e) => return Err(end_one(pid, &e)),
-    };
-    let mut batch = Batch::new(false);
-    if let Err(e) = batch.add(pid, tid) {
-        let why = format!("cuda: pid {pid}: cannot let restore thread {tid} run: {e}");
-        return Err(os_failure(&e, why).report());
+    let task = settle::Task { pid, record: None };
+    match settle::settle(driver, &[task], &[], false).remove(&pid) {
+        None => Err(HookError::NotMine),
+        Some(Ok(())) => Ok(()),
+        // A CUDA process that cannot get its GPU state back must not run on frozen behind a
+        // successful restore (the failure is logged already).
+        Some(Err(e)) => {
+            end_restored(&[pid], &[pid]);
+            Err(e)
+        }
     }
-    let jobs = [RestoreJob { pid, unlock: true }];
-    let mut ran = batch.run(|_, parallel| restore_jobs(driver, &jobs, &[], parallel));
-    ran.log_not_stopped();
-    if let Some((_, Err(e), _)) = ran.results.pop() {
-        return Err(end_one(pid, &e));
-    }
-    log::info!(
-        "cuda: pid {pid}: restore and unlock {:.1} ms",
-        ms(ran.phase.wall())
-    );
-    Ok(())
 }
 
-/// Reports the driver's failure for `pid`, restored alone, and ends it.
-fn end_one(pid: i32, e: &DriverError) -> HookError {
-    let err = driver_failure(pid, e).report();
-    end_restored(&[pid], &[pid]);
-    err
+/// A restore of an image whose inventory does not list `cuda_plugin`: its metadata is never
+/// read, but where this machine has the driver every restored task is still asked about
+/// ([`resume_one`]), so that one left checkpointed (an edited inventory, or a process someone
+/// else had checkpointed before a dump without the plugin) does not run on frozen behind a
+/// successful restore. Without a driver no restored task can be a checkpointed CUDA process.
+fn unlisted(settings: &CudaSettings) -> Option<RestoreRun> {
+    if !settings.nvidia_proc.is_dir() {
+        return None;
+    }
+    let (driver, _) = driver::load(settings).ok()?;
+    Some(RestoreRun {
+        driver,
+        parallel: settings.parallel,
+        image: None,
+        guardian: None,
+        resumed: false,
+    })
 }
 
 /// Loads the driver for a restore that cannot do without it; `why` starts the error.
@@ -412,6 +364,17 @@ fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
     };
     let pids = match criu_plugin::pstree::read_pids(dir) {
         Ok(p) => p,
+        // A FIFO, device or link in its place is no image CRIU can restore from (and
+        // `criu-gpu check` refuses the same).
+        Err(e)
+            if criu_plugin::files::is_not_regular(&e) || e.raw_os_error() == Some(libc::ELOOP) =>
+        {
+            return Err(Failure::new(
+                FailureKind::Image,
+                libc::EINVAL,
+                format!("the image's process tree cannot be read: {e}"),
+            ));
+        }
         Err(e) => {
             log::debug!("cuda: process tree not checked: {e}");
             return Ok(());

@@ -1,0 +1,240 @@
+//! A restore never reports success while a process it restored stays locked or checkpointed,
+//! whatever the image says: real CRIU, the plugin built from this tree, the stand-in CUDA driver
+//! (see `tests/e2e_cuda_fake.rs` for the harness). Each image below is edited after a good dump:
+//! a missing process record, a record saying `locked` or `checkpointed`, an inventory that does
+//! not list `cuda_plugin`. Each restore ends with every process running with its GPU state, or
+//! fails with nothing left behind, and a second restore from the mended images then works.
+//!
+//! CRIU comes from `$CRIU_BIN`; these tests need root and `cc` (or `GPU_PLUGIN_SKIP_E2E=1`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::fake_cuda::*;
+use common::{CriuRun, reap_until_gone};
+
+/// A dumped tree of a root and one child, with its images and the stand-in's GPU listing.
+struct Dumped {
+    f: Fake,
+    w: Workload,
+    nv: PathBuf,
+    images: PathBuf,
+    /// The metadata as the dump wrote it.
+    md: String,
+}
+
+fn dump_tree(test: &str) -> Option<Dumped> {
+    let f = Fake::start(test)?;
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &w.root().to_string(), "-L", &lib(), "-v4"],
+        &images,
+        "dump.log",
+        &f.env(&nv, "dump.calls"),
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    let md = std::fs::read_to_string(images.join("gpu-plugin-cuda.img")).expect("metadata");
+    Some(Dumped {
+        f,
+        w,
+        nv,
+        images,
+        md,
+    })
+}
+
+impl Dumped {
+    fn restore(&self, name: &str, extra_env: &[(&str, String)]) -> CriuRun {
+        let mut env = self.f.env(&self.nv, &format!("{name}.calls"));
+        env.extend(extra_env.iter().cloned());
+        self.f.criu(
+            &["restore", "-d", "-L", &lib(), "-v4"],
+            &self.images,
+            &format!("{name}.log"),
+            &env,
+        )
+    }
+
+    fn write_md(&self, text: &str) {
+        std::fs::write(self.images.join("gpu-plugin-cuda.img"), text).expect("write metadata");
+    }
+
+    /// The metadata with `edit` applied to the record of `pid` (`None` drops it).
+    fn md_with(&self, pid: i32, edit: impl Fn(&[&str]) -> Option<String>) -> String {
+        self.md
+            .lines()
+            .filter_map(|l| {
+                let fields: Vec<&str> = l.split(' ').collect();
+                if fields.first() == Some(&"process") && fields.get(1) == Some(&&*pid.to_string()) {
+                    edit(&fields).map(|l| l + "\n")
+                } else {
+                    Some(format!("{l}\n"))
+                }
+            })
+            .collect()
+    }
+
+    /// Success with every process running with its GPU state: restored and unlocked.
+    fn assert_running(&self, r: &CriuRun, name: &str) {
+        r.assert_ok();
+        let calls = self.f.calls(&format!("{name}.calls"));
+        for &p in &self.w.pids {
+            assert_eq!(
+                calls.transitions(p),
+                ["restore=0", "unlock=0"],
+                "pid {p}: {calls:?}\n{r:?}"
+            );
+            assert!(
+                !self.f.device_files(p).is_empty(),
+                "pid {p}: no device files"
+            );
+        }
+        self.w.assert_all_running(name);
+    }
+
+    /// Failure with no process left holding the image's pids.
+    fn assert_failed_clean(&self, r: &CriuRun, why: &str) {
+        r.assert_failed();
+        assert!(!r.has("Restore finished successfully"), "{r:?}");
+        assert!(r.has(why), "{why}: {r:?}");
+        assert!(
+            reap_until_gone(&self.w.pids, Duration::from_secs(10)),
+            "processes left after the failed restore: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn a_process_without_a_record_is_given_its_gpu_state_or_the_restore_fails() {
+    let Some(d) = dump_tree("cuda-no-record") else {
+        return;
+    };
+    let child = d.w.pids[1];
+    let marks = d.w.marks();
+    d.write_md(&d.md_with(child, |_| None));
+
+    // The driver cannot restore it: the restore fails, nothing is left.
+    let fail = [("FAKE_CUDA_FAIL", format!("restore@{child}"))];
+    let r = d.restore("r1", &fail);
+    d.assert_failed_clean(
+        &r,
+        "so that the restore fails instead of leaving them frozen",
+    );
+
+    // The same images again: the child is given its GPU state back.
+    let r = d.restore("r2", &[]);
+    assert!(
+        r.has(&format!(
+            "cuda: pid {child}: checkpointed but the image records no GPU state for it"
+        )),
+        "{r:?}"
+    );
+    d.assert_running(&r, "r2");
+    d.w.assert_continues(&marks);
+}
+
+#[test]
+fn records_saying_locked_or_checkpointed_still_end_running() {
+    let Some(d) = dump_tree("cuda-record-state") else {
+        return;
+    };
+    let child = d.w.pids[1];
+    for (i, state) in ["locked", "checkpointed"].into_iter().enumerate() {
+        let name = format!("r-{state}");
+        d.write_md(&d.md_with(child, |f| {
+            let mut f = f.to_vec();
+            f[3] = state;
+            Some(f.join(" "))
+        }));
+        let r = d.restore(&name, &[]);
+        assert!(
+            r.has(&format!(
+                "cuda: pid {child}: was {state} by another tool when dumped"
+            )),
+            "{r:?}"
+        );
+        d.assert_running(&r, &name);
+        if i == 0 {
+            // Another restore from the same images needs the pids free.
+            d.f.e.kill_and_reap(&d.w.pids);
+        }
+    }
+}
+
+/// An inventory that does not list `cuda_plugin` keeps the plugin away from its metadata (here
+/// a file it would refuse), yet no restored process runs on checkpointed.
+#[test]
+fn an_inventory_without_cuda_plugin_never_leaves_a_process_checkpointed() {
+    let Some(d) = dump_tree("cuda-unlisted") else {
+        return;
+    };
+    let marks = d.w.marks();
+    drop_inventory_plugin(&d.images.join("inventory.img"), b"cuda_plugin");
+    d.write_md("not metadata\n");
+
+    let fail = [("FAKE_CUDA_FAIL", format!("restore@{}", d.w.pids[1]))];
+    let r = d.restore("r1", &fail);
+    d.assert_failed_clean(
+        &r,
+        "so that the restore fails instead of leaving them frozen",
+    );
+
+    let r = d.restore("r2", &[]);
+    assert!(!r.has("gpu-plugin-cuda.img"), "metadata read: {r:?}");
+    for &p in &d.w.pids {
+        assert!(
+            r.has(&format!(
+                "cuda: pid {p}: checkpointed but the image records no GPU state for it"
+            )),
+            "{r:?}"
+        );
+    }
+    d.assert_running(&r, "r2");
+    d.w.assert_continues(&marks);
+}
+
+/// Removes one name from `inventory.img`'s plugin list: CRIU's magic, the size of the one
+/// `InventoryEntry`, which holds the list as a nested message (`plugins_entry`, one length
+/// byte) of strings (tag, length byte, name). The list stays, one name shorter.
+fn drop_inventory_plugin(path: &Path, name: &[u8]) {
+    let mut img = std::fs::read(path).expect("inventory.img");
+    let size = u32::from_le_bytes(img[4..8].try_into().unwrap()) as usize;
+    assert_eq!(size, img.len() - 8, "one entry expected in inventory.img");
+    let at = img
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the plugin in inventory.img");
+    let cut = name.len() + 2;
+    assert_eq!(img[at - 1] as usize, name.len(), "length byte");
+    assert!(img[at - 3] as usize >= cut, "list length byte");
+    img[at - 3] -= cut as u8;
+    img.drain(at - 2..at + name.len());
+    img[4..8].copy_from_slice(&((size - cut) as u32).to_le_bytes());
+    std::fs::write(path, img).expect("write inventory.img");
+}
+
+/// A FIFO in place of `pstree.img` is refused by the plugin's `init`, before CRIU would block
+/// opening it; with the file put back the same images restore.
+#[test]
+fn a_fifo_process_tree_is_refused_before_anything_is_restored() {
+    let Some(d) = dump_tree("cuda-fifo-pstree") else {
+        return;
+    };
+    let pstree = d.images.join("pstree.img");
+    let saved = std::fs::read(&pstree).expect("pstree.img");
+    std::fs::remove_file(&pstree).unwrap();
+    common::mkfifo(&pstree);
+    let r = d.restore("r1", &[]);
+    d.assert_failed_clean(&r, "the image's process tree cannot be read");
+    assert!(r.has("a FIFO"), "{r:?}");
+    std::fs::remove_file(&pstree).unwrap();
+    std::fs::write(&pstree, saved).unwrap();
+    let r = d.restore("r2", &[]);
+    d.assert_running(&r, "r2");
+}
