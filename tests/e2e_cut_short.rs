@@ -116,6 +116,17 @@ fn criu_cut(
     }
 }
 
+/// The exit code a zombie left (field 52 of `/proc/PID/stat`).
+fn exit_code(pid: i32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?
+        .1
+        .split_whitespace()
+        .nth(49)?
+        .parse()
+        .ok()
+}
+
 /// Every process of `w` holds its device memory again and counts, within [`BACK_WITHIN`] of
 /// `since`; then its memory is checked.
 fn assert_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) {
@@ -170,23 +181,30 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
     };
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = workload(&f);
+    let mut w = workload(&f);
     let files = f.device_files(w.root()).len();
     let lib = lib();
-    let root = w.root().to_string();
+    let mut root = w.root().to_string();
     let env = f.env(&nv, "calls");
     let images = f.e.images("img");
-    let args = ["dump", "--leave-running", "-t", &root, "-L", &lib, "-v4"];
+    let dump_args = |root: &str| -> Vec<String> {
+        ["dump", "--leave-running", "-t", root, "-L", &lib, "-v4"]
+            .map(String::from)
+            .to_vec()
+    };
     // How long a whole dump takes here: the kills land inside that.
-    let whole = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
+    let a = dump_args(&root);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let whole = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
     assert_eq!(whole.code, Some(0), "{}", whole.log);
-    let again = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
+    let again = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
     assert_eq!(again.code, Some(0), "{}", again.log);
     let span = whole.took.max(again.took).as_micros().max(1) as u64;
     eprintln!("a whole dump takes {:?}", whole.took.max(again.took));
     let mut rng = Rng::new();
     let started = Instant::now();
     let (mut killed, mut finished, mut guarded) = (0usize, 0usize, 0usize);
+    let mut ended_with_criu = 0usize;
     let kills = dump_kills();
     for i in 0..kills {
         assert!(
@@ -195,7 +213,9 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         );
         let (sig, name) = SIGNALS[rng.below(3) as usize];
         let after = Duration::from_micros(rng.below(span * 11 / 10));
-        let cut = criu_cut(&f, &args, &images, &env, after, sig);
+        let a = dump_args(&root);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let cut = criu_cut(&f, &a, &images, &env, after, sig);
         let what = format!(
             "kill {i}: {name} after {after:?} (criu exit {:?})",
             cut.code
@@ -210,10 +230,43 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         }
         // The guardian of a killed CRIU is this test's child (a subreaper): reap it.
         reap_until_gone(&[], Duration::ZERO);
+        // CRIU killed while its parasite code runs inside a task ends that task (CRIU's own
+        // doing, plain processes too): the task is dead, not frozen, and its survivors must
+        // run; the tree is then started anew.
+        let dead: Vec<(i32, Option<i64>)> = w
+            .pids
+            .iter()
+            .filter(|&&p| matches!(state_of(p), None | Some('Z' | 'X')))
+            .map(|&p| (p, exit_code(p)))
+            .collect();
+        if !dead.is_empty() {
+            eprintln!("{what}: task(s) ended with CRIU (pid, exit code): {dead:?}");
+            ended_with_criu += 1;
+            let alive = Workload {
+                out: w.out.clone(),
+                pids: w
+                    .pids
+                    .iter()
+                    .copied()
+                    .filter(|p| !dead.iter().any(|d| d.0 == *p))
+                    .collect(),
+                ns_pids: Vec::new(),
+            };
+            let alive = Workload {
+                ns_pids: alive.pids.clone(),
+                ..alive
+            };
+            assert_back(&f, &alive, files, cut.ended, &what);
+            f.e.kill_and_reap(&w.pids);
+            f.clear_device_dir();
+            w = workload(&f);
+            root = w.root().to_string();
+            continue;
+        }
         assert_back(&f, &w, files, cut.ended, &what);
     }
     eprintln!(
-        "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}"
+        "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}; a task ended with CRIU in {ended_with_criu}"
     );
     assert!(
         killed >= kills / 4,
@@ -453,4 +506,84 @@ fn a_driver_call_that_never_returns_does_not_hang_criu() {
         );
         f.e.kill_and_reap(&w.pids);
     }
+}
+
+/// A `--leave-running` dump started while a restore of the same tree runs, at several delays:
+/// the dump either refuses the tree (the restore holds it) or, once the restore is done, dumps
+/// it with its GPU state; never an image without it. The restored tree runs with its GPU state
+/// afterwards, or the restore failed and nothing holds the image's pids.
+#[test]
+fn a_dump_racing_a_restore_never_records_the_tree_without_its_gpu_state() {
+    let Some(f) = Fake::start("race-restore") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = workload(&f);
+    let files = f.device_files(w.root()).len();
+    let lib = lib();
+    let root = w.root().to_string();
+    let env = f.env(&nv, "calls");
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env,
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    let (mut refused, mut dumped) = (0, 0);
+    for (round, delay_ms) in [0u64, 5, 15, 30, 60, 100, 200, 400].into_iter().enumerate() {
+        f.clear_device_dir();
+        let mut restore: Command = f.e.command(&f.e.criu);
+        restore
+            .args(["restore", "-d", "-L", &lib, "-v4", "-D"])
+            .arg(&images)
+            .args(["-o", "restore.log"]);
+        for (k, v) in &env {
+            restore.env(k, v);
+        }
+        let mut restore = restore.spawn().expect("criu restore");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let second = f.e.images(&format!("second{round}"));
+        let run = f.criu(
+            &["dump", "--leave-running", "-t", &root, "-L", &lib, "-v4"],
+            &second,
+            "dump.log",
+            &env,
+        );
+        let status = restore.wait().expect("wait for the restore");
+        reap_until_gone(&[], Duration::ZERO);
+        let what = format!(
+            "round {round} ({delay_ms} ms): restore {status:?}, dump {:?}",
+            run.code
+        );
+        if run.ok() {
+            dumped += 1;
+            // Every CUDA process of the tree is in the image with its GPU state.
+            let md =
+                std::fs::read_to_string(second.join("gpu-plugin-cuda.img")).unwrap_or_default();
+            let records = md.lines().filter(|l| l.starts_with("process ")).count();
+            assert_eq!(
+                records,
+                w.pids.len(),
+                "{what}: the dump recorded {records} CUDA process(es)\n{md}\n{}",
+                run.log
+            );
+        } else {
+            refused += 1;
+        }
+        if status.success() {
+            assert_back(&f, &w, files, Instant::now(), &what);
+        }
+        for &p in &w.pids {
+            signal(p, libc::SIGKILL);
+        }
+        assert!(
+            reap_until_gone(&w.pids, BACK_WITHIN + Duration::from_secs(3)),
+            "{what}: the image's pids are still held"
+        );
+    }
+    eprintln!("dumps racing a restore: {refused} refused, {dumped} dumped with the GPU state");
 }

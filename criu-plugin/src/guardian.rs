@@ -56,6 +56,9 @@ pub trait Duty {
         Vec::new()
     }
 
+    /// A watch arrived from CRIU (`pid` is watched with `action` from now on).
+    fn watched(&mut self, _pid: i32, _action: u32) {}
+
     /// CRIU ended without releasing the guardian: undo the plugin's work on each process (all
     /// still alive and the same processes when this is called).
     fn rescue(&mut self, watched: Vec<Watched>);
@@ -384,7 +387,10 @@ fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: i
         loop {
             match recv_msg(sock.as_raw_fd()) {
                 Ok(Some((m, held))) => match decode(&m) {
-                    (WATCH, action, pid, start) => add(&mut watched, pid, start, action, held),
+                    (WATCH, action, pid, start) => {
+                        add(&mut watched, pid, start, action, held);
+                        duty.watched(pid, action);
+                    }
                     (FORGET, _, pid, _) => {
                         watched.remove(&pid);
                     }

@@ -23,6 +23,9 @@ use super::{INVENTORY_NAME, driver, exclusive, helper, image, procfs};
 
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
 const ALARM_MARGIN: Duration = Duration::from_millis(500);
+/// How old a process must be before "not a CUDA process" is believed: a restore's guardian
+/// claims the tasks its CRIU forks within a few milliseconds (see `guardian::EndRestore`).
+const YOUNG: Duration = Duration::from_millis(60);
 /// How much longer than its own timeout a lock may take before the plugin gives up on it.
 const LOCK_GRACE: Duration = Duration::from_secs(2);
 
@@ -82,7 +85,9 @@ impl DumpRun {
         }
         let proc_dir = &settings.nvidia_proc;
         if let Some(problem) = settings.nvidia_proc_problem() {
-            if settings.nvidia_proc_is_default() && !Path::new("/dev/nvidiactl").exists() {
+            // Nothing there and no NVIDIA device node: a machine without the driver (tests
+            // and fleet-wide settings name a listing that only GPU nodes have).
+            if !proc_dir.exists() && !Path::new("/dev/nvidiactl").exists() {
                 log::info!(
                     "cuda: no NVIDIA driver here ({} is missing): the NVIDIA side is off",
                     proc_dir.display()
@@ -134,6 +139,9 @@ impl DumpRun {
             return Ok(());
         }
         let started = Instant::now();
+        // Claimed before the driver is asked: a task that another CRIU is restoring is not a
+        // CUDA process yet, and must not be dumped as one without its GPU state.
+        let start = self.claim(pid)?;
         let t = Instant::now();
         let tid_result = self.driver.restore_thread_id(pid);
         let mut in_driver = t.elapsed();
@@ -141,6 +149,13 @@ impl DumpRun {
             Ok(tid) => tid,
             Err(e) => {
                 if driver::not_a_cuda_process(&e) || !Path::new(&format!("/proc/{pid}")).exists() {
+                    self.claims.remove(&pid);
+                    if let Some(wait) = procfs::age(pid).and_then(|a| YOUNG.checked_sub(a)) {
+                        // Just started: perhaps a task another CRIU is restoring, not CUDA yet,
+                        // which that CRIU's guardian claims within moments. Asked again then.
+                        std::thread::sleep(wait);
+                        return self.pause(pid);
+                    }
                     log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
                     return Err(HookFailure::NotMine);
                 }
@@ -153,7 +168,6 @@ impl DumpRun {
             }
         };
         self.settings.check(&format!("cuda: pid {pid} uses CUDA"))?;
-        let start = self.claim(pid)?;
         check_runnable(pid, tid)?;
         self.start_guardian()?;
         let locked = self.lock(pid, start)?;
@@ -362,7 +376,7 @@ impl DumpRun {
                 FailureKind::Process,
                 libc::EBUSY,
                 format!(
-                    "cuda: pid {pid} is being checkpointed by another CRIU right now; it is left to that one (try again once it is done)"
+                    "cuda: pid {pid} is held by another CRIU or criu-gpu right now (a dump, a restore or a suspend of it is under way); it is left to that one (try again once it is done)"
                 ),
             )),
             Err(exclusive::ClaimError::Unavailable(e)) => {

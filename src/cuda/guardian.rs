@@ -76,8 +76,18 @@ fn in_restore(pid: i32) -> bool {
     procfs::blocked_signals(pid).is_some_and(|m| m & ALL_BLOCKABLE == ALL_BLOCKABLE)
 }
 
-/// The restore's duty: end every task CRIU forked.
+/// The restore's duty: end every task CRIU forked. It also claims each task it finds
+/// ([`super::exclusive`]), so that a dump started while the restore runs refuses the tree
+/// instead of dumping half-restored tasks as processes without CUDA.
 pub struct EndRestore {
+    /// The claims on the tasks found, held until the guardian ends.
+    pub claims: Vec<super::exclusive::Claim>,
+    /// The tasks found by [`Duty::discover`] whose trees are claimed.
+    pub roots: Vec<i32>,
+    /// Pids claimed already.
+    pub claimed: std::collections::BTreeSet<i32>,
+    /// The tree has its GPU state back: nothing more is claimed.
+    pub settled: bool,
     /// CRIU's start time: tasks it forked started at or after it.
     pub criu_start: u64,
     /// CRIU's lowest mapping with its address: a task CRIU forked has the same until its
@@ -85,14 +95,80 @@ pub struct EndRestore {
     pub criu_image: Option<String>,
 }
 
+impl EndRestore {
+    /// Kills the copies of CRIU that CRIU forked after the last look (so they were never
+    /// watched) and left behind: processes started since CRIU with CRIU's lowest mapping at
+    /// its address, which only a fork of this CRIU has. Returns how many were killed.
+    fn end_unseen_copies(&self, watched: &[Watched]) -> usize {
+        let (Some(image), me) = (&self.criu_image, std::process::id() as i32) else {
+            return 0;
+        };
+        if self.settled {
+            return 0;
+        }
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        let mut ended = 0;
+        for e in rd.flatten().take(1 << 16) {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid == me || watched.iter().any(|w| w.pid == pid) {
+                continue;
+            }
+            let young = procfs::start_time(pid).is_some_and(|s| s >= self.criu_start);
+            if !young || procfs::first_mapping(pid).as_ref() != Some(image) {
+                continue;
+            }
+            let Ok(fd) = criu_plugin::guardian::pidfd(pid) else {
+                continue;
+            };
+            if criu_plugin::guardian::signal(&fd, libc::SIGKILL).is_ok() {
+                ended += 1;
+            }
+        }
+        ended
+    }
+}
+
+/// The most tasks of a restore the guardian claims.
+const MAX_CLAIMS: usize = 4096;
+
+impl EndRestore {
+    /// Claims every task of the trees found (the children each forks come later: looked for
+    /// again at every look).
+    fn claim_trees(&mut self) {
+        self.roots.retain(|&r| procfs::start_time(r).is_some());
+        for &root in &self.roots {
+            for pid in procfs::tree(root) {
+                if self.claimed.len() >= MAX_CLAIMS || self.claimed.contains(&pid) {
+                    continue;
+                }
+                let Some(start) = procfs::start_time(pid) else {
+                    continue;
+                };
+                self.claimed.insert(pid);
+                if let Ok(c) = super::exclusive::claim(pid, start) {
+                    self.claims.push(c);
+                }
+            }
+        }
+    }
+}
+
 /// How often the restore's guardian looks for the tasks CRIU forked.
-const LOOK_EVERY: Duration = Duration::from_millis(20);
+const LOOK_EVERY: Duration = Duration::from_millis(5);
 
 impl EndRestore {
     /// The duty for the CRIU this process is.
     pub fn for_this_criu() -> EndRestore {
         let me = std::process::id() as i32;
         EndRestore {
+            claims: Vec::new(),
+            roots: Vec::new(),
+            claimed: Default::default(),
+            settled: false,
             criu_start: procfs::start_time(me).unwrap_or(0),
             criu_image: procfs::first_mapping(me),
         }
@@ -131,13 +207,26 @@ impl Duty for EndRestore {
                 || (self.criu_image.is_some() && procfs::first_mapping(pid) == self.criu_image);
             if forked_by_criu {
                 found.push((pid, start, END_TREE));
+                self.roots.push(pid);
             }
+        }
+        if !self.settled {
+            self.claim_trees();
         }
         found
     }
 
+    fn watched(&mut self, _pid: i32, action: u32) {
+        // The tree has its GPU state back: a dump of it may run from now on (a CRIU that
+        // waits for its restored tree keeps this guardian until the tree ends).
+        if action & END_IF_STUCK != 0 {
+            self.settled = true;
+            self.claims.clear();
+        }
+    }
+
     fn rescue(&mut self, watched: Vec<Watched>) {
-        let mut ended = 0usize;
+        let mut ended = self.end_unseen_copies(&watched);
         for root in watched
             .iter()
             .filter(|w| w.action & (END_TREE | END_IF_STUCK) != 0)

@@ -45,6 +45,22 @@ pub fn start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// How long ago the process started (clock-tick resolution, 10 ms on most kernels).
+pub fn age(pid: i32) -> Option<std::time::Duration> {
+    let start = start_time(pid)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let uptime: f64 = read_small(Path::new("/proc/uptime"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let started = start as f64 / hz.max(1) as f64;
+    Some(std::time::Duration::from_secs_f64(
+        (uptime - started).max(0.0),
+    ))
+}
+
 /// The process's tracer, 0 when none.
 pub fn tracer(pid: i32) -> Option<i32> {
     status_field(pid, "TracerPid:")?.parse().ok()

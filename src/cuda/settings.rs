@@ -124,11 +124,6 @@ impl CudaSettings {
         ))
     }
 
-    /// Whether the GPU listing is the default one (not set in the settings).
-    pub fn nvidia_proc_is_default(&self) -> bool {
-        self.nvidia_proc_from == "default"
-    }
-
     /// The first bad value, as a failure of a run that needs CUDA (`why` starts the message).
     pub fn check(&self, why: &str) -> Result<(), super::error::Failure> {
         match self.problems.first() {

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""CRIU killed at random moments of dumps of a CUDA tree, on a machine with an NVIDIA GPU.
+
+For each plugin given (this one, and CRIU's C cuda plugin with NVIDIA's cuda-checkpoint), a tree
+of 4 CUDA processes holding --mib MiB each is dumped --kills times; each dump gets SIGKILL,
+SIGTERM or SIGINT at a random moment of its measured length. Afterwards each process is one of:
+
+    running   counting again and its GPU memory verified bit for bit
+    frozen    alive but not counting within --back-s seconds (locked or checkpointed)
+    dead      the dump had completed (CRIU ended the tree: nothing to bring back)
+
+Prints one JSON line per trial and the counts per plugin; exits non-zero when any process of
+this plugin was left frozen. The C plugin's counts are reported, not judged.
+
+    python3 tests/gpu/kill_check.py --criu CRIU --libdir DIR [--c-libdir DIR] [--kills 20]
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_check as g  # noqa: E402
+
+SIGNALS = [(signal.SIGKILL, "SIGKILL"), (signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def counting_again(prefix, pids, back_s):
+    c0 = {p: g.last_counter(prefix, p) for p in pids}
+    end = time.time() + back_s
+    while time.time() < end:
+        if all(g.last_counter(prefix, p) > c0[p] for p in pids):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def dump_cut(criu, libdir, root, img, after, sig, env):
+    shutil.rmtree(img, ignore_errors=True)
+    os.makedirs(img)
+    argv = [criu, "dump", "-t", str(root), "-D", img, "-L", libdir, "-v4", "-o", "dump.log"]
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=env)
+    t = time.time()
+    sent = False
+    while p.poll() is None:
+        if not sent and after is not None and time.time() - t >= after:
+            p.send_signal(sig)
+            sent = True
+        time.sleep(0.001)
+    return p.returncode, time.time() - t, time.time()
+
+
+def run_plugin(ctx, name, libdir, wl, args, env, rng):
+    counts = {"running": 0, "frozen": 0, "dead": 0, "criu_exit_0": 0}
+    trials = []
+    prefix = root = pids = None
+
+    def start():
+        prefix, root, pids = g.start_workload(ctx, f"{name}-w{len(trials)}",
+                                              [wl, "--mib", str(args.mib), "--children", "3", "--out"], 4, "counter")
+        g.wait_ready(prefix, pids)
+        time.sleep(0.5)
+        return prefix, root, pids
+
+    img = os.path.join(ctx.work, f"{name}-img")
+    # The length of a whole dump of this tree (it ends the tree).
+    prefix, root, pids = start()
+    code, span, _ = dump_cut(ctx.criu, libdir, root, img, None, 0, env)
+    g.kill_all(pids)
+    print(json.dumps({"plugin": name, "whole_dump_s": round(span, 2), "exit": code}), flush=True)
+    prefix = None
+    for i in range(args.kills):
+        if prefix is None:
+            prefix, root, pids = start()
+        sig, signame = rng.choice(SIGNALS)
+        after = rng.uniform(0, span)
+        code, took, ended = dump_cut(ctx.criu, libdir, root, img, after, sig, env)
+        g.reap()
+        counts["criu_exit_0"] += code == 0
+        live = [p for p in pids if alive(p)]
+        if not live:
+            outcome = "dead"
+        elif len(live) == len(pids) and counting_again(prefix, pids, args.back_s - (time.time() - ended)):
+            v = g.verify(prefix, pids)
+            outcome = "running" if all(ok for ok, _, _ in v.values()) else "frozen"
+        else:
+            outcome = "frozen"
+        counts[outcome] += 1
+        shutil.copy(os.path.join(img, "dump.log"), os.path.join(ctx.logs, f"{name}.{i}.dump.log"))
+        t = {"plugin": name, "trial": i, "signal": signame, "after_s": round(after, 3),
+             "criu_exit": code, "outcome": outcome, "back_within_s": round(time.time() - ended, 2)}
+        trials.append(t)
+        print(json.dumps(t), flush=True)
+        if outcome != "running":
+            g.kill_all(pids)
+            prefix = None
+    if prefix is not None:
+        g.kill_all(pids)
+    return counts, trials
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--criu", required=True)
+    ap.add_argument("--libdir", required=True)
+    ap.add_argument("--c-libdir", default=None, help="directory with CRIU's C cuda_plugin.so")
+    ap.add_argument("--c-path", default=None, help="directory with NVIDIA's cuda-checkpoint")
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--back-s", type=float, default=2.0)
+    ap.add_argument("--work", default="/dev/shm/gpukill")
+    ap.add_argument("--logs", default="/tmp/gpukill-logs")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(g.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    ctx = g.Ctx(argparse.Namespace(criu=args.criu, libdir=args.libdir, work=args.work, logs=args.logs))
+    os.makedirs(ctx.work, exist_ok=True)
+    wl = os.path.join(ctx.work, "cuda_workload")
+    if not os.path.exists(wl):
+        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(g.HERE, "cuda_workload.cu")], log="nvcc.out")
+    seed = args.seed if args.seed is not None else int(time.time())
+    print(json.dumps({"seed": seed}), flush=True)
+    summary = {}
+    plugins = [("this", os.path.abspath(args.libdir), dict(os.environ))]
+    if args.c_libdir:
+        env = dict(os.environ)
+        if args.c_path:
+            env["PATH"] = os.path.abspath(args.c_path) + ":" + env.get("PATH", "")
+        plugins.append(("c", os.path.abspath(args.c_libdir), env))
+    for name, libdir, env in plugins:
+        counts, _ = run_plugin(ctx, name, libdir, wl, args, env, random.Random(seed))
+        summary[name] = counts
+        print(json.dumps({"plugin": name, **counts}), flush=True)
+    with open(os.path.join(ctx.logs, "kill-summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    frozen = summary["this"]["frozen"]
+    print(f"{args.kills - frozen} passed, {frozen} failed")
+    return 1 if frozen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
