@@ -9,6 +9,11 @@
 #                                   (tests/gpu/container_check.py; ARGS go to it, e.g. --out FILE);
 #                                   runc, busybox and the C plugin come from .gpu-carry/
 #                                   (scripts/gpu-carry.sh)
+#   scripts/gpu-check.sh --kills [ARGS] CRIU killed (SIGKILL, SIGTERM, SIGINT) at random moments of 20
+#                                   dumps of a 4-process CUDA tree: every process must run again
+#                                   with its memory verified (tests/gpu/kill_check.py); with
+#                                   .gpu-carry/cuda_plugin.so and .gpu-carry/bin/cuda-checkpoint
+#                                   (scripts/gpu-carry.sh) CRIU's C plugin is counted beside it
 #   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
 #                                   ones: postfail,mapopt,mapmissing)
 # The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
@@ -39,6 +44,17 @@ if [ "${1:-}" = --containers ]; then
     # Later options win: ARGS can replace these defaults.
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/container_check.py --criu "$CRIU" --plugin "$PLUGIN" \
         --work "$WORK/containers" --out "$LOGS/containers/results.json" "$@"
+fi
+if [ "${1:-}" = --kills ]; then
+    shift
+    c=()
+    if [ -f .gpu-carry/cuda_plugin.so ]; then
+        clib=$(mktemp -d)
+        cp .gpu-carry/cuda_plugin.so "$clib/"
+        c=(--c-libdir "$clib" --c-path .gpu-carry/bin)
+    fi
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kill_check.py --criu "$CRIU" --libdir "$lib" \
+        --work "$WORK/kills" --logs "$LOGS/kills" "${c[@]}" "$@"
 fi
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 if [ "${1:-}" = --cases ]; then

@@ -358,6 +358,64 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
     assert_back(&f, &w, files, Instant::now(), "the last restore");
 }
 
+/// Starts a `--leave-running` dump (with `extra` arguments) of a new tree of a root and a
+/// child, kills the child once `kill_when` returns, and checks that CRIU ends within `limit`
+/// and that the root runs again with its GPU state within 2 s of CRIU's end.
+fn kill_child_mid_dump(
+    f: &Fake,
+    env: &[(&str, String)],
+    round: usize,
+    extra: &[&str],
+    limit: Duration,
+    kill_when: &dyn Fn(),
+) {
+    let w = Workload::start(
+        f,
+        &format!("w{round}"),
+        &["--mib", "8", "--chunk-mib", "4", "--children", "1"],
+    );
+    let files = f.device_files(w.root()).len();
+    let (root, child) = (w.pids[0], w.pids[1]);
+    let images = f.e.images(&format!("img{round}"));
+    let (root_s, lib) = (root.to_string(), lib());
+    let mut cmd: Command = f.e.command(&f.e.criu);
+    cmd.args(["dump", "--leave-running", "-t", &root_s, "-L", &lib, "-v4"])
+        .args(extra)
+        .arg("-D")
+        .arg(&images)
+        .args(["-o", "cut.log"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut criu = cmd.spawn().expect("criu");
+    kill_when();
+    signal(child, libc::SIGKILL);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = criu.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > limit {
+            let _ = criu.kill();
+            let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
+            panic!("criu still runs {limit:?} after a task of the tree died:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let ended = Instant::now();
+    // The child stays a zombie of the root (which never waits for it).
+    reap_until_gone(&[], Duration::ZERO);
+    let survivor = Workload {
+        out: w.out.clone(),
+        pids: vec![root],
+        ns_pids: vec![root],
+    };
+    let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
+    let what = format!("round {round}: criu {status:?}\n{log}");
+    assert_back(f, &survivor, files, ended, &what);
+    f.e.kill_and_reap(&w.pids);
+}
+
 /// A child of the tree killed in the middle of a `--leave-running` dump: CRIU fails the dump
 /// (4.1 exits from its own SIGCHLD handler without calling the plugin) and the root runs with
 /// its GPU state again within 2 s.
@@ -368,59 +426,13 @@ fn a_child_killed_mid_dump_leaves_the_root_running() {
     };
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let lib = lib();
     let env = f.env(&nv, "calls");
-    let mut rng = Rng::new();
+    let rng = std::cell::RefCell::new(Rng::new());
     for round in 0..6 {
-        let w = Workload::start(
-            &f,
-            &format!("w{round}"),
-            &["--mib", "8", "--chunk-mib", "4", "--children", "1"],
-        );
-        let files = f.device_files(w.root()).len();
-        let (root, child) = (w.pids[0], w.pids[1]);
-        let images = f.e.images(&format!("img{round}"));
-        let root_s = root.to_string();
-        let args = ["dump", "--leave-running", "-t", &root_s, "-L", &lib, "-v4"];
-        let mut cmd: Command = f.e.command(&f.e.criu);
-        cmd.args(args)
-            .arg("-D")
-            .arg(&images)
-            .args(["-o", "cut.log"]);
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        let mut criu = cmd.spawn().expect("criu");
-        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
-        signal(child, libc::SIGKILL);
-        let t = Instant::now();
-        let status = loop {
-            if let Some(st) = criu.try_wait().unwrap() {
-                break st;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "criu hangs after the child died"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        let ended = Instant::now();
-        // The child stays a zombie of the root (which never waits for it).
-        reap_until_gone(&[], Duration::ZERO);
-        let survivor = Workload {
-            out: w.out.clone(),
-            pids: vec![root],
-            ns_pids: vec![root],
-        };
-        let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
-        assert_back(
-            &f,
-            &survivor,
-            files,
-            ended,
-            &format!("round {round}: criu {status:?}\n{log}"),
-        );
-        f.e.kill_and_reap(&w.pids);
+        let pause = Duration::from_micros(rng.borrow_mut().below(60_000));
+        kill_child_mid_dump(&f, &env, round, &[], Duration::from_secs(60), &|| {
+            std::thread::sleep(pause)
+        });
     }
 }
 
@@ -434,77 +446,27 @@ fn a_driver_call_that_never_returns_does_not_hang_criu() {
     };
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let lib = lib();
     let mut env = f.env(&nv, "calls");
     env.retain(|(k, _)| *k != "FAKE_CUDA_CALL_TIMEOUT_MS");
     env.push(("FAKE_CUDA_CALL_TIMEOUT_MS", "0".into()));
+    let calls = f.e.dir().join("calls");
     for round in 0..4 {
-        let w = Workload::start(
-            &f,
-            &format!("w{round}"),
-            &["--mib", "8", "--chunk-mib", "4", "--children", "1"],
-        );
-        let files = f.device_files(w.root()).len();
-        let (root, child) = (w.pids[0], w.pids[1]);
-        let images = f.e.images(&format!("img{round}"));
-        let root_s = root.to_string();
-        let args = [
-            "dump",
-            "--leave-running",
-            "--timeout",
-            "5",
-            "-t",
-            &root_s,
-            "-L",
-            &lib,
-            "-v4",
-        ];
-        let mut cmd: Command = f.e.command(&f.e.criu);
-        cmd.args(args)
-            .arg("-D")
-            .arg(&images)
-            .args(["-o", "cut.log"]);
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        let mut criu = cmd.spawn().expect("criu");
-        // Kill the child once the checkpoint has begun: its call then never returns.
-        let calls = f.e.dir().join("calls");
-        wait_until("a checkpoint call", || {
-            std::fs::read_to_string(&calls).is_ok_and(|t| {
-                t.lines().filter(|l| l.starts_with("lock ")).count() >= 2 * (round + 1)
+        // The child is killed once both locks are done: its checkpoint then never answers.
+        let locked = || {
+            wait_until("the tree's locks", || {
+                std::fs::read_to_string(&calls).is_ok_and(|t| {
+                    t.lines().filter(|l| l.starts_with("lock ")).count() >= 2 * (round + 1)
+                })
             })
-        });
-        signal(child, libc::SIGKILL);
-        let t = Instant::now();
-        let status = loop {
-            if let Some(st) = criu.try_wait().unwrap() {
-                break st;
-            }
-            if t.elapsed() > Duration::from_secs(30) {
-                let _ = criu.kill();
-                let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
-                panic!("criu still runs 30 s after a task of the tree died:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(1));
         };
-        let ended = Instant::now();
-        // The child stays a zombie of the root (which never waits for it).
-        reap_until_gone(&[], Duration::ZERO);
-        let survivor = Workload {
-            out: w.out.clone(),
-            pids: vec![root],
-            ns_pids: vec![root],
-        };
-        let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
-        assert_back(
+        kill_child_mid_dump(
             &f,
-            &survivor,
-            files,
-            ended,
-            &format!("round {round}: criu {status:?}\n{log}"),
+            &env,
+            round,
+            &["--timeout", "5"],
+            Duration::from_secs(30),
+            &locked,
         );
-        f.e.kill_and_reap(&w.pids);
     }
 }
 

@@ -82,38 +82,26 @@ pub fn run(
     }
     // SAFETY: both fds were just created and are owned by nobody else.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let mut pidfd: libc::c_int = -1;
     let parent = std::process::id() as libc::pid_t;
     // CRIU's signals stay blocked from before the copy until the child has its own mask: a
     // signal in between would run CRIU's handler in the child.
     let saved = block_criu_signals();
-    // SAFETY: clone with no exit signal is fork(2) without SIGCHLD: the child gets a copy of
-    // this (single-threaded, see the module docs) process on a copy of this stack and
-    // continues below with a return value of 0. CLONE_PIDFD stores a pidfd of the child in
-    // `pidfd` (the parent-tid argument), through which its end can be awaited with a timeout.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            libc::CLONE_PIDFD as libc::c_ulong,
-            0 as libc::c_ulong,
-            &mut pidfd as *mut libc::c_int,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        )
+    // SAFETY: this process is single-threaded (see the module docs).
+    let (pid, pidfd) = match unsafe { fork_quietly() } {
+        Ok(Forked::Child) => {
+            drop(rd);
+            child_main(wr, parent, work)
+        }
+        Ok(Forked::Parent { pid, pidfd }) => {
+            restore_mask(&saved);
+            (pid, pidfd)
+        }
+        Err(e) => {
+            restore_mask(&saved);
+            return Err(ChildError::Spawn(e));
+        }
     };
-    if pid == 0 {
-        drop(rd);
-        child_main(wr, parent, work);
-    }
-    let spawn_error = (pid < 0).then(io::Error::last_os_error);
-    restore_mask(&saved);
-    if let Some(e) = spawn_error {
-        return Err(ChildError::Spawn(e));
-    }
     drop(wr);
-    // SAFETY: the kernel just created this fd for us (kernels without CLONE_PIDFD leave -1).
-    let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-    let pid = pid as libc::pid_t;
     let started = Instant::now();
     let reply = read_reply(&rd, deadline, max_reply);
     drop(rd);
@@ -141,6 +129,53 @@ pub fn run(
             kill_and_reap(pid, pidfd.as_ref());
             Err(e)
         }
+    }
+}
+
+/// Which side of [`fork_quietly`] this is.
+pub(crate) enum Forked {
+    /// The new process.
+    Child,
+    /// The caller, with the child's pid and pidfd (`None` on kernels without `CLONE_PIDFD`).
+    Parent {
+        pid: libc::pid_t,
+        pidfd: Option<OwnedFd>,
+    },
+}
+
+/// A copy of the calling process made with `clone(2)` and no exit signal: fork(2) that sends
+/// the parent no `SIGCHLD` (CRIU's handler would take the child for a dead task; `waitpid(-1)`
+/// without `__WALL` never sees it), with `CLONE_PIDFD`.
+///
+/// # Safety
+///
+/// The calling process must have a single thread: in the copy, a lock another thread held at
+/// the moment of the copy would stay held. The child continues from the return of this
+/// function on a copy of the caller's stack, and must never return into CRIU's code.
+pub(crate) unsafe fn fork_quietly() -> io::Result<Forked> {
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: clone without CLONE_VM and without a new stack is fork(2): the child gets a copy
+    // of this process and of this stack, and returns from the call with 0. CLONE_PIDFD stores
+    // a pidfd of the child in `pidfd` (the parent-tid argument).
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::CLONE_PIDFD as libc::c_ulong,
+            0 as libc::c_ulong,
+            &mut pidfd as *mut libc::c_int,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    match pid {
+        0 => Ok(Forked::Child),
+        p if p < 0 => Err(io::Error::last_os_error()),
+        p => Ok(Forked::Parent {
+            pid: p as libc::pid_t,
+            // SAFETY: the kernel just created this fd for us (kernels without CLONE_PIDFD
+            // leave -1).
+            pidfd: (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) }),
+        }),
     }
 }
 

@@ -153,37 +153,29 @@ impl Guardian {
         // SAFETY: both fds were just created and are owned by nobody else.
         let (ours, theirs) =
             unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
-        let mut pidfd: libc::c_int = -1;
         let saved = block_all_signals();
-        // SAFETY: as in `child::run`: clone without an exit signal is fork(2) without SIGCHLD;
-        // the child continues below on a copy of this single-threaded process and never
-        // returns. CLONE_PIDFD stores the child's pidfd in `pidfd`.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                libc::CLONE_PIDFD as libc::c_ulong,
-                0 as libc::c_ulong,
-                &mut pidfd as *mut libc::c_int,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
+        // SAFETY: the calling process is single-threaded (module docs); the child never
+        // returns from `guardian_main`.
+        let (pid, pidfd) = match unsafe { crate::child::fork_quietly() } {
+            Ok(crate::child::Forked::Child) => {
+                drop(ours);
+                guardian_main(theirs, criu_fd, criu, duty)
+            }
+            Ok(crate::child::Forked::Parent { pid, pidfd }) => {
+                restore_mask(&saved);
+                (pid, pidfd)
+            }
+            Err(e) => {
+                restore_mask(&saved);
+                return Err(e);
+            }
         };
-        if pid == 0 {
-            drop(ours);
-            guardian_main(theirs, criu_fd, criu, duty);
-        }
-        let spawn_error = (pid < 0).then(io::Error::last_os_error);
-        restore_mask(&saved);
-        if let Some(e) = spawn_error {
-            return Err(e);
-        }
         drop(theirs);
         drop(criu_fd);
         Ok(Guardian {
             sock: ours,
-            pid: pid as libc::pid_t,
-            // SAFETY: the kernel just created this fd for us (-1 on kernels without it).
-            pidfd: (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) }),
+            pid,
+            pidfd,
             released: false,
         })
     }
@@ -285,8 +277,9 @@ fn send_msg(sock: RawFd, msg: &[u8; MSG_LEN], fd: Option<RawFd>) -> io::Result<(
         }
     }
     loop {
-        // SAFETY: sends one message from the buffers above on a socket we hold.
-        let n = unsafe { libc::sendmsg(sock, &hdr, libc::MSG_NOSIGNAL) };
+        // SAFETY: sends one message from the buffers above on a socket we hold. Never blocks:
+        // a guardian that stopped reading (stopped by SIGSTOP, say) must not stop CRIU too.
+        let n = unsafe { libc::sendmsg(sock, &hdr, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         if n == MSG_LEN as isize {
             return Ok(());
         }
