@@ -220,12 +220,21 @@ fn drop_inventory_plugin(path: &Path, name: &[u8]) {
 }
 
 /// A FIFO in place of `pstree.img` is refused by the plugin's `init`, before CRIU would block
-/// opening it; with the file put back the same images restore.
+/// opening it; with the file put back the same images restore. Only where CRIU calls the
+/// plugins' `init` before it reads the tree itself (4.0 and 4.1): from 4.2 on CRIU opens
+/// `pstree.img` first, and blocks on the FIFO before any plugin runs.
 #[test]
 fn a_fifo_process_tree_is_refused_before_anything_is_restored() {
     let Some(d) = dump_tree("cuda-fifo-pstree") else {
         return;
     };
+    if !matches!(d.f.e.criu_release(), Some((4, 0 | 1))) {
+        eprintln!(
+            "SKIPPED: CRIU {:?} reads pstree.img before calling plugins",
+            d.f.e.criu_release()
+        );
+        return;
+    }
     let pstree = d.images.join("pstree.img");
     let saved = std::fs::read(&pstree).expect("pstree.img");
     std::fs::remove_file(&pstree).unwrap();

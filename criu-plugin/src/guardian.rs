@@ -44,6 +44,11 @@ use std::time::{Duration, Instant};
 
 /// What a plugin's guardian does; it runs in the guardian's process, never in CRIU's.
 pub trait Duty {
+    /// Called once when the guardian starts, with the inode of CRIU's end of the guardian's
+    /// socket: every process CRIU forks from then on holds that socket until it closes CRIU's
+    /// descriptors, which tells a fork of this CRIU from any other process.
+    fn begin(&mut self, _criu_socket_inode: u64) {}
+
     /// How often to call [`Duty::discover`] while CRIU lives; `None`: never.
     fn discover_every(&self) -> Option<Duration> {
         None
@@ -158,8 +163,9 @@ impl Guardian {
         // returns from `guardian_main`.
         let (pid, pidfd) = match unsafe { crate::child::fork_quietly() } {
             Ok(crate::child::Forked::Child) => {
+                let peer = inode(&ours);
                 drop(ours);
-                guardian_main(theirs, criu_fd, criu, duty)
+                guardian_main(theirs, criu_fd, criu, peer, duty)
             }
             Ok(crate::child::Forked::Parent { pid, pidfd }) => {
                 restore_mask(&saved);
@@ -185,6 +191,13 @@ impl Guardian {
         self.pid
     }
 
+    /// Whether the guardian still runs (it can be killed like any process).
+    pub fn alive(&self) -> bool {
+        self.pidfd
+            .as_ref()
+            .is_some_and(|fd| !readable(fd.as_raw_fd(), 0))
+    }
+
     /// Asks the guardian to look after `pid` (started at `start`, see [`Watched`]) with
     /// `action`; `held`, if given, is kept open by the guardian while it watches the process.
     /// A second watch of the same pid replaces the action (and `held`, when one is given).
@@ -206,12 +219,29 @@ impl Guardian {
     /// Ends the guardian: nothing needs undoing. Waits briefly for it to end and reaps it.
     pub fn release(mut self) {
         self.released = true;
-        if let Err(e) = self.send(&encode(RELEASE, 0, 0, 0), None) {
-            log::debug!("guardian {}: release not sent: {e}", self.pid);
-        }
+        let sent = self.send(&encode(RELEASE, 0, 0, 0), None);
         let started = Instant::now();
-        if let Some(fd) = &self.pidfd {
-            readable(fd.as_raw_fd(), RELEASE_WAIT.as_millis() as libc::c_int);
+        let ended = sent.is_ok()
+            && self.pidfd.as_ref().is_some_and(|fd| {
+                readable(fd.as_raw_fd(), RELEASE_WAIT.as_millis() as libc::c_int)
+            });
+        if !ended {
+            // A guardian that did not hear its release must not act later: killed.
+            log::warn!(
+                "guardian {}: release not heard ({}); killing it",
+                self.pid,
+                sent.err()
+                    .map_or("it did not end".to_string(), |e| e.to_string())
+            );
+            match &self.pidfd {
+                Some(fd) => {
+                    let _ = pidfd_send_signal(fd, libc::SIGKILL);
+                }
+                // SAFETY: our own child, not reaped yet, so its pid is still its own.
+                None => unsafe {
+                    libc::kill(self.pid, libc::SIGKILL);
+                },
+            }
         }
         loop {
             let mut status = 0;
@@ -222,9 +252,8 @@ impl Guardian {
             {
                 return;
             }
-            if started.elapsed() >= RELEASE_WAIT {
-                // It stays a process of its own, reaped by init once CRIU exits.
-                log::warn!("guardian {}: still running after its release", self.pid);
+            if started.elapsed() >= 2 * RELEASE_WAIT {
+                // Killed but not gone yet: reaped by init once CRIU exits.
                 return;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -348,10 +377,34 @@ fn recv_msg(sock: RawFd) -> io::Result<Option<([u8; MSG_LEN], Option<OwnedFd>)>>
 }
 
 /// The guardian's process: never returns.
-fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty) -> ! {
+fn guardian_main(
+    sock: OwnedFd,
+    criu_fd: OwnedFd,
+    criu: libc::pid_t,
+    peer_inode: Option<u64>,
+    duty: impl Duty,
+) -> ! {
+    // A panic must never unwind out of here: it would return into the plugin's hook, and a
+    // copy of CRIU would carry on CRIU's work.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        guard(sock, criu_fd, criu, peer_inode, duty)
+    }));
+    // SAFETY: ends the guardian at once, running none of CRIU's exit handlers.
+    unsafe { libc::_exit(0) }
+}
+
+/// The guardian's work: returns when it is released or has done its duty.
+fn guard(
+    sock: OwnedFd,
+    criu_fd: OwnedFd,
+    criu: libc::pid_t,
+    peer_inode: Option<u64>,
+    mut duty: impl Duty,
+) {
     // SAFETY: setsid only concerns this new process, which leads no group, so it succeeds.
     unsafe { libc::setsid() };
     let (sock, criu_fd) = keep_only(sock, criu_fd);
+    duty.begin(peer_inode.unwrap_or(0));
     let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
     let every = duty.discover_every();
     let mut released = false;
@@ -398,8 +451,7 @@ fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: i
             }
         }
         if released {
-            // SAFETY: ends the guardian at once, running none of CRIU's exit handlers.
-            unsafe { libc::_exit(0) };
+            return;
         }
         let criu_ended = pfds[1].revents != 0 || readable(criu_fd.as_raw_fd(), 0);
         if criu_ended {
@@ -426,10 +478,8 @@ fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: i
             "guardian: CRIU (pid {criu}) ended before its run was done; undoing the plugin's work on {} process(es)",
             alive.len()
         );
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| duty.rescue(alive)));
+        duty.rescue(alive);
     }
-    // SAFETY: as above.
-    unsafe { libc::_exit(0) }
 }
 
 /// After every sender has closed the socket: only CRIU's end (or nothing) remains to wait for.
@@ -523,7 +573,10 @@ fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
         // SAFETY: as above.
         let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
         let kind = st.st_mode & libc::S_IFMT;
-        let harmless = ok && (kind == libc::S_IFCHR || kind == libc::S_IFREG);
+        // A terminal is a character device a user waits on (ssh -t): not kept.
+        // SAFETY: isatty only inspects the descriptor.
+        let tty = unsafe { libc::isatty(fd) } == 1;
+        let harmless = ok && !tty && (kind == libc::S_IFCHR || kind == libc::S_IFREG);
         if harmless {
             continue;
         }
@@ -540,6 +593,26 @@ fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
         unsafe { libc::close(null) };
     }
     (sock, criu_fd)
+}
+
+/// The inode of the socket (or any file) behind `fd`.
+fn inode(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: stat is plain data filled by fstat for an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
+}
+
+/// Whether process `pid` holds a descriptor of the socket with inode `ino` (at most 4,096 of
+/// its descriptors are looked at).
+pub fn holds_socket(pid: i32, ino: u64) -> bool {
+    let want = format!("socket:[{ino}]");
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    rd.flatten()
+        .take(4096)
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
 }
 
 /// The start time of `pid` (field 22 of `/proc/PID/stat`).

@@ -45,6 +45,8 @@ pub struct DumpRun {
     /// The process that puts everything back should CRIU end first; started before the
     /// first lock.
     guardian: Option<Guardian>,
+    /// No guardian can run here (a kernel without pidfds): warned about once.
+    unguarded: bool,
     inventory_added: bool,
 }
 
@@ -128,12 +130,18 @@ impl DumpRun {
             abandoned_locks: Vec::new(),
             claims: BTreeMap::new(),
             guardian: None,
+            unguarded: false,
             inventory_added: false,
         }))
     }
 
     /// `PAUSE_DEVICES`: locks `pid` if it uses CUDA and runs.
     pub fn pause(&mut self, pid: i32) -> Result<(), HookFailure> {
+        self.pause_once(pid, true)
+    }
+
+    /// [`DumpRun::pause`]; `may_wait`: a process that just started may be waited out once.
+    fn pause_once(&mut self, pid: i32, may_wait: bool) -> Result<(), HookFailure> {
         if self.dumped.contains_key(&pid) {
             // CRIU may ask again for a child after a failed seize attempt.
             return Ok(());
@@ -150,11 +158,12 @@ impl DumpRun {
             Err(e) => {
                 if driver::not_a_cuda_process(&e) || !Path::new(&format!("/proc/{pid}")).exists() {
                     self.claims.remove(&pid);
-                    if let Some(wait) = procfs::age(pid).and_then(|a| YOUNG.checked_sub(a)) {
+                    let young = procfs::age(pid).and_then(|a| YOUNG.checked_sub(a));
+                    if let (true, Some(wait)) = (may_wait, young) {
                         // Just started: perhaps a task another CRIU is restoring, not CUDA yet,
                         // which that CRIU's guardian claims within moments. Asked again then.
-                        std::thread::sleep(wait);
-                        return self.pause(pid);
+                        std::thread::sleep(wait + Duration::from_millis(10));
+                        return self.pause_once(pid, false);
                     }
                     log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
                     return Err(HookFailure::NotMine);
@@ -213,24 +222,46 @@ impl DumpRun {
     /// Starts the guardian (once): no process is locked unless something outside CRIU will
     /// put it back should CRIU end before the dump does.
     fn start_guardian(&mut self) -> Result<(), Failure> {
-        if self.guardian.is_some() {
+        if let Some(g) = &self.guardian {
+            if g.alive() {
+                return Ok(());
+            }
+            return Err(Failure::new(
+                FailureKind::System,
+                libc::ESRCH,
+                format!(
+                    "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); nothing more is locked without it",
+                    g.pid()
+                ),
+            ));
+        }
+        if self.unguarded {
             return Ok(());
         }
-        let g = Guardian::spawn(PutBack {
+        match Guardian::spawn(PutBack {
             driver: &self.driver,
-        })
-        .map_err(|e| {
-            Failure::new(
+        }) {
+            Ok(g) => {
+                log::debug!("cuda: guardian {} started", g.pid());
+                self.guardian = Some(g);
+                Ok(())
+            }
+            // Kernels before 5.3 have no pidfds: such a dump runs as before, unguarded.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                log::warn!(
+                    "cuda: this kernel has no pidfd_open ({e}): no guardian, so processes stay locked or checkpointed should CRIU be killed in the middle of this dump"
+                );
+                self.unguarded = true;
+                Ok(())
+            }
+            Err(e) => Err(Failure::new(
                 FailureKind::System,
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!(
                     "cuda: cannot start the guardian process that puts CUDA processes back should CRIU end early ({e}); nothing is locked without it"
                 ),
-            )
-        })?;
-        log::debug!("cuda: guardian {} started", g.pid());
-        self.guardian = Some(g);
-        Ok(())
+            )),
+        }
     }
 
     /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
@@ -268,10 +299,10 @@ impl DumpRun {
         let t = Instant::now();
         let guardian = self.guardian.as_ref();
         // In the helper, just before the lock: from then on the guardian unlocks it.
-        let announce = || {
-            if let (Some(g), Some(start)) = (guardian, start) {
-                let _ = g.watch(pid, start, RESTORE | UNLOCK, None);
-            }
+        let announce = || match (guardian, start) {
+            (Some(g), Some(start)) => g.watch(pid, start, RESTORE | UNLOCK, None).is_ok(),
+            // No start time: the process is gone. No guardian: a kernel without pidfds.
+            _ => true,
         };
         let outcome = helper::state_and_lock(&self.driver, pid, ms_timeout, deadline, &announce)
             .map_err(|e| match e {
@@ -300,6 +331,8 @@ impl DumpRun {
                 match outcome.lock {
                     Some(Ok(())) => {}
                     Some(Err(e)) => {
+                        // Not locked: nothing for the guardian to undo.
+                        self.forget(pid);
                         let why = if e.errno() == -libc::ETIMEDOUT {
                             format!(
                                 "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"
@@ -574,6 +607,14 @@ impl DumpRun {
             if left == 0 {
                 g.release();
             } else {
+                // Their claims stay with the guardian, on files no new claim replaces.
+                for p in self.dumped.values() {
+                    if (p.locked_by_us || p.checkpointed_by_us)
+                        && let Some(c) = self.claims.remove(&p.pid)
+                    {
+                        c.leave();
+                    }
+                }
                 log::warn!(
                     "cuda: {left} process(es) not put back yet; guardian {} tries again once CRIU has ended",
                     g.pid()

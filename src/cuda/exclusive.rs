@@ -30,6 +30,14 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// Lets go of this process's copy of the claim but keeps the file, for a guardian that
+    /// holds the lock on it still: removing the file would let a new claim take a new one.
+    /// A file left so is removed by [`sweep`] once its process has ended.
+    pub fn leave(mut self) {
+        drop(self.fd.take());
+        self.path = PathBuf::new();
+    }
+
     /// The lock's descriptor: whoever holds a copy holds the claim (the guardian).
     pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
@@ -41,7 +49,9 @@ impl Drop for Claim {
     fn drop(&mut self) {
         // Removed while still locked, then unlocked: whoever opened it meanwhile sees it gone
         // and retries on a new file.
-        let _ = std::fs::remove_file(&self.path);
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
         drop(self.fd.take());
     }
 }

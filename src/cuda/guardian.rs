@@ -41,7 +41,7 @@ impl Duty for PutBack<'_> {
         // Outside CRIU threads are free: every process at once.
         std::thread::scope(|s| {
             for w in &watched {
-                s.spawn(move || {
+                let put_back_one = move || {
                     let unlock = w.action & UNLOCK != 0;
                     let mut r = super::put_back(driver, w.pid, unlock);
                     if needs_init(&r) && driver.init().is_ok() {
@@ -58,7 +58,12 @@ impl Duty for PutBack<'_> {
                             w.pid
                         ),
                     }
-                });
+                };
+                // No thread to be had: this one does it, after the others.
+                if let Err(e) = std::thread::Builder::new().spawn_scoped(s, put_back_one) {
+                    log::debug!("guardian: no thread for pid {} ({e})", w.pid);
+                    put_back_one();
+                }
             }
         });
     }
@@ -79,33 +84,69 @@ fn in_restore(pid: i32) -> bool {
 /// The restore's duty: end every task CRIU forked. It also claims each task it finds
 /// ([`super::exclusive`]), so that a dump started while the restore runs refuses the tree
 /// instead of dumping half-restored tasks as processes without CUDA.
+#[derive(Default)]
 pub struct EndRestore {
-    /// The claims on the tasks found, held until the guardian ends.
-    pub claims: Vec<super::exclusive::Claim>,
-    /// The tasks found by [`Duty::discover`] whose trees are claimed.
-    pub roots: Vec<i32>,
-    /// Pids claimed already.
-    pub claimed: std::collections::BTreeSet<i32>,
-    /// The tree has its GPU state back: nothing more is claimed.
-    pub settled: bool,
     /// CRIU's start time: tasks it forked started at or after it.
-    pub criu_start: u64,
-    /// CRIU's lowest mapping with its address: a task CRIU forked has the same until its
-    /// restore replaces its memory; another CRIU started beside it has another address.
-    pub criu_image: Option<String>,
+    criu_start: u64,
+    /// The inode of CRIU's end of the guardian's socket: a process CRIU forked holds it until
+    /// the restore closes CRIU's descriptors in it; no other process does.
+    marker: u64,
+    /// The roots found (CRIU's children, or copies of CRIU beside it).
+    roots: Vec<i32>,
+    /// The claims on the tasks found, held until the tree has its GPU state back.
+    claims: Vec<super::exclusive::Claim>,
+    /// Pids claimed already.
+    claimed: std::collections::HashSet<i32>,
+    /// The tree has its GPU state back (`RESUME_DEVICES_LATE`): nothing more is claimed.
+    settled: Option<i32>,
+    /// CRIU let the settled tree go (its root is no longer CRIU's tracee): never killed then.
+    let_go: bool,
 }
 
+/// How often the restore's guardian looks for the tasks CRIU forked.
+const LOOK_EVERY: Duration = Duration::from_millis(5);
+/// The most tasks of a restore the guardian claims.
+const MAX_CLAIMS: usize = 4096;
+
 impl EndRestore {
-    /// Kills the copies of CRIU that CRIU forked after the last look (so they were never
-    /// watched) and left behind: processes started since CRIU with CRIU's lowest mapping at
-    /// its address, which only a fork of this CRIU has. Returns how many were killed.
-    fn end_unseen_copies(&self, watched: &[Watched]) -> usize {
-        let (Some(image), me) = (&self.criu_image, std::process::id() as i32) else {
-            return 0;
-        };
-        if self.settled {
-            return 0;
+    /// The duty for the CRIU this process is.
+    pub fn for_this_criu() -> EndRestore {
+        let me = std::process::id() as i32;
+        EndRestore {
+            criu_start: procfs::start_time(me).unwrap_or(0),
+            ..EndRestore::default()
         }
+    }
+
+    /// Whether `pid` is a fork of this CRIU: started since CRIU and holding the marker socket.
+    fn forked_by_criu(&self, pid: i32) -> bool {
+        self.marker != 0
+            && procfs::start_time(pid).is_some_and(|s| s >= self.criu_start)
+            && criu_plugin::guardian::holds_socket(pid, self.marker)
+    }
+
+    /// Claims every task of the trees found (the children each forks come later: looked for
+    /// again at every look).
+    fn claim_trees(&mut self) {
+        self.roots.retain(|&r| procfs::start_time(r).is_some());
+        for &root in &self.roots {
+            for pid in procfs::tree(root) {
+                if self.claimed.len() >= MAX_CLAIMS || !self.claimed.insert(pid) {
+                    continue;
+                }
+                if let Some(start) = procfs::start_time(pid)
+                    && let Ok(c) = super::exclusive::claim(pid, start)
+                {
+                    self.claims.push(c);
+                }
+            }
+        }
+    }
+
+    /// Kills the forks of CRIU found after the last look (never watched) that CRIU left
+    /// behind. Each is held by a pidfd before it is checked, so no reused pid is hit.
+    fn end_unseen_forks(&self, watched: &[Watched]) -> usize {
+        let me = std::process::id() as i32;
         let Ok(rd) = std::fs::read_dir("/proc") else {
             return 0;
         };
@@ -117,14 +158,11 @@ impl EndRestore {
             if pid == me || watched.iter().any(|w| w.pid == pid) {
                 continue;
             }
-            let young = procfs::start_time(pid).is_some_and(|s| s >= self.criu_start);
-            if !young || procfs::first_mapping(pid).as_ref() != Some(image) {
-                continue;
-            }
             let Ok(fd) = criu_plugin::guardian::pidfd(pid) else {
                 continue;
             };
-            if criu_plugin::guardian::signal(&fd, libc::SIGKILL).is_ok() {
+            if self.forked_by_criu(pid) && criu_plugin::guardian::signal(&fd, libc::SIGKILL).is_ok()
+            {
                 ended += 1;
             }
         }
@@ -132,128 +170,107 @@ impl EndRestore {
     }
 }
 
-/// The most tasks of a restore the guardian claims.
-const MAX_CLAIMS: usize = 4096;
-
-impl EndRestore {
-    /// Claims every task of the trees found (the children each forks come later: looked for
-    /// again at every look).
-    fn claim_trees(&mut self) {
-        self.roots.retain(|&r| procfs::start_time(r).is_some());
-        for &root in &self.roots {
-            for pid in procfs::tree(root) {
-                if self.claimed.len() >= MAX_CLAIMS || self.claimed.contains(&pid) {
-                    continue;
-                }
-                let Some(start) = procfs::start_time(pid) else {
-                    continue;
-                };
-                self.claimed.insert(pid);
-                if let Ok(c) = super::exclusive::claim(pid, start) {
-                    self.claims.push(c);
-                }
+/// Kills `root` and every descendant of it. Each child is held by a pidfd, then checked to be
+/// still the child of a process held before it, so nothing reparented meanwhile escapes and no
+/// reused pid is hit. Returns how many were signalled.
+fn end_tree(root: &Watched) -> usize {
+    let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
+    let mut queue = vec![root.pid];
+    while let Some(parent) = queue.pop() {
+        for c in procfs::children(parent) {
+            if held.len() >= 1 << 16 || held.iter().any(|(p, _)| *p == c) {
+                continue;
+            }
+            let Ok(fd) = criu_plugin::guardian::pidfd(c) else {
+                continue;
+            };
+            if procfs::parent(c) == Some(parent) {
+                held.push((c, fd));
+                queue.push(c);
             }
         }
     }
-}
-
-/// How often the restore's guardian looks for the tasks CRIU forked.
-const LOOK_EVERY: Duration = Duration::from_millis(5);
-
-impl EndRestore {
-    /// The duty for the CRIU this process is.
-    pub fn for_this_criu() -> EndRestore {
-        let me = std::process::id() as i32;
-        EndRestore {
-            claims: Vec::new(),
-            roots: Vec::new(),
-            claimed: Default::default(),
-            settled: false,
-            criu_start: procfs::start_time(me).unwrap_or(0),
-            criu_image: procfs::first_mapping(me),
-        }
+    let mut ended = usize::from(root.signal(libc::SIGKILL).is_ok());
+    for (_, fd) in &held {
+        ended += usize::from(criu_plugin::guardian::signal(fd, libc::SIGKILL).is_ok());
     }
-}
-
-/// The children of every thread of `pid`.
-fn children(pid: i32) -> Vec<i32> {
-    let tree = procfs::children(pid);
-    tree.into_iter().filter(|&c| c != pid).collect()
+    ended
 }
 
 impl Duty for EndRestore {
+    fn begin(&mut self, marker: u64) {
+        self.marker = marker;
+    }
+
     fn discover_every(&self) -> Option<Duration> {
         Some(LOOK_EVERY)
     }
 
     fn discover(&mut self, criu: i32, known: &dyn Fn(i32) -> bool) -> Vec<(i32, u64, u32)> {
+        if let Some(root) = self.settled {
+            // Watched until CRIU lets the tree go; then nothing is left to look at.
+            if !self.let_go && procfs::tracer(root) != Some(criu) {
+                self.let_go = true;
+            }
+            return Vec::new();
+        }
         let me = std::process::id() as i32;
         let mut found = Vec::new();
-        let direct = children(criu);
+        let direct = procfs::children(criu);
         // With --restore-sibling the root task is a child of CRIU's parent.
         let parent = procfs::parent(criu).filter(|&p| p > 1);
-        let siblings = parent.map(children).unwrap_or_default();
-        for pid in direct.iter().copied().chain(siblings.iter().copied()) {
+        let siblings = parent.map(procfs::children).unwrap_or_default();
+        for pid in direct.iter().copied().chain(siblings) {
             if pid == me || pid == criu || known(pid) {
                 continue;
             }
             let Some(start) = procfs::start_time(pid) else {
                 continue;
             };
-            if start < self.criu_start {
-                continue;
-            }
-            let forked_by_criu = direct.contains(&pid)
-                || (self.criu_image.is_some() && procfs::first_mapping(pid) == self.criu_image);
-            if forked_by_criu {
+            let ours = if direct.contains(&pid) {
+                start >= self.criu_start
+            } else {
+                self.forked_by_criu(pid)
+            };
+            if ours {
                 found.push((pid, start, END_TREE));
                 self.roots.push(pid);
             }
         }
-        if !self.settled {
-            self.claim_trees();
-        }
+        self.claim_trees();
         found
     }
 
-    fn watched(&mut self, _pid: i32, action: u32) {
+    fn watched(&mut self, pid: i32, action: u32) {
         // The tree has its GPU state back: a dump of it may run from now on (a CRIU that
         // waits for its restored tree keeps this guardian until the tree ends).
         if action & END_IF_STUCK != 0 {
-            self.settled = true;
+            self.settled = Some(pid);
             self.claims.clear();
         }
     }
 
     fn rescue(&mut self, watched: Vec<Watched>) {
-        let mut ended = self.end_unseen_copies(&watched);
+        let mut ended = if self.settled.is_none() {
+            self.end_unseen_forks(&watched)
+        } else {
+            0
+        };
         for root in watched
             .iter()
             .filter(|w| w.action & (END_TREE | END_IF_STUCK) != 0)
         {
-            // Each descendant is held by a pidfd before the first signal, so nothing
-            // reparented meanwhile escapes and no reused pid is hit.
-            let tree = procfs::tree(root.pid);
-            if root.action & END_TREE == 0 && !tree.iter().any(|&p| in_restore(p)) {
+            // A settled tree is ended only if CRIU died before it let the tree go and a task
+            // still waits inside CRIU's restore code.
+            let stuck = || procfs::tree(root.pid).iter().any(|&p| in_restore(p));
+            if root.action & END_TREE == 0 && (self.let_go || !stuck()) {
                 log::info!(
                     "guardian: restored tree of pid {} runs on its own; left running",
                     root.pid
                 );
                 continue;
             }
-            let held: Vec<_> = tree
-                .iter()
-                .skip(1)
-                .filter_map(|&p| criu_plugin::guardian::pidfd(p).ok().map(|fd| (p, fd)))
-                .collect();
-            if root.signal(libc::SIGKILL).is_ok() {
-                ended += 1;
-            }
-            for (_, fd) in &held {
-                if criu_plugin::guardian::signal(fd, libc::SIGKILL).is_ok() {
-                    ended += 1;
-                }
-            }
+            ended += end_tree(root);
         }
         if ended > 0 {
             log::warn!(

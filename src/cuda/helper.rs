@@ -19,7 +19,7 @@ use super::batch::Timed;
 use super::nvml::{self, GpuMemory};
 
 /// The most GPUs or processes one reply may describe.
-const MAX_ITEMS: usize = 4096;
+const MAX_ITEMS: usize = 1 << 16;
 /// The longest message one reply may carry.
 const MAX_TEXT: usize = 4096;
 /// The largest reply accepted from a helper.
@@ -216,13 +216,14 @@ pub struct LockOutcome {
 
 /// Asks for `pid`'s state and, when it runs, locks it with `timeout_ms`, in a helper killed
 /// after `deadline`. The helper calls `announce` just before it asks for the lock (the
-/// guardian learns of the process there: a CRIU killed during the lock is covered).
+/// guardian learns of the process there: a CRIU killed during the lock is covered); when
+/// `announce` says it could not, the process is not locked.
 pub fn state_and_lock(
     driver: &Driver,
     pid: i32,
     timeout_ms: u32,
     deadline: Duration,
-    announce: &dyn Fn(),
+    announce: &dyn Fn() -> bool,
 ) -> Result<LockOutcome, ChildError> {
     let reply = child::run(deadline, MAX_REPLY, || {
         let mut w = Writer::default();
@@ -235,8 +236,14 @@ pub fn state_and_lock(
                     // before the parent's deadline, never after the helper is gone.
                     let spent = t.elapsed().as_millis().min(u128::from(u32::MAX)) as u32;
                     let left = timeout_ms.saturating_sub(spent).max(1);
-                    announce();
-                    w.u8(1).driver_result(&driver.lock(pid, left));
+                    let locked = if announce() {
+                        driver.lock(pid, left)
+                    } else {
+                        Err(DriverError::InvalidArgument(format!(
+                            "pid {pid} is not locked: the guardian that would put it back could not be told of it"
+                        )))
+                    };
+                    w.u8(1).driver_result(&locked);
                 } else {
                     w.u8(0);
                 }
@@ -487,10 +494,6 @@ fn watched_calls(
                     });
                 let _ = tx.send((k, r, t.elapsed()));
                 calls.under_way[k].store(false, Ordering::SeqCst);
-                if !parallel {
-                    continue;
-                }
-                return;
             }
         }
     };
@@ -507,17 +510,18 @@ fn watched_calls(
         1.min(pids.len())
     };
     let mut results: Vec<Option<Timed>> = pids.iter().map(|_| None).collect();
-    for _ in 0..workers {
-        if !spawn(&calls) {
-            // No thread: the calls are made here, one after another, unwatched.
-            return pids
-                .iter()
-                .map(|&pid| {
-                    let t = Instant::now();
-                    (pid, op(pid), t.elapsed())
-                })
-                .collect();
-        }
+    // Each worker takes the next call until none is left; fewer workers than asked for (no
+    // thread to be had) share the calls.
+    let started = (0..workers).take_while(|_| spawn(&calls)).count();
+    if started == 0 && !pids.is_empty() {
+        // No thread at all: the calls are made here, one after another, unwatched.
+        return pids
+            .iter()
+            .map(|&pid| {
+                let t = Instant::now();
+                (pid, op(pid), t.elapsed())
+            })
+            .collect();
     }
     while results.iter().any(Option::is_none) {
         if let Ok((k, r, took)) = rx.recv_timeout(Duration::from_millis(10)) {
@@ -543,9 +547,9 @@ fn watched_calls(
                 ))),
                 began.elapsed(),
             ));
-            // One after another: the stuck call held the only worker.
-            if !parallel && !spawn(&calls) {
-                break;
+            // The stuck call holds its worker for good: another takes the calls left.
+            if calls.next.load(Ordering::SeqCst) < pids.len() {
+                spawn(&calls);
             }
         }
     }

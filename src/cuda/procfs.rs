@@ -101,12 +101,13 @@ pub fn frozen_cgroup(pid: i32) -> Option<String> {
 /// `pid` and all its descendants (through every thread's `children` list), root first.
 pub fn tree(pid: i32) -> Vec<i32> {
     let mut out = vec![pid];
+    let mut seen = std::collections::HashSet::from([pid]);
     let mut i = 0;
     while i < out.len() && out.len() < 1 << 16 {
         let p = out[i];
         i += 1;
         for c in children(p) {
-            if !out.contains(&c) {
+            if seen.insert(c) {
                 out.push(c);
             }
         }
@@ -141,17 +142,6 @@ pub fn blocked_signals(pid: i32) -> Option<u64> {
 /// The parent of `pid`.
 pub fn parent(pid: i32) -> Option<i32> {
     status_field(pid, "PPid:")?.parse().ok()
-}
-
-/// The first line of `/proc/PID/maps` (the lowest mapping, normally the executable's, with
-/// its address): equal for a process and its fork, different for another exec of the same
-/// program (address space layout randomisation).
-pub fn first_mapping(pid: i32) -> Option<String> {
-    let mut text = String::new();
-    std::fs::File::open(format!("/proc/{pid}/maps"))
-        .and_then(|f| f.take(4096).read_to_string(&mut text))
-        .ok()?;
-    text.lines().next().map(str::to_string)
 }
 
 /// Most descriptors and `maps` bytes looked at for NVIDIA devices: a bound on what a hostile

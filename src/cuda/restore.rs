@@ -29,8 +29,9 @@ pub struct RestoreRun {
     image: Option<ImageRestore>,
     /// Kills the tasks CRIU forked should CRIU end before they have their GPU state back.
     guardian: Option<Guardian>,
-    /// Whether `RESUME_DEVICES_LATE` came already.
-    resumed: bool,
+    /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
+    /// first).
+    root: Option<i32>,
 }
 
 /// A restore planned from the image's metadata.
@@ -54,7 +55,7 @@ impl RestoreRun {
         // An image the plugin is not listed in is restored without a guardian: its tasks
         // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
         if listing != InventoryListing::NotListed {
-            run.guardian = Some(spawn_guardian()?);
+            run.guardian = spawn_guardian()?;
         }
         Ok(Some(run))
     }
@@ -74,7 +75,7 @@ impl RestoreRun {
             parallel: settings.parallel,
             image,
             guardian: None,
-            resumed: false,
+            root: None,
         };
         let Some(md) = image::read_metadata()? else {
             // No metadata: an image from CRIU's C plugin, or one without CUDA processes.
@@ -133,8 +134,9 @@ impl RestoreRun {
     /// `RESUME_DEVICES_LATE`: CRIU calls it for the root task first, and the whole tree is
     /// restored then; each process then gets its own answer.
     pub fn resume(&mut self, pid: i32) -> HookResult {
-        let first = !std::mem::replace(&mut self.resumed, true);
-        let answer = self.answer(pid);
+        let first = self.root.is_none();
+        let root = *self.root.get_or_insert(pid);
+        let answer = self.answer(pid, root);
         // The tree has its GPU state back: from now on the guardian ends it only if CRIU
         // ends before it let the tasks go (they would wait inside its restore for good).
         // Released at `exit` alone, which a CRIU that waits for its tree calls when the tree
@@ -153,9 +155,9 @@ impl RestoreRun {
         answer
     }
 
-    fn answer(&mut self, pid: i32) -> HookResult {
+    fn answer(&mut self, pid: i32, root: i32) -> HookResult {
         let Some(image) = &mut self.image else {
-            return resume_one(&self.driver, pid);
+            return resume_one(&self.driver, pid, root);
         };
         let results = match &image.results {
             Some(r) => r,
@@ -187,7 +189,7 @@ impl RestoreRun {
 /// Starts the restore's guardian: should CRIU end before the tasks have their GPU state back,
 /// it kills what CRIU forked. Its pid must not be one the restore needs (CRIU gives the tasks
 /// the image's pids when they share its pid namespace).
-fn spawn_guardian() -> Result<Guardian, Failure> {
+fn spawn_guardian() -> Result<Option<Guardian>, Failure> {
     let wanted: Vec<u32> = image::image_dir()
         .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
         .unwrap_or_default();
@@ -199,7 +201,14 @@ fn spawn_guardian() -> Result<Guardian, Failure> {
             }
             Ok(g) => {
                 log::debug!("cuda: restore guardian {} started", g.pid());
-                return Ok(g);
+                return Ok(Some(g));
+            }
+            // Kernels before 5.3 have no pidfds: the restore runs as before, unguarded.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                log::warn!(
+                    "cuda: this kernel has no pidfd_open ({e}): no guardian, so a restore cut short may leave its tasks behind"
+                );
+                return Ok(None);
             }
             Err(e) => last = Some(e),
         }
@@ -267,15 +276,17 @@ impl ImageRestore {
 
 /// Restore of an image without our metadata (CRIU's C plugin made it, or the inventory does
 /// not list `cuda_plugin`): one process at a time, as the driver finds it ([`settle`]).
-fn resume_one(driver: &Driver, pid: i32) -> HookResult {
+fn resume_one(driver: &Driver, pid: i32, root: i32) -> HookResult {
     let task = settle::Task { pid, record: None };
     match settle::settle(driver, &[task], &[], false).remove(&pid) {
         None => Err(HookError::NotMine),
         Some(Ok(())) => Ok(()),
         // A CUDA process that cannot get its GPU state back must not run on frozen behind a
-        // successful restore (the failure is logged already).
+        // successful restore (the failure is logged already). The whole tree goes: CRIU lets
+        // the tasks asked about before this one run while it detaches, before it finds this
+        // one gone and kills the rest.
         Some(Err(e)) => {
-            end_restored(&[pid], &[pid]);
+            end_restored(&procfs::tree(root), &[pid]);
             Err(e)
         }
     }
@@ -296,7 +307,7 @@ fn unlisted(settings: &CudaSettings) -> Option<RestoreRun> {
         parallel: settings.parallel,
         image: None,
         guardian: None,
-        resumed: false,
+        root: None,
     })
 }
 
