@@ -130,28 +130,41 @@ fn exit_code(pid: i32) -> Option<i64> {
 /// Every process of `w` holds its device memory again and counts, within [`BACK_WITHIN`] of
 /// `since`; then its memory is checked.
 fn assert_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) {
+    let dead = wait_back(f, w, files, since, what);
+    assert!(dead.is_empty(), "{what}: pid(s) {dead:?} died");
+    for &p in &w.pids {
+        w.verify(p);
+    }
+}
+
+/// Waits until every process of `w` holds its device memory again and counts, or has died,
+/// within [`BACK_WITHIN`] of `since`; returns the dead ones.
+fn wait_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) -> Vec<i32> {
+    let mut dead = Vec::new();
     for &p in &w.pids {
         let c0 = w.last_counter(p);
         loop {
+            let state = state_of(p);
+            if matches!(state, None | Some('Z' | 'X')) {
+                dead.push(p);
+                break;
+            }
             let back = f.device_files(p).len() == files
-                && matches!(state_of(p), Some('R' | 'S'))
+                && matches!(state, Some('R' | 'S'))
                 && w.last_counter(p) > c0;
             if back {
                 break;
             }
             assert!(
                 since.elapsed() < BACK_WITHIN,
-                "{what}: pid {p} not running with its GPU state {BACK_WITHIN:?} after CRIU ended (state {:?}, device files {:?}, {:?})",
-                state_of(p),
+                "{what}: pid {p} not running with its GPU state {BACK_WITHIN:?} after CRIU ended (state {state:?}, device files {:?}, {:?})",
                 f.device_files(p),
                 w.tail(p)
             );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    for &p in &w.pids {
-        w.verify(p);
-    }
+    dead
 }
 
 fn workload(f: &Fake) -> Workload {
@@ -233,37 +246,23 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         // CRIU killed while its parasite code runs inside a task ends that task (CRIU's own
         // doing, plain processes too): the task is dead, not frozen, and its survivors must
         // run; the tree is then started anew.
-        let dead: Vec<(i32, Option<i64>)> = w
-            .pids
-            .iter()
-            .filter(|&&p| matches!(state_of(p), None | Some('Z' | 'X')))
-            .map(|&p| (p, exit_code(p)))
-            .collect();
+        let dead = wait_back(&f, &w, files, cut.ended, &what);
         if !dead.is_empty() {
-            eprintln!("{what}: task(s) ended with CRIU (pid, exit code): {dead:?}");
+            let codes: Vec<(i32, Option<i64>)> = dead.iter().map(|&p| (p, exit_code(p))).collect();
+            eprintln!("{what}: task(s) ended with CRIU (pid, exit code): {codes:?}");
             ended_with_criu += 1;
-            let alive = Workload {
-                out: w.out.clone(),
-                pids: w
-                    .pids
-                    .iter()
-                    .copied()
-                    .filter(|p| !dead.iter().any(|d| d.0 == *p))
-                    .collect(),
-                ns_pids: Vec::new(),
-            };
-            let alive = Workload {
-                ns_pids: alive.pids.clone(),
-                ..alive
-            };
-            assert_back(&f, &alive, files, cut.ended, &what);
+            for &p in w.pids.iter().filter(|p| !dead.contains(p)) {
+                w.verify(p);
+            }
             f.e.kill_and_reap(&w.pids);
             f.clear_device_dir();
             w = workload(&f);
             root = w.root().to_string();
             continue;
         }
-        assert_back(&f, &w, files, cut.ended, &what);
+        for &p in &w.pids {
+            w.verify(p);
+        }
     }
     eprintln!(
         "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}; a task ended with CRIU in {ended_with_criu}"
