@@ -21,9 +21,11 @@
 //!   death, leave it running;
 //! - learns of CRIU's end from a pidfd of CRIU's process, which turns readable when it ends,
 //!   whatever ended it;
-//! - closes every descriptor it inherited except character devices (a GPU driver's) and regular
-//!   files (CRIU's log): a runtime waits for EOF on CRIU's pipes and sockets, and a guardian
-//!   holding copies would keep it waiting;
+//! - replaces every descriptor it inherited with `/dev/null`, except character devices that
+//!   are no terminal (a GPU driver's) and regular files (CRIU's log): a runtime waits for EOF
+//!   on CRIU's pipes and sockets (and a user on a terminal), and a guardian holding copies
+//!   would keep them waiting;
+//! - ends itself (`_exit`) on a panic: it must never return into CRIU's code;
 //! - holds every watched process by a pidfd of its own, opened when the watch arrives and
 //!   checked against the start time the plugin gave, so a pid reused by another process is
 //!   never acted on;
@@ -65,7 +67,7 @@ pub trait Duty {
     fn watched(&mut self, _pid: i32, _action: u32) {}
 
     /// CRIU ended without releasing the guardian: undo the plugin's work on each process (all
-    /// still alive and the same processes when this is called).
+    /// still alive and the same processes when this is called; perhaps none).
     fn rescue(&mut self, watched: Vec<Watched>);
 }
 
@@ -86,6 +88,11 @@ impl Watched {
     /// Whether the process is still alive (and so still the process that was watched).
     pub fn alive(&self) -> bool {
         !readable(self.pidfd.as_raw_fd(), 0)
+    }
+
+    /// The pidfd that holds this process.
+    pub fn pidfd(&self) -> &OwnedFd {
+        &self.pidfd
     }
 
     /// Sends `signal` to this very process (through its pidfd: never to a reused pid).
@@ -404,6 +411,7 @@ fn guard(
     // SAFETY: setsid only concerns this new process, which leads no group, so it succeeds.
     unsafe { libc::setsid() };
     let (sock, criu_fd) = keep_only(sock, criu_fd);
+    log::debug!("guardian: watching CRIU (pid {criu})");
     duty.begin(peer_inode.unwrap_or(0));
     let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
     let every = duty.discover_every();
@@ -469,17 +477,23 @@ fn guard(
             next_look = Instant::now() + e;
         }
     }
+    let count = watched.len();
     let alive: Vec<Watched> = std::mem::take(&mut watched)
         .into_values()
         .filter(Watched::alive)
         .collect();
+    log::debug!(
+        "guardian: CRIU (pid {criu}) ended; {count} process(es) watched, {} alive",
+        alive.len()
+    );
     if !alive.is_empty() {
         log::warn!(
             "guardian: CRIU (pid {criu}) ended before its run was done; undoing the plugin's work on {} process(es)",
             alive.len()
         );
-        duty.rescue(alive);
     }
+    // Also with nothing watched: a duty may find what it never got to watch.
+    duty.rescue(alive);
 }
 
 /// After every sender has closed the socket: only CRIU's end (or nothing) remains to wait for.
@@ -550,8 +564,8 @@ fn add(
     );
 }
 
-/// Closes every inherited descriptor but the two given, character devices and regular files;
-/// points 0, 1 and 2 at `/dev/null` unless they are such a file. Returns the two kept.
+/// Points every inherited descriptor at `/dev/null` but the two given, character devices that
+/// are no terminal, and regular files. Returns the two kept.
 fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
     let keep = [sock.as_raw_fd(), criu_fd.as_raw_fd()];
     let mut fds: Vec<RawFd> = Vec::new();
@@ -580,11 +594,13 @@ fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
         if harmless {
             continue;
         }
-        if fd <= 2 && null >= 0 {
-            // SAFETY: dup2 of our own /dev/null over a standard descriptor.
+        // /dev/null in its place, not a hole: a library of CRIU's that still counts on the
+        // number (libcuda's, say) then reaches nothing, rather than whatever is opened next.
+        if null >= 0 {
+            // SAFETY: dup2 of our own /dev/null over an inherited descriptor nobody here uses.
             unsafe { libc::dup2(null, fd) };
         } else {
-            // SAFETY: the descriptor is an inherited copy nobody in this process uses.
+            // SAFETY: as above, closed instead when /dev/null cannot be opened.
             unsafe { libc::close(fd) };
         }
     }

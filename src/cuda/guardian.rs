@@ -73,12 +73,15 @@ fn needs_init(r: &Result<(), DriverError>) -> bool {
     matches!(r, Err(DriverError::Cuda(e)) if e.code == CUresult::NOT_PERMITTED)
 }
 
-/// Whether `pid` still waits inside CRIU's restore code: CRIU's restorer blocks every signal
-/// until the task's own mask comes back with its registers, at the very end; a program that
-/// runs blocks fewer (SIGKILL and SIGSTOP never count).
+/// Whether `pid` still waits inside CRIU's restore code: CRIU blocks every signal in the tasks
+/// it forks, `SIGCHLD` aside, until a task's own mask comes back with its registers at the very
+/// end (seen: `SigBlk` of a task left in CRIU's restorer is `fffffffe7ffafeff`). A program that
+/// runs does not block all of signals 1 to 31 (`SIGKILL` and `SIGSTOP` never count).
 fn in_restore(pid: i32) -> bool {
-    const ALL_BLOCKABLE: u64 = !((1 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)));
-    procfs::blocked_signals(pid).is_some_and(|m| m & ALL_BLOCKABLE == ALL_BLOCKABLE)
+    const STANDARD: u64 = 0x7fff_ffff;
+    let bit = |sig: libc::c_int| 1u64 << (sig - 1);
+    let never = bit(libc::SIGKILL) | bit(libc::SIGSTOP) | bit(libc::SIGCHLD);
+    procfs::blocked_signals(pid).is_some_and(|m| (m | never) & STANDARD == STANDARD)
 }
 
 /// The restore's duty: end every task CRIU forked. It also claims each task it finds
@@ -101,6 +104,9 @@ pub struct EndRestore {
     settled: Option<i32>,
     /// CRIU let the settled tree go (its root is no longer CRIU's tracee): never killed then.
     let_go: bool,
+    /// The pids of the image's tasks (`pstree.img`): where the restore shares CRIU's pid
+    /// namespace, its tasks get exactly these.
+    image_pids: Vec<i32>,
 }
 
 /// How often the restore's guardian looks for the tasks CRIU forked.
@@ -110,10 +116,11 @@ const MAX_CLAIMS: usize = 4096;
 
 impl EndRestore {
     /// The duty for the CRIU this process is.
-    pub fn for_this_criu() -> EndRestore {
+    pub fn for_this_criu(image_pids: Vec<i32>) -> EndRestore {
         let me = std::process::id() as i32;
         EndRestore {
             criu_start: procfs::start_time(me).unwrap_or(0),
+            image_pids,
             ..EndRestore::default()
         }
     }
@@ -143,9 +150,12 @@ impl EndRestore {
         }
     }
 
-    /// Kills the forks of CRIU found after the last look (never watched) that CRIU left
-    /// behind. Each is held by a pidfd before it is checked, so no reused pid is hit.
-    fn end_unseen_forks(&self, watched: &[Watched]) -> usize {
+    /// Kills what CRIU left behind that was never watched (forked after the last look, or
+    /// missed by a guardian that did not get the processor in time): the forks of CRIU that
+    /// still hold the marker socket, and the tasks with the image's pids that started since
+    /// CRIU and still wait inside its restore code. Each is held by a pidfd before it is
+    /// checked, so no reused pid is hit.
+    fn end_unseen(&self, watched: &[Watched]) -> usize {
         let me = std::process::id() as i32;
         let Ok(rd) = std::fs::read_dir("/proc") else {
             return 0;
@@ -161,9 +171,11 @@ impl EndRestore {
             let Ok(fd) = criu_plugin::guardian::pidfd(pid) else {
                 continue;
             };
-            if self.forked_by_criu(pid) && criu_plugin::guardian::signal(&fd, libc::SIGKILL).is_ok()
-            {
-                ended += 1;
+            let restored_here = self.image_pids.contains(&pid)
+                && procfs::start_time(pid).is_some_and(|s| s >= self.criu_start)
+                && in_restore(pid);
+            if restored_here || self.forked_by_criu(pid) {
+                ended += end_tree(pid, &fd);
             }
         }
         ended
@@ -173,9 +185,9 @@ impl EndRestore {
 /// Kills `root` and every descendant of it. Each child is held by a pidfd, then checked to be
 /// still the child of a process held before it, so nothing reparented meanwhile escapes and no
 /// reused pid is hit. Returns how many were signalled.
-fn end_tree(root: &Watched) -> usize {
+fn end_tree(root: i32, root_fd: &std::os::fd::OwnedFd) -> usize {
     let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
-    let mut queue = vec![root.pid];
+    let mut queue = vec![root];
     while let Some(parent) = queue.pop() {
         for c in procfs::children(parent) {
             if held.len() >= 1 << 16 || held.iter().any(|(p, _)| *p == c) {
@@ -190,7 +202,7 @@ fn end_tree(root: &Watched) -> usize {
             }
         }
     }
-    let mut ended = usize::from(root.signal(libc::SIGKILL).is_ok());
+    let mut ended = usize::from(criu_plugin::guardian::signal(root_fd, libc::SIGKILL).is_ok());
     for (_, fd) in &held {
         ended += usize::from(criu_plugin::guardian::signal(fd, libc::SIGKILL).is_ok());
     }
@@ -233,6 +245,7 @@ impl Duty for EndRestore {
                 self.forked_by_criu(pid)
             };
             if ours {
+                log::debug!("guardian: task {pid} of the restore found");
                 found.push((pid, start, END_TREE));
                 self.roots.push(pid);
             }
@@ -251,8 +264,14 @@ impl Duty for EndRestore {
     }
 
     fn rescue(&mut self, watched: Vec<Watched>) {
+        log::debug!(
+            "guardian: restore rescue: {} watched, {} image pid(s), settled {:?}",
+            watched.len(),
+            self.image_pids.len(),
+            self.settled
+        );
         let mut ended = if self.settled.is_none() {
-            self.end_unseen_forks(&watched)
+            self.end_unseen(&watched)
         } else {
             0
         };
@@ -270,7 +289,7 @@ impl Duty for EndRestore {
                 );
                 continue;
             }
-            ended += end_tree(root);
+            ended += end_tree(root.pid, root.pidfd());
         }
         if ended > 0 {
             log::warn!(

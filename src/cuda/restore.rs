@@ -195,7 +195,8 @@ fn spawn_guardian() -> Result<Option<Guardian>, Failure> {
         .unwrap_or_default();
     let mut last = None;
     for _ in 0..8 {
-        match Guardian::spawn(super::guardian::EndRestore::for_this_criu()) {
+        let pids = wanted.iter().map(|&p| p as i32).collect();
+        match Guardian::spawn(super::guardian::EndRestore::for_this_criu(pids)) {
             Ok(g) if wanted.contains(&(g.pid() as u32)) => {
                 g.release();
             }

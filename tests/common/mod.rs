@@ -459,13 +459,22 @@ impl E2e {
     /// Starts `cmd` as a direct child in a session of its own (CRIU then needs no
     /// `--shell-job`) with stdio on /dev/null; returns its pid.
     pub fn spawn_session(&self, mut cmd: Command) -> i32 {
-        // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
-        // which is async-signal-safe and touches no memory of the parent.
+        // SAFETY: the closure runs in the forked child before exec and only calls setsid(2)
+        // and close_range(2), which are async-signal-safe and touch no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Descriptors the test runner inherited (a shell's deleted /dev/null, say) stay
+                // out of the workload: CRIU would dump them as ghost files, whose remaps a CRIU
+                // killed mid-restore leaves behind.
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3u32,
+                    u32::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                );
                 Ok(())
             });
         }
