@@ -209,7 +209,7 @@ impl Workload {
             .arg(&out)
             .args(args)
             .env("FAKE_CUDA_DEVICE_DIR", &f.dev);
-        let root = f.e.spawn_session(cmd);
+        let root = f.e.spawn_session_alone(cmd);
         let mut w = Workload {
             out,
             pids: vec![root],
@@ -253,7 +253,7 @@ impl Workload {
             .arg(&out)
             .args(args)
             .env("FAKE_CUDA_DEVICE_DIR", &f.dev);
-        let unshare = f.e.spawn_session(cmd);
+        let unshare = f.e.spawn_session_alone(cmd);
         let mut root = 0;
         // `comm` is "workload" once setsid(1) has exec'd it.
         wait_until(format!("the workload under unshare {unshare}"), || {

@@ -458,23 +458,34 @@ impl E2e {
 
     /// Starts `cmd` as a direct child in a session of its own (CRIU then needs no
     /// `--shell-job`) with stdio on /dev/null; returns its pid.
-    pub fn spawn_session(&self, mut cmd: Command) -> i32 {
+    pub fn spawn_session(&self, cmd: Command) -> i32 {
+        self.spawn_in_session(cmd, false)
+    }
+
+    /// [`E2e::spawn_session`], and no descriptor of the test runner's beyond stdio reaches the
+    /// program (a shell's deleted /dev/null, say: CRIU would dump it as a ghost file, whose
+    /// remap a CRIU killed in the middle of a restore leaves behind).
+    pub fn spawn_session_alone(&self, cmd: Command) -> i32 {
+        self.spawn_in_session(cmd, true)
+    }
+
+    fn spawn_in_session(&self, mut cmd: Command, alone: bool) -> i32 {
         // SAFETY: the closure runs in the forked child before exec and only calls setsid(2)
         // and close_range(2), which are async-signal-safe and touch no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // Descriptors the test runner inherited (a shell's deleted /dev/null, say) stay
-                // out of the workload: CRIU would dump them as ghost files, whose remaps a CRIU
-                // killed mid-restore leaves behind.
-                libc::syscall(
-                    libc::SYS_close_range,
-                    3u32,
-                    u32::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                );
+                if alone {
+                    // Marked close-on-exec: std's own pipe that reports a failed exec stays.
+                    libc::syscall(
+                        libc::SYS_close_range,
+                        3u32,
+                        u32::MAX,
+                        libc::CLOSE_RANGE_CLOEXEC,
+                    );
+                }
                 Ok(())
             });
         }
