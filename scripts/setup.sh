@@ -31,3 +31,5 @@ for release in 4.2.1 4.3; do
     "$REPO/scripts/install-criu.sh" --release "$release"
 done
 "$REPO/scripts/install-runtimes.sh"
+# Today's runc 1.4 and containerd 2.1 (sid/experimental) in <repo>/.runtimes-2026.
+"$REPO/scripts/install-runtimes-2026.sh"

@@ -292,6 +292,88 @@ fn oci_archive(e: &E2e) -> PathBuf {
     archive
 }
 
+/// Which containerd and runc: Debian 12's (containerd 1.6, config version 2, the shim and runc
+/// from the system's `PATH`), or today's ([`ContainerdBins::v2026`]: containerd 2.x, config
+/// version 3, the shim found beside the daemon, runc named to `ctr run`).
+#[derive(Clone, Debug)]
+pub struct ContainerdBins {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    /// `ctr run --runc-binary`; the shim's `PATH` otherwise.
+    pub runc: Option<PathBuf>,
+    /// First on the daemon's `PATH` (where containerd looks for `containerd-shim-runc-v2`).
+    pub bin_dir: Option<PathBuf>,
+    /// containerd 2.x: configuration `version = 3` and its plugin IDs.
+    pub v2: bool,
+}
+
+/// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/bin/<name>`
+/// (`scripts/install-runtimes-2026.sh`).
+fn tool_2026(var: &str, name: &str) -> PathBuf {
+    let p = std::env::var_os(var).map_or_else(
+        || {
+            Path::new(crate::common::MANIFEST_DIR)
+                .join(".runtimes-2026/bin")
+                .join(name)
+        },
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/install-runtimes-2026.sh (scripts/setup.sh does), set {var}, \
+         or set GPU_PLUGIN_SKIP_E2E=1 to skip the end-to-end tests",
+        p.display()
+    );
+    p
+}
+
+impl ContainerdBins {
+    /// Debian 12's containerd 1.6, ctr and runc 1.1.5.
+    pub fn system() -> ContainerdBins {
+        ContainerdBins {
+            containerd: system_tool("containerd"),
+            ctr: system_tool("ctr"),
+            runc: None,
+            bin_dir: None,
+            v2: false,
+        }
+    }
+
+    /// Today's: containerd 2.x (`CRIU_GPU_TEST_CONTAINERD2`, its shim beside it), its ctr
+    /// (`CRIU_GPU_TEST_CTR2`) and runc 1.4 (`CRIU_GPU_TEST_RUNC2`), by default from
+    /// `<repo>/.runtimes-2026/bin`.
+    pub fn v2026() -> ContainerdBins {
+        let containerd = tool_2026("CRIU_GPU_TEST_CONTAINERD2", "containerd");
+        let bin_dir = containerd.parent().map(Path::to_path_buf);
+        ContainerdBins {
+            ctr: tool_2026("CRIU_GPU_TEST_CTR2", "ctr"),
+            runc: Some(tool_2026("CRIU_GPU_TEST_RUNC2", "runc")),
+            bin_dir,
+            containerd,
+            v2: true,
+        }
+    }
+
+    /// The first line of `PROGRAM --version` (for the test's log).
+    pub fn versions(&self) -> String {
+        let v = |p: &Path| {
+            std::process::Command::new(p)
+                .arg("--version")
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .unwrap_or_else(|e| format!("{}: {e}", p.display()))
+        };
+        let runc = self.runc.clone().unwrap_or_else(|| system_tool("runc"));
+        format!("{}; {}", v(&self.containerd), v(&runc))
+    }
+}
+
 /// A containerd daemon of the test's own: root, state, socket and config in the test's
 /// directory, the CRI plugin off, `/run/containerd` (its shims' sockets) private; its shims
 /// run runc, which runs CRIU, in its mount namespace and with its environment.
@@ -305,6 +387,7 @@ pub struct Containerd<'e> {
     runc_root: PathBuf,
     log: PathBuf,
     ctr: PathBuf,
+    runc: Option<PathBuf>,
     pub cgroup: Cgroup,
     containers: std::cell::RefCell<Vec<String>>,
     /// Holds the socket; removed after the daemon is gone.
@@ -316,6 +399,16 @@ const CTR_NAMESPACE: &str = "criu-gpu-e2e";
 impl<'e> Containerd<'e> {
     /// Starts the daemon with `etc_criu` as its `/etc/criu` and `env` added.
     pub fn start(e: &'e E2e, etc_criu: &Path, env: &[(&str, OsString)]) -> Containerd<'e> {
+        Containerd::start_with(e, etc_criu, env, ContainerdBins::system())
+    }
+
+    /// [`Containerd::start`] of the containerd (and runc) `bins`.
+    pub fn start_with(
+        e: &'e E2e,
+        etc_criu: &Path,
+        env: &[(&str, OsString)],
+        bins: ContainerdBins,
+    ) -> Containerd<'e> {
         let d = e.dir().join("containerd");
         let [root, state, run, opt, runc_root] =
             ["root", "state", "run", "opt", "runc"].map(|s| d.join(s));
@@ -330,10 +423,10 @@ impl<'e> Containerd<'e> {
         std::fs::write(
             &config,
             format!(
-                r#"version = 2
+                r#"version = {version}
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
+disabled_plugins = ["io.containerd.grpc.v1.cri", {cri_v2}"io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp",
   "io.containerd.internal.v1.tracing"]
@@ -348,6 +441,14 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 [plugins."io.containerd.internal.v1.opt"]
   path = "{opt}"
 "#,
+                version = if bins.v2 { 3 } else { 2 },
+                // containerd 2.x splits the CRI into more plugins.
+                cri_v2 = if bins.v2 {
+                    "\"io.containerd.cri.v1.images\", \"io.containerd.cri.v1.runtime\",\n  \
+                     \"io.containerd.podsandbox.controller.v1.podsandbox\", "
+                } else {
+                    ""
+                },
                 root = root.display(),
                 state = state.display(),
                 sock = sock.display(),
@@ -359,11 +460,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
             .bind(etc_criu, "/etc/criu")
             .bind(&run, "/run/containerd");
         let argv: Vec<OsString> = vec![
-            system_tool("containerd").into(),
+            bins.containerd.clone().into(),
             "--config".into(),
             config.into(),
         ];
         let mut cmd = mounts.command(e, e.dir(), &argv);
+        if let Some(dir) = &bins.bin_dir {
+            let path = super::tool_path(e);
+            let dirs = std::iter::once(dir.clone()).chain(std::env::split_paths(&path));
+            cmd.env("PATH", std::env::join_paths(dirs).expect("PATH"));
+        }
         cmd.env_remove("CRIU_GPU_PLUGIN_CONFIG");
         for (k, v) in env {
             cmd.env(k, v);
@@ -386,7 +492,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
             sock,
             runc_root,
             log,
-            ctr: system_tool("ctr"),
+            ctr: bins.ctr,
+            runc: bins.runc,
             cgroup: Cgroup::new(),
             containers: Default::default(),
             _short: short,
@@ -455,6 +562,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
         ]
         .map(String::from)
         .to_vec();
+        if let Some(runc) = &self.runc {
+            args.extend(["--runc-binary".to_string(), runc.display().to_string()]);
+        }
         for env in workload.env() {
             args.extend(["--env".to_string(), env]);
         }
