@@ -309,6 +309,7 @@ pub struct ContainerdBins {
 
 /// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/bin/<name>`
 /// (`scripts/install-runtimes-2026.sh`).
+#[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
 fn tool_2026(var: &str, name: &str) -> PathBuf {
     let p = std::env::var_os(var).map_or_else(
         || {
@@ -342,6 +343,7 @@ impl ContainerdBins {
     /// Today's: containerd 2.x (`CRIU_GPU_TEST_CONTAINERD2`, its shim beside it), its ctr
     /// (`CRIU_GPU_TEST_CTR2`) and runc 1.4 (`CRIU_GPU_TEST_RUNC2`), by default from
     /// `<repo>/.runtimes-2026/bin`.
+    #[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
     pub fn v2026() -> ContainerdBins {
         let containerd = tool_2026("CRIU_GPU_TEST_CONTAINERD2", "containerd");
         let bin_dir = containerd.parent().map(Path::to_path_buf);
@@ -355,6 +357,7 @@ impl ContainerdBins {
     }
 
     /// The first line of `PROGRAM --version` (for the test's log).
+    #[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
     pub fn versions(&self) -> String {
         let v = |p: &Path| {
             std::process::Command::new(p)
