@@ -596,25 +596,7 @@ fn containerd_cycle(test: &str, workload: Workload) {
     }
 
     // The container's checkpoint image (the task keeps running), the container gone, restored.
-    let reference = "localhost/criu-gpu-e2e-checkpoint:1";
-    let low = c.out.mark();
-    c.checkpoint(reference).assert_ok();
-    let high = c.out.mark();
-    c.remove();
-    assert!(!c.exists(), "container {} after its removal", c.name);
-    let killed = c.out.mark();
-    c.restore(reference).assert_ok();
-    let restored = c.running_pid();
-    c.out.assert_resumes_between(low, high, killed);
-    if let Some(files) = files {
-        assert_eq!(c.out.device_files(), files, "device memory not recreated");
-        c.out.verify(restored);
-        let t = transitions(&calls(&e), restored);
-        assert!(
-            t.ends_with(&["restore=0".to_string(), "unlock=0".to_string()]),
-            "driver calls of the restore: {t:?}"
-        );
-    }
+    c.checkpoint_remove_restore("localhost/criu-gpu-e2e-checkpoint:1", files, &calls(&e));
 }
 
 #[test]

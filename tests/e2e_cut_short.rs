@@ -213,6 +213,47 @@ fn wait_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) -
     dead
 }
 
+/// A tree of [`workload`] dumped (and so ended) by CRIU, its images kept for restores.
+struct Dumped {
+    f: Fake,
+    w: Workload,
+    /// Device files each process holds.
+    files: usize,
+    lib: String,
+    root: String,
+    env: Vec<(&'static str, String)>,
+    images: std::path::PathBuf,
+}
+
+fn dumped_tree(test: &str) -> Option<Dumped> {
+    let f = Fake::start(test)?;
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let w = workload(&f);
+    let files = f.device_files(w.root()).len();
+    let lib = lib();
+    let root = w.root().to_string();
+    let env = f.env(&nv, "calls");
+    let images = f.e.images("img");
+    let dump = f.criu(
+        &["dump", "-t", &root, "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env,
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    Some(Dumped {
+        f,
+        w,
+        files,
+        lib,
+        root,
+        env,
+        images,
+    })
+}
+
 fn workload(f: &Fake) -> Workload {
     Workload::start(
         f,
@@ -324,25 +365,18 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
 /// always succeeds.
 #[test]
 fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
-    let Some(f) = Fake::start("cut-restore") else {
+    let Some(Dumped {
+        f,
+        w,
+        files,
+        lib,
+        root: _,
+        env,
+        images,
+    }) = dumped_tree("cut-restore")
+    else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = workload(&f);
-    let files = f.device_files(w.root()).len();
-    let lib = lib();
-    let root = w.root().to_string();
-    let env = f.env(&nv, "calls");
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &env,
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
     let args = ["restore", "-d", "-L", &lib, "-v4"];
     let end_tree = |w: &Workload| {
         for &p in &w.pids {
@@ -534,25 +568,18 @@ fn a_driver_call_that_never_returns_does_not_hang_criu() {
 /// afterwards, or the restore failed and nothing holds the image's pids.
 #[test]
 fn a_dump_racing_a_restore_never_records_the_tree_without_its_gpu_state() {
-    let Some(f) = Fake::start("race-restore") else {
+    let Some(Dumped {
+        f,
+        w,
+        files,
+        lib,
+        root,
+        env,
+        images,
+    }) = dumped_tree("race-restore")
+    else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = workload(&f);
-    let files = f.device_files(w.root()).len();
-    let lib = lib();
-    let root = w.root().to_string();
-    let env = f.env(&nv, "calls");
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &env,
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
     let (mut refused, mut dumped) = (0, 0);
     for (round, delay_ms) in [0u64, 5, 15, 30, 60, 100, 200, 400].into_iter().enumerate() {
         f.clear_device_dir();

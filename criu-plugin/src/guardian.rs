@@ -148,7 +148,7 @@ impl Guardian {
     /// [`Guardian::release`]. The calling process must be single-threaded (module docs).
     pub fn spawn(duty: impl Duty) -> io::Result<Guardian> {
         let criu = std::process::id() as libc::pid_t;
-        let criu_fd = pidfd_open(criu)?;
+        let criu_fd = pidfd(criu)?;
         let mut pair = [0 as libc::c_int; 2];
         // SAFETY: socketpair writes two fds into the valid array.
         if unsafe {
@@ -546,7 +546,7 @@ fn add(
     }
     // The pidfd first, then the start time: if the start time matches, the pidfd is that
     // process's (a pid is not reused while the process it names lives).
-    let Ok(pidfd) = pidfd_open(pid) else {
+    let Ok(pidfd) = pidfd(pid) else {
         return;
     };
     if start_time(pid) != Some(start) {
@@ -646,17 +646,13 @@ pub fn start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// A pidfd of process `pid` (`pidfd_open(2)`, close-on-exec).
-pub fn pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    pidfd_open(pid)
-}
-
 /// Whether the process of pidfd `fd` has ended.
 pub fn ended(fd: &OwnedFd) -> bool {
     readable(fd.as_raw_fd(), 0)
 }
 
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+/// A pidfd of process `pid` (`pidfd_open(2)`, close-on-exec).
+pub fn pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
     if fd < 0 {

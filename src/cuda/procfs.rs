@@ -39,10 +39,7 @@ pub fn ns_pid(pid: i32) -> Option<i32> {
 /// The process's start time (field 22 of `/proc/PID/stat`, clock ticks since boot): with the
 /// pid, it names one process even after its pid is reused.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let text = read_small(Path::new(&format!("/proc/{pid}/stat")))?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    criu_plugin::guardian::start_time(pid)
 }
 
 /// How long ago the process started (clock-tick resolution, 10 ms on most kernels).

@@ -708,4 +708,38 @@ impl CtrContainer<'_> {
             .lines()
             .any(|l| l.trim() == self.name)
     }
+
+    /// The container's checkpoint image `reference` (the task keeps running), the container
+    /// removed, then restored from it: the workload resumes where the checkpoint left it and,
+    /// for a CUDA one (`files`: its device files), has its device memory back, verified, the
+    /// driver's last calls for it (log `calls`) a restore and an unlock.
+    pub fn checkpoint_remove_restore(
+        &self,
+        reference: &str,
+        files: Option<Vec<String>>,
+        calls: &Path,
+    ) {
+        let low = self.out.mark();
+        self.checkpoint(reference).assert_ok();
+        let high = self.out.mark();
+        self.remove();
+        assert!(!self.exists(), "container {} after its removal", self.name);
+        let killed = self.out.mark();
+        self.restore(reference).assert_ok();
+        let restored = self.running_pid();
+        self.out.assert_resumes_between(low, high, killed);
+        if let Some(files) = files {
+            assert_eq!(
+                self.out.device_files(),
+                files,
+                "device memory not recreated"
+            );
+            self.out.verify(restored);
+            let t = super::transitions(calls, restored);
+            assert!(
+                t.ends_with(&["restore=0".to_string(), "unlock=0".to_string()]),
+                "driver calls of the restore: {t:?}"
+            );
+        }
+    }
 }
