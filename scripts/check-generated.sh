@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks that the committed generated code is what its generators make today:
 # kfd-sys/src/bindings.rs (bindgen over the uAPI headers, kfd-sys/gen/regen.sh --check) and
-# src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto, scripts/regen-proto.sh).
+# src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto) and
+# tools/cri-client/src/runtime_v1.rs (prost and tonic over proto/cri/api.proto), both made by
+# scripts/regen-proto.sh.
 # Building the plugin needs neither generator; this check installs bindgen and libclang-dev
 # (Debian packages) when they are missing. Exits non-zero on any drift.
 set -euo pipefail
@@ -20,15 +22,19 @@ fi
 
 kfd-sys/gen/regen.sh --check
 
-generated=src/amdgpu/image/generated.rs
-saved=$(mktemp)
-trap 'cp "$saved" "$generated"; rm -f "$saved"' EXIT
-cp "$generated" "$saved"
+generated=(src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs)
+saved=$(mktemp -d)
+trap 'for f in "${generated[@]}"; do cp "$saved/$(basename "$f")" "$f"; done; rm -rf "$saved"' EXIT
+for f in "${generated[@]}"; do cp "$f" "$saved/$(basename "$f")"; done
 scripts/regen-proto.sh
-if cmp -s "$saved" "$generated"; then
-    echo "[check-generated] $generated is up to date"
-else
-    diff -u "$saved" "$generated" || true
-    echo "[check-generated] $generated differs from a fresh regeneration (run scripts/regen-proto.sh)" >&2
-    exit 1
-fi
+drift=0
+for f in "${generated[@]}"; do
+    if cmp -s "$saved/$(basename "$f")" "$f"; then
+        echo "[check-generated] $f is up to date"
+    else
+        diff -u "$saved/$(basename "$f")" "$f" || true
+        echo "[check-generated] $f differs from a fresh regeneration (run scripts/regen-proto.sh)" >&2
+        drift=1
+    fi
+done
+exit $drift

@@ -33,3 +33,4 @@ done
 "$REPO/scripts/install-runtimes.sh"
 # Today's runc 1.4 and containerd 2.1 (sid/experimental) in <repo>/.runtimes-2026.
 "$REPO/scripts/install-runtimes-2026.sh"
+"$REPO/scripts/install-registry.sh"

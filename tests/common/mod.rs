@@ -157,6 +157,13 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // `CRIU_GPU_TEST_KEEP=1` keeps a failed test's directory for a post-mortem.
+        if std::thread::panicking()
+            && std::env::var_os("CRIU_GPU_TEST_KEEP").is_some_and(|v| v == "1")
+        {
+            eprintln!("kept {}", self.path.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }

@@ -234,7 +234,14 @@ impl PodmanContainer<'_> {
 /// An OCI image layout archive of the shared root file system (one uncompressed layer), for
 /// `ctr image import`.
 fn oci_archive(e: &E2e) -> PathBuf {
-    let dir = e.dir().join("oci-image");
+    oci_archive_of(e, "oci-image", IMAGE, "")
+}
+
+/// An OCI image layout archive `<test dir>/<stem>.tar` of the shared root file system, named
+/// `name`; `config` is added to the image's runtime configuration (JSON members after `Env`,
+/// e.g. `,"Entrypoint":[...]`).
+pub fn oci_archive_of(e: &E2e, stem: &str, name: &str, config: &str) -> PathBuf {
+    let dir = e.dir().join(stem);
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("OCI layout");
     let sha256 = |p: &Path| -> String {
@@ -258,7 +265,7 @@ fn oci_archive(e: &E2e) -> PathBuf {
     std::fs::write(
         &cfg,
         format!(
-            r#"{{"architecture":"amd64","os":"linux","config":{{"Env":["PATH=/bin"]}},"rootfs":{{"type":"layers","diff_ids":["sha256:{ld}"]}}}}"#
+            r#"{{"architecture":"amd64","os":"linux","config":{{"Env":["PATH=/bin"]{config}}},"rootfs":{{"type":"layers","diff_ids":["sha256:{ld}"]}}}}"#
         ),
     )
     .expect("image config");
@@ -275,13 +282,13 @@ fn oci_archive(e: &E2e) -> PathBuf {
     std::fs::write(
         dir.join("index.json"),
         format!(
-            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{md}","size":{ms},"annotations":{{"io.containerd.image.name":"{IMAGE}","org.opencontainers.image.ref.name":"latest"}}}}]}}"#
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{md}","size":{ms},"annotations":{{"io.containerd.image.name":"{name}","org.opencontainers.image.ref.name":"latest"}}}}]}}"#
         ),
     )
     .expect("index");
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
         .expect("oci-layout");
-    let archive = e.dir().join("oci-image.tar");
+    let archive = e.dir().join(format!("{stem}.tar"));
     let mut cmd = e.command(Path::new("tar"));
     cmd.arg("-C")
         .arg(&dir)
@@ -412,7 +419,21 @@ impl<'e> Containerd<'e> {
         env: &[(&str, OsString)],
         bins: ContainerdBins,
     ) -> Containerd<'e> {
-        let d = e.dir().join("containerd");
+        Containerd::start_node(e, "containerd", etc_criu, env, bins, None)
+    }
+
+    /// A daemon with its state in `<test dir>/<node>`; `cri` (containerd 2.x only) turns its
+    /// CRI on: the TOML of the CRI's plugins, given the node's directory (see
+    /// `containers_support::cri`).
+    pub fn start_node(
+        e: &'e E2e,
+        node: &str,
+        etc_criu: &Path,
+        env: &[(&str, OsString)],
+        bins: ContainerdBins,
+        cri: Option<&dyn Fn(&Path) -> String>,
+    ) -> Containerd<'e> {
+        let d = e.dir().join(node);
         let [root, state, run, opt, runc_root] =
             ["root", "state", "run", "opt", "runc"].map(|s| d.join(s));
         for p in [&root, &state, &run, &opt, &runc_root] {
@@ -429,7 +450,7 @@ impl<'e> Containerd<'e> {
                 r#"version = {version}
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", {cri_v2}"io.containerd.snapshotter.v1.btrfs",
+disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp",
   "io.containerd.internal.v1.tracing"]
@@ -443,15 +464,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", {cri_v2}"io.containerd.snapshot
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{opt}"
-"#,
+{cri_on}"#,
                 version = if bins.v2 { 3 } else { 2 },
                 // containerd 2.x splits the CRI into more plugins.
-                cri_v2 = if bins.v2 {
-                    "\"io.containerd.cri.v1.images\", \"io.containerd.cri.v1.runtime\",\n  \
-                     \"io.containerd.podsandbox.controller.v1.podsandbox\", "
-                } else {
-                    ""
+                cri_off = match (cri.is_some(), bins.v2) {
+                    (true, _) => "",
+                    (false, true) => {
+                        "\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.images\", \
+                         \"io.containerd.cri.v1.runtime\",\n  \
+                         \"io.containerd.podsandbox.controller.v1.podsandbox\", "
+                    }
+                    (false, false) => "\"io.containerd.grpc.v1.cri\", ",
                 },
+                cri_on = cri.map(|f| f(&d)).unwrap_or_default(),
                 root = root.display(),
                 state = state.display(),
                 sock = sock.display(),
@@ -517,13 +542,30 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", {cri_v2}"io.containerd.snapshot
         self.exec(args, false)
     }
 
+    /// The daemon's gRPC socket (its CRI's too).
+    pub fn socket(&self) -> &Path {
+        &self.sock
+    }
+
+
+
+    /// `ctr` in containerd namespace `ns` (the CRI's is `k8s.io`).
+    #[allow(dead_code)] // Used by tests/e2e_cri.rs only.
+    pub fn ctr_in(&self, ns: &str, args: &[&str]) -> ToolRun {
+        self.exec_in(ns, args, false)
+    }
+
     fn exec(&self, args: &[&str], cleanup: bool) -> ToolRun {
+        self.exec_in(CTR_NAMESPACE, args, cleanup)
+    }
+
+    fn exec_in(&self, ns: &str, args: &[&str], cleanup: bool) -> ToolRun {
         let mut argv: Vec<OsString> = vec![
             self.ctr.clone().into(),
             "--address".into(),
             self.sock.clone().into(),
             "--namespace".into(),
-            CTR_NAMESPACE.into(),
+            ns.into(),
         ];
         argv.extend(args.iter().map(OsString::from));
         let what = describe(&argv);

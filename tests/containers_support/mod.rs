@@ -11,6 +11,9 @@
 //!   here once its runtime command exits. [`run_tool`] therefore reaps every child while it
 //!   waits for one, and nothing here waits through `std::process::Child`.
 
+// Used by tests/e2e_cri.rs only; every test binary compiles this module.
+#[allow(dead_code)]
+pub mod cri;
 pub mod engines;
 pub mod oci;
 
