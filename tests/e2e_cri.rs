@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use common::{CriuRun, E2e, plugin_libdir, wait_until};
 use containers_support::cri::{
-    CriContainer, CriNode, Images, Registry, archive_member, archive_members, push_images,
+    CriContainer, CriNode, Images, Registry, archive_member, archive_members,
+    push_checkpoint_image, push_images,
 };
 use containers_support::engines::ContainerdBins;
 use containers_support::{
@@ -416,4 +417,61 @@ fn cri_containerd21_runc14_checkpoint_timeout() {
     assert_archive(&e, &archive, workload, pid);
     let image = archive.to_str().expect("UTF-8 path");
     restore_from(&n, &pod, "w-restored", image, &c, (low, high), Some(&files));
+}
+
+/// The migration of the seeds' demo, as on a cluster: checkpoint on node A, the archive turned
+/// into an OCI image (buildah) and pushed to the registry, the container gone from node A,
+/// and on node B (a second containerd: own root, state, socket) a new pod whose container's
+/// image is the checkpoint image restores the workload (PullImage, CreateContainer,
+/// StartContainer), with its GPU state. Then the same from the archive copied to node B.
+#[test]
+fn cri_containerd21_migration_to_node_b() {
+    let workload = CUDA;
+    let Some(e) = start("cri-migration", workload) else {
+        return;
+    };
+    let registry = Registry::start(&e);
+    let a = node(
+        &e,
+        "node-a",
+        workload,
+        ContainerdBins::v2026(),
+        &registry,
+        true,
+    );
+    let b = node(
+        &e,
+        "node-b",
+        workload,
+        ContainerdBins::v2026(),
+        &registry,
+        false,
+    );
+    let pod_a = a.run_pod("pod-a");
+    let c = a.start_container(&pod_a, "w", workload);
+    let pid = c.running_pid();
+    let files = c.out.device_files();
+
+    let archive = e.dir().join("checkpoint-w.tar");
+    let low = c.out.mark();
+    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
+        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", a.log_tail()));
+    let high = c.out.mark();
+    assert_archive(&e, &archive, workload, pid);
+    let reference = push_checkpoint_image(&e, &archive, "w", &registry);
+    eprintln!("checkpoint image: {reference}");
+
+    // Node B: the image pulled as any image is, then a container created from it.
+    let pod_b = b.run_pod("pod-b");
+    b.cri
+        .pull_image(&reference, &pod_b.1)
+        .unwrap_or_else(|err| panic!("PullImage {reference}: {err}\n{}", b.log_tail()));
+    let r = restore_from(&b, &pod_b, "w", &reference, &c, (low, high), Some(&files));
+
+    // And from the archive itself, copied to node B's disk.
+    let copied = e.dir().join("node-b-checkpoint.tar");
+    std::fs::copy(&archive, &copied).expect("copy the archive");
+    let image = copied.to_str().expect("UTF-8 path");
+    let pod_b2 = b.run_pod("pod-b2");
+    restore_from(&b, &pod_b2, "w", image, &r, (low, high), Some(&files));
 }

@@ -510,3 +510,89 @@ pub fn wait_pid_gone(pid: i32) {
         !common::exists(pid)
     });
 }
+
+/// The annotation by which containerd 2.x (and CRI-O, under its own name) recognises a
+/// checkpoint image: the name of the checkpointed container.
+pub const CHECKPOINT_ANNOTATIONS: [&str; 2] = [
+    "org.criu.checkpoint.container.name",
+    "io.kubernetes.cri-o.annotations.checkpoint.name",
+];
+
+/// Turns the CRI checkpoint `archive` of container `container` into an OCI image and pushes
+/// it to `registry` as `<registry>/criu-gpu-e2e/checkpoint-<container>:1`, the way the
+/// Kubernetes documentation does it with buildah (`from scratch`, `add` the archive, the
+/// checkpoint annotation, `commit`, `push`). buildah is `CRIU_GPU_TEST_BUILDAH2`, else
+/// `<repo>/.runtimes-2026/bin/buildah`; its storage (vfs) is in the test's directory.
+pub fn push_checkpoint_image(
+    e: &E2e,
+    archive: &Path,
+    container: &str,
+    registry: &Registry,
+) -> String {
+    let buildah = super::engines::tool_2026("CRIU_GPU_TEST_BUILDAH2", "bin/buildah");
+    let d = e.dir().join("buildah");
+    let [root, runroot, varlib] = ["root", "run", "var-lib-containers"].map(|s| d.join(s));
+    for p in [&root, &runroot, &varlib] {
+        std::fs::create_dir_all(p).expect("buildah directory");
+    }
+    let policy = d.join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+    )
+    .expect("policy.json");
+    // buildah looks for netavark even when it runs nothing: the prefix's.
+    let prefix = buildah
+        .parent()
+        .and_then(Path::parent)
+        .expect("<prefix>/bin/buildah");
+    let conf = d.join("containers.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[engine]\nhelper_binaries_dir = [\"{}\"]\n[network]\nnetwork_backend = \"netavark\"\n",
+            prefix.join("usr/lib/podman").display()
+        ),
+    )
+    .expect("containers.conf");
+    let mounts = super::PrivateMounts::new().bind(&varlib, "/var/lib/containers");
+    let reference = format!("{}/criu-gpu-e2e/checkpoint-{container}:1", registry.host);
+    let run = |args: &[&str]| -> String {
+        let mut argv: Vec<OsString> = vec![
+            buildah.clone().into(),
+            "--root".into(),
+            root.clone().into(),
+            "--runroot".into(),
+            runroot.clone().into(),
+            "--storage-driver".into(),
+            "vfs".into(),
+        ];
+        argv.extend(args.iter().map(OsString::from));
+        let what = super::describe(&argv);
+        let mut cmd = mounts.command(e, e.dir(), &argv);
+        cmd.env("TMPDIR", e.dir()).env("CONTAINERS_CONF", &conf);
+        let r = super::run_tool(e.dir(), cmd, &what);
+        r.assert_ok();
+        r.stdout.trim().to_string()
+    };
+    let policy = policy.to_str().expect("UTF-8 path");
+    let ctr = run(&["from", "--signature-policy", policy, "scratch"]);
+    run(&["add", &ctr, archive.to_str().expect("UTF-8 path"), "/"]);
+    let mut config = vec!["config".to_string()];
+    for a in CHECKPOINT_ANNOTATIONS {
+        config.push(format!("--annotation={a}={container}"));
+    }
+    config.push(ctr.clone());
+    run(&config.iter().map(String::as_str).collect::<Vec<_>>());
+    let image = format!("localhost/criu-gpu-e2e-checkpoint-{container}:1");
+    run(&["commit", "--signature-policy", policy, &ctr, &image]);
+    run(&[
+        "push",
+        "--signature-policy",
+        policy,
+        "--tls-verify=false",
+        &image,
+        &format!("docker://{reference}"),
+    ]);
+    reference
+}

@@ -317,7 +317,7 @@ pub struct ContainerdBins {
 /// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/bin/<name>`
 /// (`scripts/install-runtimes-2026.sh`).
 #[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
-fn tool_2026(var: &str, name: &str) -> PathBuf {
+pub fn tool_2026(var: &str, name: &str) -> PathBuf {
     let p = std::env::var_os(var).map_or_else(
         || {
             Path::new(crate::common::MANIFEST_DIR)
@@ -546,8 +546,6 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
     pub fn socket(&self) -> &Path {
         &self.sock
     }
-
-
 
     /// `ctr` in containerd namespace `ns` (the CRI's is `k8s.io`).
     #[allow(dead_code)] // Used by tests/e2e_cri.rs only.
