@@ -14,6 +14,12 @@
 #                                   with its memory verified (tests/gpu/kill_check.py); with
 #                                   .gpu-carry/cuda_plugin.so and .gpu-carry/bin/cuda-checkpoint
 #                                   (scripts/gpu-carry.sh) CRIU's C plugin is counted beside it
+#   scripts/gpu-check.sh --cri [ARGS]   the Kubernetes path: containerd 2.1's CRI with runc 1.4 checkpoints
+#                                   a pod's CUDA container (1 GiB) and a PyTorch loop, restores each in
+#                                   a new pod, verified bit for bit, timed beside `runc checkpoint`
+#                                   (tests/gpu/cri_check.py); the plugin from /usr/lib/criu of a
+#                                   private mount namespace; needs .gpu-cri (scripts/gpu-carry-cri.sh)
+#                                   and CRIU 4.2 or newer (CRIU=.criu-4.3/bin/criu)
 #   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
 #                                   ones: postfail,mapopt,mapmissing)
 # The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
@@ -44,6 +50,17 @@ if [ "${1:-}" = --containers ]; then
     # Later options win: ARGS can replace these defaults.
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/container_check.py --criu "$CRIU" --plugin "$PLUGIN" \
         --work "$WORK/containers" --out "$LOGS/containers/results.json" "$@"
+fi
+if [ "${1:-}" = --cri ]; then
+    shift
+    [ -f .gpu-cri/runtimes.tar.xz ] || { echo "no .gpu-cri: run scripts/gpu-carry-cri.sh and carry it" >&2; exit 1; }
+    rt=$(cat .gpu-cri/PREFIX)
+    # The runtimes at the absolute paths they were patched for.
+    [ -x "$rt/usr/sbin/runc" ] || xz -dc .gpu-cri/runtimes.tar.xz | tar -C / -xf -
+    registry=$(dirname "$rt")/.registry/bin/registry
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/cri_check.py --criu "$CRIU" --plugin .gpu-cri/gpu_plugin.so \
+        --containerd-bin "$rt/usr/bin" --runc "$rt/usr/sbin/runc" --registry "$registry" \
+        --cri-client .gpu-cri/cri-client --busybox .gpu-cri/busybox --out "$LOGS/cri/results.json" "$@"
 fi
 if [ "${1:-}" = --kills ]; then
     shift

@@ -311,20 +311,7 @@ impl<'e> CriNode<'e> {
                 ..Default::default()
             }],
             log_path: format!("{name}.log"),
-            // The kubelet repeats the pod's namespace modes for each container: its own pid
-            // namespace (the workload is its pid 1), the host's network.
-            linux: Some(v1::LinuxContainerConfig {
-                security_context: Some(v1::LinuxContainerSecurityContext {
-                    namespace_options: Some(v1::NamespaceOption {
-                        network: v1::NamespaceMode::Node as i32,
-                        pid: v1::NamespaceMode::Container as i32,
-                        ipc: v1::NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            linux: Some(cri_client::pod_container_linux()),
             ..Default::default()
         }
     }

@@ -325,6 +325,24 @@ pub fn host_network_pod(
     }
 }
 
+/// The Linux part of a container's configuration in a pod of [`host_network_pod`]: the pod's
+/// namespace modes repeated, as the kubelet does for each container (its own pid namespace,
+/// so its first process is its pid 1; the host's network).
+pub fn pod_container_linux() -> v1::LinuxContainerConfig {
+    v1::LinuxContainerConfig {
+        security_context: Some(v1::LinuxContainerSecurityContext {
+            namespace_options: Some(v1::NamespaceOption {
+                network: v1::NamespaceMode::Node as i32,
+                pid: v1::NamespaceMode::Container as i32,
+                ipc: v1::NamespaceMode::Pod as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The `pid` the runtime reports in a verbose `ContainerStatus`'s `info` (containerd: the
 /// `"pid": N` of its JSON), if it reports one.
 pub fn status_pid(status: &v1::ContainerStatusResponse) -> Option<i32> {

@@ -36,8 +36,8 @@ struct Cli {
 #[derive(clap::Args)]
 struct Pod {
     /// The pod's name (also its uid).
-    #[arg(long = "pod-name")]
-    name: String,
+    #[arg(long)]
+    pod_name: String,
     /// Where the runtime writes the pod's container logs.
     #[arg(long)]
     log_dir: PathBuf,
@@ -48,7 +48,12 @@ struct Pod {
 
 impl Pod {
     fn config(&self) -> v1::PodSandboxConfig {
-        cri_client::host_network_pod(&self.name, &self.name, &self.log_dir, &self.cgroup_parent)
+        cri_client::host_network_pod(
+            &self.pod_name,
+            &self.pod_name,
+            &self.log_dir,
+            &self.cgroup_parent,
+        )
     }
 }
 
@@ -154,8 +159,13 @@ fn run(cli: Cli) -> Result<(), String> {
             args,
         } => {
             let mut config = v1::ContainerConfig {
-                metadata: Some(v1::ContainerMetadata { name, attempt: 0 }),
+                metadata: Some(v1::ContainerMetadata {
+                    name: name.clone(),
+                    attempt: 0,
+                }),
                 image: Some(cri_client::image_spec(&image)),
+                log_path: format!("{name}.log"),
+                linux: Some(cri_client::pod_container_linux()),
                 args,
                 ..Default::default()
             };
