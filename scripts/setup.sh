@@ -31,6 +31,7 @@ for release in 4.2.1 4.3; do
     "$REPO/scripts/install-criu.sh" --release "$release"
 done
 "$REPO/scripts/install-runtimes.sh"
-# Today's runc 1.4 and containerd 2.1 (sid/experimental) in <repo>/.runtimes-2026.
+# Today's runtimes (runc 1.4 and 1.3, containerd 2.1, crun 1.28, Podman 5.8, docker 28.5, buildah,
+# skopeo, checkpointctl; sid/experimental) in <repo>/.runtimes-2026.
 "$REPO/scripts/install-runtimes-2026.sh"
 "$REPO/scripts/install-registry.sh"

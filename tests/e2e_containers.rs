@@ -28,6 +28,8 @@
 //! that variable it does nothing.
 
 mod common;
+// Some of the harness serves tests/e2e_containers_2026.rs only.
+#[allow(dead_code)]
 mod containers_support;
 
 use std::ffi::OsString;
@@ -38,9 +40,8 @@ use common::{E2e, plugin_libdir};
 use containers_support::engines::{Containerd, Podman};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::{
-    CUDA, Output, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_loaded,
-    assert_plugin_restored, fake_cuda_env, private_tool, run_tool, tool_path, transitions,
-    wait_gone, write_settings,
+    CUDA, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_loaded, cycles,
+    fake_cuda_env, private_tool, transitions, write_settings,
 };
 
 /// How CRIU, started by the runtime, finds the plugin.
@@ -146,54 +147,13 @@ fn calls(e: &E2e) -> PathBuf {
     e.dir().join("cuda-calls")
 }
 
-/// Device files of a running CUDA workload: its 4 KiB counter and its 8 MiB of memory.
-fn device_memory(out: &Output) -> Vec<String> {
-    let files = out.device_files();
-    assert_eq!(files.len(), 2, "counter + one chunk: {files:?}");
-    files
-}
-
 // ---- runc and crun ------------------------------------------------------------------------
 
 /// Checkpoint (the container goes), restore, the workload goes on where it was.
 fn oci_cycle(e: &E2e, kind: Oci, reach: Reach, workload: Workload, name: &str) {
     let s = setup(e, reach, workload, "");
     let rt = oci_runtime(e, kind, &s);
-    let c = rt.start(name, workload, &s.annotations, None);
-    let pid = c.pid();
-    let files = workload.is_cuda().then(|| device_memory(&c.out));
-    let images = e.images(&format!("{name}-img"));
-
-    let dump = c.checkpoint(&images, &e.dir().join(format!("{name}-dump")), false);
-    assert_plugin_dumped(e, &dump, workload, pid);
-    c.assert_gone(pid);
-    if workload.is_cuda() {
-        assert!(
-            c.out.device_files().is_empty(),
-            "the checkpoint left device memory: {:?}",
-            c.out.device_files()
-        );
-        assert_eq!(
-            transitions(&calls(e), pid),
-            ["lock=0", "checkpoint=0"],
-            "driver calls of the dump"
-        );
-    }
-    let mark = c.out.mark();
-
-    let restore = c.restore(&images, &e.dir().join(format!("{name}-restore")));
-    assert_plugin_restored(e, &restore, workload);
-    let restored = c.pid();
-    c.out.assert_continues(mark);
-    if let Some(files) = files {
-        assert_eq!(c.out.device_files(), files, "device memory not recreated");
-        assert_eq!(
-            transitions(&calls(e), restored),
-            ["restore=0", "unlock=0"],
-            "driver calls of the restore"
-        );
-        c.out.verify(restored);
-    }
+    cycles::oci_checkpoint_restore(e, &rt, workload, &s.annotations, name, &calls(e), &|_| {});
 }
 
 fn oci_test(test: &str, kind: Oci, reach: Reach, workload: Workload) {
@@ -210,36 +170,7 @@ fn oci_leave_running(test: &str, kind: Oci, workload: Workload) {
     };
     let s = setup(&e, own_reach(kind), workload, "");
     let rt = oci_runtime(&e, kind, &s);
-    let c = rt.start("c", workload, &s.annotations, None);
-    let pid = c.pid();
-    let files = workload.is_cuda().then(|| device_memory(&c.out));
-    let images = e.images("img");
-
-    let low = c.out.mark();
-    let dump = c.checkpoint(&images, &e.dir().join("dump"), true);
-    let high = c.out.mark();
-    assert_plugin_dumped(&e, &dump, workload, pid);
-    assert_eq!(c.pid(), pid, "the container after --leave-running");
-    c.out.wait_counting(3);
-    if let Some(files) = &files {
-        assert_eq!(&c.out.device_files(), files, "device memory not given back");
-        assert_eq!(
-            transitions(&calls(&e), pid),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "driver calls of the dump"
-        );
-        c.out.verify(pid);
-    }
-
-    c.remove();
-    let killed = c.out.mark();
-    let restore = c.restore(&images, &e.dir().join("restore"));
-    assert_plugin_restored(&e, &restore, workload);
-    c.out.assert_resumes_between(low, high, killed);
-    if let Some(files) = files {
-        assert_eq!(c.out.device_files(), files, "device memory not recreated");
-        c.out.verify(c.pid());
-    }
+    cycles::oci_leave_running_restore(&e, &rt, workload, &s.annotations, &calls(&e), &|_| {});
 }
 
 /// A checkpoint that fails leaves the container running: for the counter, an external unix
@@ -264,7 +195,7 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
     };
     let c = rt.start("c", workload, &s.annotations, peer.map(Into::into));
     let pid = c.pid();
-    let files = workload.is_cuda().then(|| device_memory(&c.out));
+    let files = workload.is_cuda().then(|| cycles::device_memory(&c.out));
     if workload.is_cuda() {
         assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
         c.out.wait_line("hold begin");
@@ -477,29 +408,6 @@ fn runc_installed_plugin() {
 
 // ---- Podman -------------------------------------------------------------------------------
 
-/// `checkpointctl show` and `inspect --ps-tree` read the exported archive.
-fn assert_checkpointctl_reads(e: &E2e, archive: &Path, name: &str, process: &str) {
-    let run = |args: &[&str]| {
-        let mut cmd = e.command(&private_tool("checkpointctl"));
-        cmd.args(args)
-            .arg(archive)
-            .env("PATH", tool_path(e))
-            .env("TMPDIR", e.dir());
-        let r = run_tool(e.dir(), cmd, &format!("checkpointctl {}", args.join(" ")));
-        r.assert_ok();
-        r.stdout
-    };
-    let show = run(&["show"]);
-    for want in [name, "runc", "Podman"] {
-        assert!(show.contains(want), "checkpointctl show: no {want}: {show}");
-    }
-    let tree = run(&["inspect", "--ps-tree"]);
-    assert!(
-        tree.contains(&format!("[1]  {process}")),
-        "checkpointctl inspect --ps-tree: no {process} as pid 1: {tree}"
-    );
-}
-
 fn podman_cycle(test: &str, workload: Workload) {
     let Some(e) = E2e::start(test) else {
         return;
@@ -508,35 +416,7 @@ fn podman_cycle(test: &str, workload: Workload) {
     // since Podman need not pass its environment on.
     let s = setup(&e, Reach::RuncConf, workload, "");
     let pm = Podman::new(&e, &s.etc_criu);
-    pm.import_image();
-    let c = pm.start("c", workload);
-    let pid = c.pid();
-    let files = workload.is_cuda().then(|| device_memory(&c.out));
-    let archive = e.dir().join("checkpoint.tar.gz");
-
-    let dump = c.checkpoint_export(&archive);
-    assert_plugin_dumped(&e, &dump, workload, pid);
-    wait_gone(pid, "the checkpointed container's init");
-    if workload.is_cuda() {
-        assert!(
-            c.out.device_files().is_empty(),
-            "the checkpoint left device memory"
-        );
-    }
-    let process = if workload.is_cuda() { "workload" } else { "sh" };
-    assert_checkpointctl_reads(&e, &archive, &c.name, process);
-    c.rm();
-    assert!(!c.exists(), "container {} after podman rm", c.name);
-    let mark = c.out.mark();
-
-    let restore = c.restore_import(&archive);
-    assert_plugin_restored(&e, &restore, workload);
-    let restored = c.pid();
-    c.out.assert_continues(mark);
-    if let Some(files) = files {
-        assert_eq!(c.out.device_files(), files, "device memory not recreated");
-        c.out.verify(restored);
-    }
+    cycles::podman_export_import(&e, &pm, workload, &private_tool("checkpointctl"));
 }
 
 #[test]
@@ -560,7 +440,7 @@ fn containerd_cycle(test: &str, workload: Workload) {
     cd.import_image();
     let c = cd.start_container("c", workload);
     let pid = c.running_pid();
-    let files = workload.is_cuda().then(|| device_memory(&c.out));
+    let files = workload.is_cuda().then(|| cycles::device_memory(&c.out));
 
     // `ctr task checkpoint` keeps CRIU's log (in its work path) and leaves the task running.
     let dump = c.task_checkpoint(&e.images("task-img"), &e.dir().join("task-dump"));

@@ -120,6 +120,22 @@ fn criu_version(criu: &Path) -> Option<(u32, u32)> {
 
 // ---- directories --------------------------------------------------------------------------
 
+/// Set, to the pid of the test process outside, in the environment of a test run again as pid
+/// 1 of a pid namespace of its own (`tests/containers_support/pidns.rs`).
+pub const OUTER_PID_VAR: &str = "CRIU_GPU_TEST_OUTER_PID";
+
+/// What names this test process's directories and cgroups: its pid, or, in a run as pid 1 of a
+/// pid namespace of its own, `<pid of the test process outside>-pidns` (that process waits for
+/// this one), so that names stay unique on the machine and other test processes, which sweep
+/// directories of dead pids, see a live owner.
+pub fn owner_tag() -> String {
+    let own = std::process::id();
+    match std::env::var(OUTER_PID_VAR) {
+        Ok(outer) if own == 1 && outer.parse::<u32>().is_ok() => format!("{outer}-pidns"),
+        _ => own.to_string(),
+    }
+}
+
 /// A directory removed (with everything in it) on drop.
 pub struct TempDir {
     path: PathBuf,
@@ -132,7 +148,7 @@ impl TempDir {
         sweep_stale(base);
         let path = base.join(format!(
             "{DIR_PREFIX}{}-{stem}-{}",
-            std::process::id(),
+            owner_tag(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&path);
@@ -169,8 +185,12 @@ impl Drop for TempDir {
 }
 
 /// Removes directories that earlier test processes, now gone, left under `base` (a run killed
-/// before its guards ran).
+/// before its guards ran). Not in a pid namespace of the test's own: the owners of the others'
+/// directories are not visible there.
 fn sweep_stale(base: &Path) {
+    if std::process::id() == 1 {
+        return;
+    }
     static SWEPT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
     let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
     if !swept
@@ -205,7 +225,7 @@ pub fn build_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let base = Path::new(TARGET_TMPDIR);
         sweep_stale(base);
-        let dir = base.join(format!("{DIR_PREFIX}{}-build", std::process::id()));
+        let dir = base.join(format!("{DIR_PREFIX}{}-build", owner_tag()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("build directory");
         extern "C" fn remove_build_dir() {

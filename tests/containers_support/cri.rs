@@ -516,7 +516,7 @@ pub fn push_checkpoint_image(
     container: &str,
     registry: &Registry,
 ) -> String {
-    let buildah = super::engines::tool_2026("CRIU_GPU_TEST_BUILDAH2", "bin/buildah");
+    let buildah = super::tool_2026("CRIU_GPU_TEST_BUILDAH2", "bin/buildah");
     let d = e.dir().join("buildah");
     let [root, runroot, varlib] = ["root", "run", "var-lib-containers"].map(|s| d.join(s));
     for p in [&root, &runroot, &varlib] {

@@ -17,9 +17,58 @@ pub const IMAGE: &str = "localhost/criu-gpu-e2e:latest";
 
 // ---- Podman -------------------------------------------------------------------------------
 
-/// Podman 4.3 with runc, cgroupfs and file events (no systemd here), its storage (vfs), run
-/// and tmp directories, runc's state and its image cache directory (`/var/lib/containers`,
-/// which `--root` does not move) in the test's directory.
+/// Which Podman, conmon and OCI runtime: Debian 12's (Podman 4.3 with its conmon and runc from
+/// the system), or today's ([`PodmanBins::v2026`]).
+#[derive(Clone, Debug)]
+pub struct PodmanBins {
+    pub podman: PathBuf,
+    /// `--conmon`; Podman's own choice (the system's) otherwise.
+    pub conmon: Option<PathBuf>,
+    /// `--runtime`: a name Podman looks up, or a path.
+    pub runtime: PathBuf,
+    /// A prefix whose `etc/containers`, `usr/share/containers` (containers-common's
+    /// configuration) and `usr/lib/podman` (netavark) the commands see in the system's places.
+    pub prefix: Option<PathBuf>,
+}
+
+impl PodmanBins {
+    /// Debian 12's Podman 4.3 with runc 1.1.
+    pub fn system() -> PodmanBins {
+        PodmanBins {
+            podman: system_tool("podman"),
+            conmon: None,
+            runtime: "runc".into(),
+            prefix: None,
+        }
+    }
+
+    /// Today's: Podman 5.8 (`CRIU_GPU_TEST_PODMAN2`) with conmon (`CRIU_GPU_TEST_CONMON2`) and
+    /// the containers configuration and netavark of `<repo>/.runtimes-2026`, running `runtime`.
+    pub fn v2026(runtime: PathBuf) -> PodmanBins {
+        PodmanBins {
+            podman: super::tool_2026("CRIU_GPU_TEST_PODMAN2", "bin/podman"),
+            conmon: Some(super::tool_2026("CRIU_GPU_TEST_CONMON2", "bin/conmon")),
+            runtime,
+            prefix: Some(Path::new(crate::common::MANIFEST_DIR).join(".runtimes-2026")),
+        }
+    }
+
+    /// The first line of `--version` of Podman, conmon and the runtime (for the test's log).
+    pub fn versions(&self) -> String {
+        let mut v = vec![super::version_line(&self.podman)];
+        if let Some(c) = &self.conmon {
+            v.push(super::version_line(c));
+        }
+        if self.runtime.is_absolute() {
+            v.push(super::version_line(&self.runtime));
+        }
+        v.join("; ")
+    }
+}
+
+/// Podman with runc, cgroupfs and file events (no systemd here), its storage (vfs), run and tmp
+/// directories, runc's state and its image cache directory (`/var/lib/containers`, which
+/// `--root` does not move) in the test's directory.
 pub struct Podman<'e> {
     pub e: &'e E2e,
     bin: PathBuf,
@@ -32,8 +81,13 @@ pub struct Podman<'e> {
 }
 
 impl<'e> Podman<'e> {
-    /// Podman whose commands see `etc_criu` as `/etc/criu`.
+    /// Debian 12's Podman whose commands see `etc_criu` as `/etc/criu`.
     pub fn new(e: &'e E2e, etc_criu: &Path) -> Podman<'e> {
+        Podman::with_bins(e, etc_criu, PodmanBins::system())
+    }
+
+    /// [`Podman::new`] of the Podman (conmon, runtime) `bins`.
+    pub fn with_bins(e: &'e E2e, etc_criu: &Path, bins: PodmanBins) -> Podman<'e> {
         let d = e.dir().join("podman");
         let [root, tmp, runc, cache, networks] =
             ["root", "tmp", "runc", "var-lib-containers", "networks"].map(|s| d.join(s));
@@ -47,10 +101,15 @@ impl<'e> Podman<'e> {
         // runc's state is given with --runtime-flag, which the clean-up command conmon runs
         // when a container exits (`podman container cleanup`) does not get: the same directory
         // at runc's default place, for that one.
-        let mounts = PrivateMounts::new()
+        let mut mounts = PrivateMounts::new()
             .bind(etc_criu, "/etc/criu")
             .bind(&cache, "/var/lib/containers")
             .bind(&runc, "/run/runc");
+        if let Some(prefix) = &bins.prefix {
+            for dir in ["etc/containers", "usr/share/containers", "usr/lib/podman"] {
+                mounts = mounts.bind(prefix.join(dir), Path::new("/").join(dir));
+            }
+        }
         let mut globals: Vec<OsString> = Vec::new();
         for (k, v) in [
             ("--root", root.as_os_str()),
@@ -58,15 +117,18 @@ impl<'e> Podman<'e> {
             ("--tmpdir", tmp.as_os_str()),
             // Else its CNI lock file lands in /etc/cni/net.d.
             ("--network-config-dir", networks.as_os_str()),
+            ("--runtime", bins.runtime.as_os_str()),
         ] {
             globals.push(k.into());
             globals.push(v.to_owned());
         }
+        if let Some(conmon) = &bins.conmon {
+            globals.push("--conmon".into());
+            globals.push(conmon.into());
+        }
         for a in [
             "--storage-driver",
             "vfs",
-            "--runtime",
-            "runc",
             "--cgroup-manager",
             "cgroupfs",
             "--events-backend",
@@ -77,7 +139,7 @@ impl<'e> Podman<'e> {
         globals.push(format!("--runtime-flag=root={}", runc.display()).into());
         Podman {
             e,
-            bin: system_tool("podman"),
+            bin: bins.podman,
             root,
             mounts,
             globals,
@@ -314,27 +376,6 @@ pub struct ContainerdBins {
     pub v2: bool,
 }
 
-/// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/bin/<name>`
-/// (`scripts/install-runtimes-2026.sh`).
-#[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
-pub fn tool_2026(var: &str, name: &str) -> PathBuf {
-    let p = std::env::var_os(var).map_or_else(
-        || {
-            Path::new(crate::common::MANIFEST_DIR)
-                .join(".runtimes-2026/bin")
-                .join(name)
-        },
-        PathBuf::from,
-    );
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/install-runtimes-2026.sh (scripts/setup.sh does), set {var}, \
-         or set GPU_PLUGIN_SKIP_E2E=1 to skip the end-to-end tests",
-        p.display()
-    );
-    p
-}
-
 impl ContainerdBins {
     /// Debian 12's containerd 1.6, ctr and runc 1.1.5.
     pub fn system() -> ContainerdBins {
@@ -347,40 +388,28 @@ impl ContainerdBins {
         }
     }
 
-    /// Today's: containerd 2.x (`CRIU_GPU_TEST_CONTAINERD2`, its shim beside it), its ctr
-    /// (`CRIU_GPU_TEST_CTR2`) and runc 1.4 (`CRIU_GPU_TEST_RUNC2`), by default from
-    /// `<repo>/.runtimes-2026/bin`.
-    #[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
-    pub fn v2026() -> ContainerdBins {
-        let containerd = tool_2026("CRIU_GPU_TEST_CONTAINERD2", "containerd");
+    /// Today's: containerd 2.x (`CRIU_GPU_TEST_CONTAINERD2`, its shim beside it) and its ctr
+    /// (`CRIU_GPU_TEST_CTR2`), by default from `<repo>/.runtimes-2026/bin`, with `runc`.
+    pub fn v2026(runc: PathBuf) -> ContainerdBins {
+        let containerd = super::tool_2026("CRIU_GPU_TEST_CONTAINERD2", "bin/containerd");
         let bin_dir = containerd.parent().map(Path::to_path_buf);
         ContainerdBins {
-            ctr: tool_2026("CRIU_GPU_TEST_CTR2", "ctr"),
-            runc: Some(tool_2026("CRIU_GPU_TEST_RUNC2", "runc")),
+            ctr: super::tool_2026("CRIU_GPU_TEST_CTR2", "bin/ctr"),
+            runc: Some(runc),
             bin_dir,
             containerd,
             v2: true,
         }
     }
 
-    /// The first line of `PROGRAM --version` (for the test's log).
-    #[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
+    /// The first line of `PROGRAM --version` of containerd and runc (for the test's log).
     pub fn versions(&self) -> String {
-        let v = |p: &Path| {
-            std::process::Command::new(p)
-                .arg("--version")
-                .output()
-                .map(|o| {
-                    String::from_utf8_lossy(&o.stdout)
-                        .lines()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string()
-                })
-                .unwrap_or_else(|e| format!("{}: {e}", p.display()))
-        };
         let runc = self.runc.clone().unwrap_or_else(|| system_tool("runc"));
-        format!("{}; {}", v(&self.containerd), v(&runc))
+        format!(
+            "{}; {}",
+            super::version_line(&self.containerd),
+            super::version_line(&runc)
+        )
     }
 }
 

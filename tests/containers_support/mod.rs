@@ -5,8 +5,9 @@
 //!
 //! - runc, Podman, conmon, containerd and ctr are Debian 12's (in the system); crun,
 //!   checkpointctl and busybox come from `<repo>/.runtimes/` (both installed by
-//!   `scripts/install-runtimes.sh`); CRIU is the one [`E2e`] found, put on `PATH` as `criu`,
-//!   where every runtime looks for it.
+//!   `scripts/install-runtimes.sh`); today's runtimes of `tests/e2e_containers_2026.rs` from
+//!   `<repo>/.runtimes-2026/` ([`tool_2026`], `scripts/install-runtimes-2026.sh`); CRIU is the
+//!   one [`E2e`] found, put on `PATH` as `criu`, where every runtime looks for it.
 //! - The test process is a child subreaper ([`E2e::start`]): a container's init is re-parented
 //!   here once its runtime command exits. [`run_tool`] therefore reaps every child while it
 //!   waits for one, and nothing here waits through `std::process::Child`.
@@ -14,8 +15,11 @@
 // Used by tests/e2e_cri.rs only; every test binary compiles this module.
 #[allow(dead_code)]
 pub mod cri;
+pub mod cycles;
+pub mod docker;
 pub mod engines;
 pub mod oci;
+pub mod pidns;
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -55,6 +59,38 @@ pub fn private_tool(name: &str) -> PathBuf {
     let p = Path::new(MANIFEST_DIR).join(".runtimes/bin").join(name);
     assert!(p.exists(), "{}", install_hint(&p.display().to_string()));
     p
+}
+
+/// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/<rel>`
+/// (`scripts/install-runtimes-2026.sh`).
+pub fn tool_2026(var: &str, rel: &str) -> PathBuf {
+    let p = std::env::var_os(var).map_or_else(
+        || Path::new(MANIFEST_DIR).join(".runtimes-2026").join(rel),
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/install-runtimes-2026.sh (scripts/setup.sh does), set {var}, \
+         or set GPU_PLUGIN_SKIP_E2E=1 to skip the end-to-end tests",
+        p.display()
+    );
+    p
+}
+
+/// The first line `program --version` prints (for a test's log).
+pub fn version_line(program: &Path) -> String {
+    Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_else(|e| format!("{}: {e}", program.display()))
 }
 
 /// A directory holding `criu` (a link to the CRIU under test), first on every runtime's PATH.
@@ -156,6 +192,11 @@ pub fn run_tool(dir: &Path, cmd: Command, what: &str) -> ToolRun {
 /// (`runc run -d`, `runc restore -d`): CRIU cannot dump a host file as a container's stdio.
 pub fn run_tool_detached(dir: &Path, cmd: Command, what: &str) -> ToolRun {
     run_tool_with(dir, cmd, what, false, TOOL_TIMEOUT)
+}
+
+/// [`run_tool`] with another time limit.
+pub fn run_tool_for(dir: &Path, cmd: Command, what: &str, limit: Duration) -> ToolRun {
+    run_tool_with(dir, cmd, what, true, limit)
 }
 
 /// [`run_tool`] for clean-up: a shorter limit.
@@ -768,7 +809,7 @@ impl Cgroup {
         Cgroup {
             path: format!(
                 "/criu-gpu-e2e-{}-{}",
-                std::process::id(),
+                common::owner_tag(),
                 N.fetch_add(1, Ordering::Relaxed)
             ),
         }

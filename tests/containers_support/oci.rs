@@ -108,27 +108,40 @@ pub struct OciRuntime<'e> {
     mounts: PrivateMounts,
     env: Vec<(String, OsString)>,
     unset: Vec<String>,
+    /// Every command refuses to run outside a pid namespace of the test's own
+    /// ([`OciRuntime::only_in_own_pid_namespace`]).
+    own_pid_namespace: bool,
 }
 
 impl<'e> OciRuntime<'e> {
-    /// `kind` with `mounts` around every command.
-    pub fn new(e: &'e E2e, kind: Oci, mut mounts: PrivateMounts) -> OciRuntime<'e> {
+    /// `kind` (Debian 12's runc, or crun from `.runtimes`) with `mounts` around every command.
+    pub fn new(e: &'e E2e, kind: Oci, mounts: PrivateMounts) -> OciRuntime<'e> {
         let bin = match kind {
             Oci::Runc => system_tool("runc"),
-            Oci::Crun => {
-                // On a hybrid host (v1 controllers, plus a v2 hierarchy that still offers one,
-                // e.g. hugetlb) crun 1.21 stops with "cgroups in hybrid mode not supported,
-                // drop all controllers from cgroupv2": an empty controllers file over the v2
-                // one, in the private namespace only.
-                let ctl = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
-                if ctl.exists() {
-                    let empty = e.dir().join("empty-cgroup.controllers");
-                    std::fs::write(&empty, "").expect("empty file");
-                    mounts = mounts.bind(empty, ctl);
-                }
-                private_tool("crun")
-            }
+            Oci::Crun => private_tool("crun"),
         };
+        OciRuntime::with_program(e, kind, bin, mounts)
+    }
+
+    /// Program `bin`, a runtime of `kind`, with `mounts` around every command.
+    pub fn with_program(
+        e: &'e E2e,
+        kind: Oci,
+        bin: PathBuf,
+        mut mounts: PrivateMounts,
+    ) -> OciRuntime<'e> {
+        if kind == Oci::Crun {
+            // On a hybrid host (v1 controllers, plus a v2 hierarchy that still offers one, e.g.
+            // hugetlb) crun (1.21, 1.28) stops with "cgroups in hybrid mode not supported, drop
+            // all controllers from cgroupv2": an empty controllers file over the v2 one, in the
+            // private namespace only.
+            let ctl = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
+            if ctl.exists() {
+                let empty = e.dir().join("empty-cgroup.controllers");
+                std::fs::write(&empty, "").expect("empty file");
+                mounts = mounts.bind(empty, ctl);
+            }
+        }
         let state = e.dir().join(format!("{kind:?}-state").to_lowercase());
         std::fs::create_dir_all(&state).expect("runtime state directory");
         OciRuntime {
@@ -139,7 +152,22 @@ impl<'e> OciRuntime<'e> {
             mounts,
             env: Vec::new(),
             unset: Vec::new(),
+            own_pid_namespace: false,
         }
+    }
+
+    /// Every command of this runtime panics unless the test runs as the init of a pid
+    /// namespace of its own ([`super::pidns`]): for a runtime whose restore signals every
+    /// process it can (crun 1.28, `docs/crun-restore-kills.md`), so that at worst the test's
+    /// own namespace goes, never the machine.
+    pub fn only_in_own_pid_namespace(mut self) -> Self {
+        self.own_pid_namespace = true;
+        self
+    }
+
+    /// The first line of `PROGRAM --version` (for the test's log).
+    pub fn version(&self) -> String {
+        super::version_line(&self.bin)
     }
 
     /// An environment variable for every command (and so for CRIU, which runc and crun start
@@ -156,6 +184,23 @@ impl<'e> OciRuntime<'e> {
     }
 
     fn command(&self, args: &[&str]) -> (std::process::Command, String) {
+        assert!(
+            !self.own_pid_namespace || super::pidns::in_own_pid_namespace(),
+            "refusing to run {} {args:?} outside a pid namespace of the test's own: its restore \
+             signals every process it can (docs/crun-restore-kills.md)",
+            self.bin.display()
+        );
+        // A pid namespace would not hold that restore back from removing every empty cgroup
+        // of the machine: no crun at all on such a host.
+        if self.kind == Oci::Crun
+            && let Some(why) = super::pidns::crun_restore_kills_here()
+        {
+            panic!(
+                "refusing to run crun on this host: {why}, and crun's restore would then kill \
+                 every process it can see and remove every empty cgroup \
+                 (docs/crun-restore-kills.md)"
+            );
+        }
         let mut argv: Vec<OsString> = vec![self.bin.clone().into(), "--root".into()];
         argv.push(self.state.clone().into());
         argv.extend(args.iter().map(OsString::from));
@@ -212,7 +257,7 @@ impl<'e> OciRuntime<'e> {
             config_json(workload, &out.dir, &cgroup.path, annotations),
         )
         .expect("config.json");
-        let id = format!("criu-gpu-e2e-{}-{name}", std::process::id());
+        let id = format!("criu-gpu-e2e-{}-{name}", crate::common::owner_tag());
         let log = self.e.dir().join(format!("{name}-runtime.log"));
         let b = bundle.to_str().expect("UTF-8 path").to_string();
         let mut args = vec!["run", "-d", "--bundle", &b];
