@@ -9,8 +9,9 @@
 //! configuration and its root file system's changes. A restore is a new container whose image
 //! is the archive: `CreateContainer` with the archive's path as the image, `StartContainer`.
 //!
-//! Programs: containerd, its shim and runc from `scripts/install-runtimes-2026.sh`
-//! (`CRIU_GPU_TEST_CONTAINERD2`, `CRIU_GPU_TEST_CTR2`, `CRIU_GPU_TEST_RUNC2` name others), the
+//! Programs: containerd, its shim, runc 1.4 and 1.3 and buildah from
+//! `scripts/install-runtimes-2026.sh` (`CRIU_GPU_TEST_CONTAINERD2`, `CRIU_GPU_TEST_CTR2`,
+//! `CRIU_GPU_TEST_RUNC2`, `CRIU_GPU_TEST_RUNC13`, `CRIU_GPU_TEST_BUILDAH2` name others), the
 //! registry from `scripts/install-registry.sh` (`CRIU_GPU_TEST_REGISTRY`), checkpointctl from
 //! `scripts/install-runtimes.sh`, `criu-gpu` from this workspace (built when missing). The CRI
 //! client is `tools/cri-client` (why not crictl: see its crate documentation).
@@ -33,8 +34,16 @@ use containers_support::cri::{
 use containers_support::engines::ContainerdBins;
 use containers_support::{
     CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, fake_cuda_env,
-    private_tool, run_tool, tool_path, transitions, write_settings,
+    private_tool, run_tool, tool_2026, tool_path, transitions, write_settings,
 };
+
+fn runc_1_4() -> PathBuf {
+    tool_2026("CRIU_GPU_TEST_RUNC2", "bin/runc")
+}
+
+fn runc_1_3() -> PathBuf {
+    tool_2026("CRIU_GPU_TEST_RUNC13", "runc-1.3/runc")
+}
 
 fn calls(e: &E2e) -> PathBuf {
     e.dir().join("cuda-calls")
@@ -281,13 +290,23 @@ fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
 
 #[test]
 fn cri_containerd21_runc14_counter() {
-    cri_cycle("cri-counter", Workload::Counter, ContainerdBins::v2026());
+    cri_cycle(
+        "cri-counter",
+        Workload::Counter,
+        ContainerdBins::v2026(runc_1_4()),
+    );
 }
 
 /// Needs CRIU 4.2 or newer; skipped, saying so, with 4.1.
 #[test]
 fn cri_containerd21_runc14_cuda() {
-    cri_cycle("cri-cuda", CUDA, ContainerdBins::v2026());
+    cri_cycle("cri-cuda", CUDA, ContainerdBins::v2026(runc_1_4()));
+}
+
+/// runc 1.3 (Debian sid's) under the same containerd.
+#[test]
+fn cri_containerd21_runc13_cuda() {
+    cri_cycle("cri-runc13-cuda", CUDA, ContainerdBins::v2026(runc_1_3()));
 }
 
 /// The freezer state of `pid`'s cgroup (cgroup v1 `freezer.state`, v2 `cgroup.freeze`).
@@ -336,7 +355,7 @@ fn cri_containerd21_runc14_checkpoint_timeout() {
         &e,
         "node-a",
         workload,
-        ContainerdBins::v2026(),
+        ContainerdBins::v2026(runc_1_4()),
         &registry,
         true,
     );
@@ -435,7 +454,7 @@ fn cri_containerd21_migration_to_node_b() {
         &e,
         "node-a",
         workload,
-        ContainerdBins::v2026(),
+        ContainerdBins::v2026(runc_1_4()),
         &registry,
         true,
     );
@@ -443,7 +462,7 @@ fn cri_containerd21_migration_to_node_b() {
         &e,
         "node-b",
         workload,
-        ContainerdBins::v2026(),
+        ContainerdBins::v2026(runc_1_4()),
         &registry,
         false,
     );
