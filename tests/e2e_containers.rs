@@ -28,6 +28,7 @@
 //! that variable it does nothing.
 
 mod common;
+#[allow(dead_code)] // Shared with the other container tests, which use more of it.
 mod containers_support;
 
 use std::ffi::OsString;

@@ -309,8 +309,7 @@ pub struct ContainerdBins {
 
 /// A program of today's runtimes: `$var` if set, else `<repo>/.runtimes-2026/bin/<name>`
 /// (`scripts/install-runtimes-2026.sh`).
-#[allow(dead_code)] // Used by `tests/e2e_containers_2026.rs` only.
-fn tool_2026(var: &str, name: &str) -> PathBuf {
+pub fn tool_2026(var: &str, name: &str) -> PathBuf {
     let p = std::env::var_os(var).map_or_else(
         || {
             Path::new(crate::common::MANIFEST_DIR)
