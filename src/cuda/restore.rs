@@ -493,9 +493,48 @@ fn end_restored(tree: &[i32], failed: &[i32]) {
         list_pids(failed),
         tree.len()
     );
+    let threads: Vec<i32> = tree
+        .iter()
+        .flat_map(|&pid| procfs::threads(pid).into_iter().filter(move |&t| t != pid))
+        .collect();
     for &pid in tree {
         // SAFETY: kill(2) of a task this restore created (CRIU still holds it under ptrace).
         unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    reap_traced_threads(&threads);
+}
+
+/// Longest wait for the killed tasks' threads in [`reap_traced_threads`].
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reaps the threads (never a thread-group leader) of the killed tasks that this CRIU traces.
+/// A traced thread that dies stays a zombie until its tracer waits for it. In a pid namespace
+/// the init's last thread waits in the kernel for every other task of the namespace to be
+/// gone, and CRIU before 4.3, which ignores the hook's answer and then fails to detach the
+/// killed tasks, waits for the init with a plain waitpid(2) that never reaps those threads:
+/// without this, CRIU and the restored init wait for each other for good.
+fn reap_traced_threads(threads: &[i32]) {
+    let mut left: Vec<i32> = threads.to_vec();
+    let deadline = std::time::Instant::now() + REAP_WAIT;
+    while !left.is_empty() {
+        left.retain(|&tid| {
+            let mut status = 0;
+            // SAFETY: waitpid(2) on one thread id, without blocking; it reaps only a thread
+            // this process traces (anything else answers ECHILD).
+            let r = unsafe { libc::waitpid(tid, &mut status, libc::WNOHANG | libc::__WALL) };
+            r == 0
+        });
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if !left.is_empty() {
+        log::warn!(
+            "cuda: thread(s) {} of the ended tasks did not end within {} s",
+            list_pids(&left),
+            REAP_WAIT.as_secs()
+        );
     }
 }
 
