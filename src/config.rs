@@ -60,6 +60,7 @@ const KNOWN_KEYS: &[&str] = &[
     "cuda.backend",
     "cuda.parallel",
     "cuda.nvidia-proc",
+    "cuda.nvidia-dev",
     "nvml",
 ];
 

@@ -109,7 +109,7 @@ fn check_cuda(
             return;
         }
     };
-    let mut local = match gpus::read_gpus(&settings.nvidia_proc, Path::new("/dev")) {
+    let mut local = match gpus::read_gpus(&settings.nvidia_proc, &settings.nvidia_dev) {
         Ok(l) => l,
         Err(e) => {
             v.reasons

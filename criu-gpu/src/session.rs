@@ -254,7 +254,7 @@ impl Session {
     /// Every GPU's total and free memory from NVML (in a helper process, as the plugin asks);
     /// `None` when NVML cannot answer.
     pub fn gpu_memory(&self) -> Option<BTreeMap<GpuUuid, GpuMemory>> {
-        let local = gpus::read_gpus(&self.settings.nvidia_proc, Path::new("/dev")).ok()?;
+        let local = gpus::read_gpus(&self.settings.nvidia_proc, &self.settings.nvidia_dev).ok()?;
         let uuids: Vec<GpuUuid> = local.iter().map(|g| g.uuid).collect();
         match helper::query_memory(&self.settings.nvml, &uuids) {
             Ok(m) => Some(m),
@@ -267,7 +267,8 @@ impl Session {
 
     /// The GPUs `pid` holds open (`/dev/nvidiaN` among its files), by UUID.
     pub fn gpus_of(&self, pid: i32) -> Vec<GpuUuid> {
-        let Ok(local) = gpus::read_gpus(&self.settings.nvidia_proc, Path::new("/dev")) else {
+        let Ok(local) = gpus::read_gpus(&self.settings.nvidia_proc, &self.settings.nvidia_dev)
+        else {
             return Vec::new();
         };
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {

@@ -19,7 +19,7 @@ use super::gpus::{self, Gpu};
 use super::guardian::{PutBack, RESTORE, UNLOCK};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
-use super::{INVENTORY_NAME, driver, exclusive, helper, image, procfs};
+use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
 
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
 const ALARM_MARGIN: Duration = Duration::from_millis(500);
@@ -100,7 +100,7 @@ impl DumpRun {
         }
         let (driver, driver_version) =
             driver::load(&settings).map_err(|e| format!("CUDA checkpointing cannot work: {e}"))?;
-        let mut gpus = gpus::read_gpus(proc_dir, Path::new("/dev")).map_err(|e| {
+        let mut gpus = gpus::read_gpus(proc_dir, &settings.nvidia_dev).map_err(|e| {
             format!(
                 "the GPUs cannot be listed from cuda.nvidia-proc = {} ({}): {e}",
                 proc_dir.display(),
@@ -549,12 +549,49 @@ impl DumpRun {
         }
     }
 
+    /// The GPUs the dumped processes could reach: what the driver checkpointed, and what a
+    /// restore must map. Processes in a container see only its GPUs' nodes in its `/dev`,
+    /// while this CRIU (in the host's mount namespace under runc) sees every GPU's.
+    fn checkpointed_gpus(&self) -> Vec<Gpu> {
+        let mut seen: Option<Vec<Gpu>> = None;
+        for &pid in self.dumped.keys() {
+            if devnodes::other_mount_ns(pid) != Some(true) {
+                return self.gpus.clone();
+            }
+            let Some(v) = devnodes::seen_by_task(pid, &self.gpus) else {
+                return self.gpus.clone();
+            };
+            let all = seen.get_or_insert_with(Vec::new);
+            for g in v {
+                if !all.iter().any(|a| a.uuid == g.uuid) {
+                    all.push(g);
+                }
+            }
+        }
+        match seen {
+            Some(mut v) if !v.is_empty() => {
+                v.sort_by(|a, b| a.bus.cmp(&b.bus));
+                if v.len() < self.gpus.len() {
+                    let names: Vec<String> = v.iter().map(|g| g.uuid.to_string()).collect();
+                    log::info!(
+                        "cuda: the dumped processes reach {} of the {} GPU(s) here: {}",
+                        v.len(),
+                        self.gpus.len(),
+                        names.join(", ")
+                    );
+                }
+                v
+            }
+            _ => self.gpus.clone(),
+        }
+    }
+
     /// What the image records of this dump.
     fn metadata(&self) -> CudaMetadata {
         CudaMetadata {
             driver_version: self.driver_version,
             driver_release: driver::read_release(&self.settings.nvidia_proc),
-            gpus: self.gpus.clone(),
+            gpus: self.checkpointed_gpus(),
             processes: self
                 .dumped
                 .values()

@@ -2,8 +2,10 @@
 //!
 //! `/proc/driver/nvidia/gpus/<pci address>/information` names every GPU the kernel driver sees
 //! (model, UUID, bus location) without loading libcuda, creating a context or opening a device,
-//! so the plugin reads it even in CRIU's main process before restore forks any task. The restore
-//! GPU map covers every GPU of the checkpointing machine, as the driver requires.
+//! so the plugin reads it even in CRIU's main process before restore forks any task. A GPU
+//! counts only where its device node can be reached ([`super::devnodes`]). The restore GPU map
+//! covers every GPU the image records (those the checkpointed processes could reach), as the
+//! driver requires.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -24,9 +26,6 @@ pub struct Gpu {
     /// Minor number of its device node `/dev/nvidia<minor>`, when the driver says.
     pub minor: Option<u32>,
 }
-
-/// Major number of NVIDIA's GPU device nodes.
-const NVIDIA_MAJOR: u32 = 195;
 
 /// Largest `information` file read (they are a few hundred bytes).
 const MAX_INFO_BYTES: u64 = 16 * 1024;
@@ -63,23 +62,61 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
     })
 }
 
-/// Whether this process can reach the GPU: its device node exists and is NVIDIA's. A
-/// container's device list hides the nodes of GPUs it was not given, while the kernel driver's
-/// listing still names every GPU of the host.
-fn reachable(gpu: &Gpu, dev_dir: &Path) -> bool {
-    let Some(minor) = gpu.minor else {
-        return true;
-    };
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    match std::fs::metadata(dev_dir.join(format!("nvidia{minor}"))) {
-        Ok(m) => m.file_type().is_char_device() && libc::major(m.rdev()) == NVIDIA_MAJOR,
-        Err(_) => false,
+/// Whether this process can reach the GPU through its device node under `dev_dir`
+/// ([`super::devnodes::check_here`]); `Err` says why not. The kernel driver's listing names
+/// every GPU of the host, while a container is given some: its device cgroup refuses the
+/// others' nodes, and its `/dev` lacks them. A GPU whose minor the listing does not give is
+/// taken as reachable.
+fn reachable(gpu: &Gpu, dev_dir: &Path) -> Result<(), String> {
+    match gpu.minor {
+        Some(minor) => super::devnodes::check_here(dev_dir, minor),
+        None => Ok(()),
+    }
+}
+
+/// The machine's GPUs as this process can reach them.
+#[derive(Clone, Debug, Default)]
+pub struct GpuListing {
+    /// In PCI order.
+    pub reachable: Vec<Gpu>,
+    /// The others, each with why it cannot be reached.
+    pub left_out: Vec<(Gpu, String)>,
+}
+
+impl GpuListing {
+    /// The reachable GPUs and the others with their reasons, for a message.
+    pub fn describe(&self) -> String {
+        let list = |v: Vec<String>| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let reachable = list(
+            self.reachable
+                .iter()
+                .map(|g| format!("{} ({}, {})", g.uuid, g.model, g.bus))
+                .collect(),
+        );
+        let left_out = list(
+            self.left_out
+                .iter()
+                .map(|(g, why)| format!("{} ({}): {why}", g.uuid, g.bus))
+                .collect(),
+        );
+        format!("GPUs reachable here: {reachable}; not reachable: {left_out}")
     }
 }
 
 /// Reads every GPU under `dir` (normally `/proc/driver/nvidia/gpus`), in PCI order, keeping
 /// those whose device node under `dev_dir` (normally `/dev`) this process can reach.
 pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
+    read_listing(dir, dev_dir).map(|l| l.reachable)
+}
+
+/// [`read_gpus`], with the GPUs left out and why.
+pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut buses: Vec<String> = Vec::new();
     for ent in rd {
@@ -90,7 +127,7 @@ pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
         }
     }
     buses.sort();
-    let mut gpus = Vec::with_capacity(buses.len());
+    let mut out = GpuListing::default();
     for bus in buses {
         let path = dir.join(&bus).join("information");
         let mut text = String::new();
@@ -98,17 +135,18 @@ pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
             .map(|b| text.push_str(&String::from_utf8_lossy(&b)))
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let gpu = parse_information(&bus, &text)?;
-        if reachable(&gpu, dev_dir) {
-            gpus.push(gpu);
-        } else {
-            log::info!(
-                "cuda: GPU {} ({bus}) is not reachable here (no /dev/nvidia{} device); left out",
-                gpu.uuid,
-                gpu.minor.unwrap_or(0)
-            );
+        match reachable(&gpu, dev_dir) {
+            Ok(()) => out.reachable.push(gpu),
+            Err(why) => {
+                log::info!(
+                    "cuda: GPU {} ({bus}) is not reachable here ({why}); left out",
+                    gpu.uuid
+                );
+                out.left_out.push((gpu, why));
+            }
         }
     }
-    Ok(gpus)
+    Ok(out)
 }
 
 /// Parses a device map: `GPU-old=GPU-new` pairs separated by commas or spaces.
@@ -137,9 +175,10 @@ pub fn parse_device_map(text: &str) -> Result<Vec<GpuPair>, String> {
 
 /// Chooses where each checkpointed GPU goes on this machine.
 ///
-/// Explicit pairs come first. A GPU not named keeps its UUID when this machine has it;
-/// otherwise it takes the first unused local GPU of the same model, in PCI order (a migration
-/// to an identical machine needs no settings). The result covers every checkpointed GPU, or
+/// `local` is the GPUs this restore can reach (in a container: those it was given). Explicit
+/// pairs come first. A GPU not named keeps its UUID when it is reachable and not taken by a
+/// pair; otherwise it takes the first unused reachable GPU of the same model, in PCI order (a
+/// migration to an identical machine, or a container given other GPUs, needs no settings). The result covers every checkpointed GPU, or
 /// explains which one cannot be placed.
 pub fn plan_gpu_map(
     checkpointed: &[Gpu],
@@ -157,28 +196,40 @@ pub fn plan_gpu_map(
             ));
         }
     }
-    // Pass 1: explicit pairs and GPUs present here.
+    // Pass 1: explicit pairs, which win over a GPU keeping its UUID.
     for (i, g) in checkpointed.iter().enumerate() {
-        let target = explicit
-            .iter()
-            .find(|p| p.old == g.uuid)
-            .map(|p| p.new)
-            .or_else(|| by_uuid.contains_key(&g.uuid).then_some(g.uuid));
-        if let Some(new) = target {
-            let Some(l) = by_uuid.get(&new) else {
-                return Err(format!(
-                    "the device map sends {} to {new}, which this machine does not have",
-                    g.uuid
-                ));
-            };
+        let Some(new) = explicit.iter().find(|p| p.old == g.uuid).map(|p| p.new) else {
+            continue;
+        };
+        let Some(l) = by_uuid.get(&new) else {
+            return Err(format!(
+                "the device map sends {} to {new}, which is not among the GPUs reachable here",
+                g.uuid
+            ));
+        };
+        check_model(g, l)?;
+        if !used.insert(new) {
+            return Err(format!(
+                "the device map sends two checkpointed GPUs to {new}"
+            ));
+        }
+        out[i] = Some(GpuPair { old: g.uuid, new });
+    }
+    // Pass 2: GPUs reachable here keep their UUID, unless the map gave it to another.
+    for (i, g) in checkpointed.iter().enumerate() {
+        if out[i].is_some() || used.contains(&g.uuid) {
+            continue;
+        }
+        if let Some(l) = by_uuid.get(&g.uuid) {
             check_model(g, l)?;
-            if !used.insert(new) {
-                return Err(format!("two checkpointed GPUs would share {new}"));
-            }
-            out[i] = Some(GpuPair { old: g.uuid, new });
+            used.insert(g.uuid);
+            out[i] = Some(GpuPair {
+                old: g.uuid,
+                new: g.uuid,
+            });
         }
     }
-    // Pass 2: the rest go to free GPUs of the same model.
+    // Pass 3: the rest go to free GPUs of the same model.
     for (i, g) in checkpointed.iter().enumerate() {
         if out[i].is_some() {
             continue;
@@ -192,11 +243,16 @@ pub fn plan_gpu_map(
                 .filter(|l| !used.contains(&l.uuid))
                 .map(|l| format!("{} ({})", l.uuid, l.model))
                 .collect();
+            let all: Vec<String> = checkpointed
+                .iter()
+                .map(|c| format!("{} ({}, {})", c.uuid, c.model, c.bus))
+                .collect();
             return Err(format!(
-                "checkpointed GPU {} ({}) has no counterpart here: {} GPU(s) checkpointed, {} here, free: [{}]",
+                "checkpointed GPU {} ({}) has no counterpart here: {} GPU(s) checkpointed [{}], {} reachable here, free: [{}]",
                 g.uuid,
                 g.model,
                 checkpointed.len(),
+                all.join(", "),
                 local.len(),
                 free.join(", ")
             ));
@@ -320,10 +376,118 @@ mod tests {
     }
 
     #[test]
+    fn a_container_given_another_gpu_is_mapped_onto_it() {
+        // Checkpointed on GPU 1 of a two-GPU host; the restored container reaches GPU 2 only
+        // (GPU 1 is left out of the reachable list, whatever the host has).
+        let map = plan_gpu_map(&[gpu(1, "H100")], &[gpu(2, "H100")], &[]).unwrap();
+        assert_eq!((map[0].old, map[0].new), (uuid(1), uuid(2)));
+        // Two checkpointed GPUs onto the two the container reaches, in PCI order.
+        let map = plan_gpu_map(
+            &[gpu(1, "H100"), gpu(2, "H100")],
+            &[gpu(3, "H100"), gpu(4, "H100")],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            map.iter().map(|p| p.new).collect::<Vec<_>>(),
+            [uuid(3), uuid(4)]
+        );
+        // A GPU kept where reachable, the other moved.
+        let map = plan_gpu_map(
+            &[gpu(1, "H100"), gpu(2, "H100")],
+            &[gpu(2, "H100"), gpu(5, "H100")],
+            &[],
+        )
+        .unwrap();
+        assert_eq!((map[0].new, map[1].new), (uuid(5), uuid(2)));
+    }
+
+    #[test]
+    fn the_device_map_wins_but_never_names_an_unreachable_gpu() {
+        let here = [gpu(1, "H100"), gpu(2, "H100")];
+        // The map sends GPU 1 to GPU 2 although GPU 1 is reachable; GPU 2 then goes to 1.
+        let explicit = [GpuPair {
+            old: uuid(1),
+            new: uuid(2),
+        }];
+        let map = plan_gpu_map(&here, &here, &explicit).unwrap();
+        assert_eq!((map[0].new, map[1].new), (uuid(2), uuid(1)));
+        // GPU 3 exists on the host but the container cannot reach it: not in `local`.
+        let explicit = [GpuPair {
+            old: uuid(1),
+            new: uuid(3),
+        }];
+        let err = plan_gpu_map(&here[..1], &here[1..], &explicit).unwrap_err();
+        assert!(err.contains("not among the GPUs reachable here"), "{err}");
+    }
+
+    #[test]
+    fn another_machines_gpus_are_refused_whole_naming_the_gpu() {
+        // Of two checkpointed GPUs, one has a counterpart and one not: nothing is planned.
+        let err = plan_gpu_map(
+            &[gpu(1, "H100"), gpu(2, "A100")],
+            &[gpu(7, "H100"), gpu(8, "L4")],
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.contains(&format!("checkpointed GPU {} (A100)", uuid(2))),
+            "{err}"
+        );
+        assert!(err.contains(&format!("free: [{} (L4)]", uuid(8))), "{err}");
+        // No GPU reachable at all (a container given none).
+        let err = plan_gpu_map(&[gpu(1, "H100")], &[], &[]).unwrap_err();
+        assert!(err.contains("0 reachable here"), "{err}");
+    }
+
+    #[test]
+    fn a_listing_says_why_gpus_are_left_out() {
+        let dir = std::env::temp_dir().join(format!("nv-listing-{}", std::process::id()));
+        for (bus, n, minor) in [("0000:00:06.0", 1u8, "0"), ("0000:00:07.0", 2, "")] {
+            std::fs::create_dir_all(dir.join(bus)).unwrap();
+            let minor = if minor.is_empty() {
+                String::new()
+            } else {
+                format!("Device Minor: \t {minor}\n")
+            };
+            std::fs::write(
+                dir.join(bus).join("information"),
+                format!("Model: M\nGPU UUID: {}\n{minor}", uuid(n)),
+            )
+            .unwrap();
+        }
+        // No node for minor 0 in `dir`: GPU 1 is left out, GPU 2 (no minor) counts.
+        let l = read_listing(&dir, &dir).unwrap();
+        assert_eq!(l.reachable.len(), 1);
+        assert_eq!(l.reachable[0].uuid, uuid(2));
+        assert_eq!(l.left_out.len(), 1);
+        let text = l.describe();
+        assert!(
+            text.contains(&format!(
+                "GPUs reachable here: {} (M, 0000:00:07.0)",
+                uuid(2)
+            )),
+            "{text}"
+        );
+        assert!(text.contains("nvidia0 does not exist"), "{text}");
+        assert!(
+            GpuListing::default()
+                .describe()
+                .contains("here: none; not reachable: none")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn refusals_say_what_is_wrong() {
         let ckpt = vec![gpu(1, "H100"), gpu(2, "H100")];
         let err = plan_gpu_map(&ckpt, &[gpu(1, "H100")], &[]).unwrap_err();
-        assert!(err.contains("no counterpart") && err.contains("2 GPU(s) checkpointed, 1 here"));
+        assert!(
+            err.contains("no counterpart")
+                && err.contains("2 GPU(s) checkpointed [")
+                && err.contains("1 reachable here"),
+            "{err}"
+        );
         let err = plan_gpu_map(&ckpt[..1], &[gpu(5, "A100")], &[]).unwrap_err();
         assert!(err.contains("no counterpart"), "{err}");
         let explicit = [GpuPair {

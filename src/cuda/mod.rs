@@ -14,9 +14,11 @@
 //! - `exit` after a failed dump, or with `--leave-running`/`--leave-stopped`: every process it
 //!   touched is restored and unlocked, back to the state it was found in.
 //! - restore `init`: reads the metadata and refuses early what cannot work (older driver, GPUs
-//!   missing or of another model, too little free GPU memory); plans the GPU map.
-//! - `RESUME_DEVICES_LATE`: on the first call (CRIU calls it for the root first), restores and
-//!   unlocks every process of the restored tree at once. Processes are matched by their pid in
+//!   missing, unreachable or of another model, too little free GPU memory); plans the GPU map
+//!   onto the GPUs this restore can reach (in a container: those its device cgroup allows).
+//! - `RESUME_DEVICES_LATE`: on the first call (CRIU calls it for the root first), gives a
+//!   restored container's `/dev` the nodes of its GPUs, then restores and unlocks every process
+//!   of the restored tree at once. Processes are matched by their pid in
 //!   their own pid namespace, which a container keeps across a restore while the host pid
 //!   changes.
 //!
@@ -25,6 +27,7 @@
 //! `cuda_plugin`, the C plugin's, so images move between the two.
 
 pub mod batch;
+pub mod devnodes;
 pub mod driver;
 mod dump;
 mod error;

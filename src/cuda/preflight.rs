@@ -104,7 +104,7 @@ pub fn plan(
         Err(e) => {
             out.refusals.push(Refusal::new(
                 libc::ENODEV,
-                format!("cannot restore onto this machine's GPUs: {e}"),
+                format!("cannot restore onto the GPUs reachable here: {e}"),
             ));
             return out;
         }

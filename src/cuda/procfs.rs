@@ -112,6 +112,18 @@ pub fn tree(pid: i32) -> Vec<i32> {
     out
 }
 
+/// The thread ids of `pid` (empty when it is gone).
+pub fn threads(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|it| {
+            it.flatten()
+                .take(1 << 16)
+                .filter_map(|t| t.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The children of every thread of `pid`.
 pub fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -193,6 +205,8 @@ mod tests {
         assert_eq!(tracer(me), Some(0));
         assert!(matches!(thread_state(me, me), Some('R' | 'S')));
         assert_eq!(tree(me)[0], me);
+        assert!(threads(me).contains(&me));
+        assert!(threads(-1).is_empty());
         assert!(start_time(me).is_some());
         assert_eq!(start_time(-1), None);
         assert_eq!(rss_bytes(-1), 0);

@@ -1,22 +1,29 @@
 //! Restore: `init` reads the metadata and refuses early what cannot work (older driver, GPUs
-//! missing or of another model, too little free GPU memory) and plans the GPU map;
-//! `RESUME_DEVICES_LATE` restores and unlocks every process of the restored tree at once.
+//! missing, unreachable or of another model, too little free GPU memory) and plans the GPU map
+//! onto the GPUs this restore can reach; `RESUME_DEVICES_LATE` gives the restored tasks' `/dev`
+//! the nodes of those GPUs, then restores and unlocks every process of the restored tree at
+//! once.
+//!
+//! Under runc, CRIU restores in the restored container's new cgroup: the GPUs whose nodes its
+//! device cgroup lets this process open are the container's ([`super::devnodes`]). So a
+//! checkpoint of a container on GPU 0 restored into one given GPU 1 goes to GPU 1, and one
+//! given no GPU is refused at `init`, before any task exists.
 //!
 //! Processes are matched by their pid in their own pid namespace, which a container keeps
 //! across a restore while the host pid changes. A process that cannot get its GPU state back
 //! ends the restored tree: CRIU ignores what `RESUME_DEVICES_LATE` returns.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use criu_plugin::guardian::Guardian;
 use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, GpuPair};
 
 use super::error::{Failure, FailureKind};
+use super::gpus::Gpu;
 use super::metadata::{self, CudaMetadata, ProcessRecord};
 use super::settings::CudaSettings;
-use super::{driver, gpus, image, preflight, procfs};
+use super::{devnodes, driver, gpus, image, preflight, procfs};
 
 mod settle;
 
@@ -38,6 +45,10 @@ pub struct RestoreRun {
 struct ImageRestore {
     metadata: CudaMetadata,
     gpu_map: Vec<GpuPair>,
+    /// The GPUs here the restore goes to, one per checkpointed GPU.
+    targets: Vec<Gpu>,
+    /// Where this CRIU finds their device nodes (`cuda.nvidia-dev`).
+    dev_dir: std::path::PathBuf,
     /// Answers by host pid (already logged), once the tree has been restored.
     results: Option<BTreeMap<i32, HookResult>>,
 }
@@ -120,12 +131,14 @@ impl RestoreRun {
         if let Some(r) = preflight::check_driver(&md, version) {
             return Err(Failure::new(r.kind, r.errno, r.message));
         }
-        let gpu_map = plan_gpus(settings, &md, version)?;
+        let (gpu_map, targets) = plan_gpus(settings, &md, version)?;
         Ok(Some(run(
             d,
             Some(ImageRestore {
                 metadata: md,
                 gpu_map,
+                targets,
+                dev_dir: settings.nvidia_dev.clone(),
                 results: None,
             }),
         )))
@@ -257,6 +270,25 @@ impl ImageRestore {
                 list_pids(&unmatched)
             );
         }
+        if let Err(e) = self.provide_nodes(&tree) {
+            // The driver would fail each restore with no word of why: fail them here, saying it.
+            let recorded: Vec<i32> = tasks
+                .iter()
+                .filter(|t| t.record.is_some())
+                .map(|t| t.pid)
+                .collect();
+            let f = Failure::new(
+                FailureKind::Machine,
+                libc::ENODEV,
+                format!("cuda: the restored tasks cannot reach their GPUs: {e}"),
+            );
+            log::error!("{}", f.message);
+            end_restored(&tree, &recorded);
+            return recorded
+                .into_iter()
+                .map(|p| (p, Err(HookError::from(f.clone()))))
+                .collect();
+        }
         let results = settle::settle(driver, &tasks, &self.gpu_map, parallel);
         let failed: Vec<i32> = results
             .iter()
@@ -272,6 +304,36 @@ impl ImageRestore {
             end_restored(&procfs::tree(root), why);
         }
         results
+    }
+}
+
+impl ImageRestore {
+    /// Gives every mount namespace of the restored tree (other than this CRIU's) the device
+    /// nodes of the GPUs the restore goes to: a container's `/dev` comes back from the
+    /// checkpoint, with the checkpointed GPU's node and not the one its new spec gave.
+    fn provide_nodes(&self, tree: &[i32]) -> Result<(), String> {
+        let targets: Vec<&Gpu> = self.targets.iter().collect();
+        if targets.iter().all(|g| g.minor.is_none()) {
+            return Ok(());
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for &pid in tree {
+            if devnodes::other_mount_ns(pid) != Some(true) {
+                continue;
+            }
+            let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+                continue;
+            };
+            if !done.insert(ns) {
+                continue;
+            }
+            for made in devnodes::provide(pid, &targets, &self.dev_dir)? {
+                log::info!(
+                    "cuda: made {made} in the /dev of restored pid {pid}: it came back from the checkpoint without it"
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -326,13 +388,13 @@ fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), F
         .map_err(|e| Failure::new(FailureKind::Machine, libc::ENODEV, format!("{why} but {e}")))
 }
 
-/// Checks the image's GPUs against this machine's (model, count, free memory) and plans the
-/// GPU map: empty when every GPU restores onto itself.
+/// Checks the image's GPUs against those this restore can reach (model, count, free memory)
+/// and plans the GPU map: empty when every GPU restores onto itself; with the GPUs it goes to.
 fn plan_gpus(
     settings: &CudaSettings,
     md: &CudaMetadata,
     driver_version: i32,
-) -> Result<Vec<GpuPair>, Failure> {
+) -> Result<(Vec<GpuPair>, Vec<Gpu>), Failure> {
     let explicit = gpus::parse_device_map(&settings.device_map).map_err(|e| {
         Failure::new(
             FailureKind::Settings,
@@ -340,13 +402,14 @@ fn plan_gpus(
             format!("settings: cuda.device-map: {e}"),
         )
     })?;
-    let mut local = gpus::read_gpus(&settings.nvidia_proc, Path::new("/dev")).map_err(|e| {
+    let listing = gpus::read_listing(&settings.nvidia_proc, &settings.nvidia_dev).map_err(|e| {
         Failure::new(
             FailureKind::System,
             libc::EIO,
             format!("cannot list this machine's GPUs: {e}"),
         )
     })?;
+    let mut local = listing.reachable.clone();
     let free = driver::fill_memory(&settings.nvml, &mut local);
     let checked = preflight::plan(md, driver_version, &local, free.as_ref(), &explicit);
     let gpu_map = checked.gpu_pairs();
@@ -357,14 +420,26 @@ fn plan_gpus(
         }
     }
     if let Some(r) = checked.refusals.first() {
-        return Err(Failure::new(r.kind, r.errno, r.message.clone()));
+        let mut message = r.message.clone();
+        if r.errno == libc::ENODEV {
+            // Which GPUs the restore may use, and why the others not: in a container, those
+            // its device cgroup refuses.
+            message = format!("{message}. {}", listing.describe());
+        }
+        return Err(Failure::new(r.kind, r.errno, message));
     }
     log::info!(
-        "cuda: {} CUDA process(es) to restore, checked against {} local GPU(s)",
+        "cuda: {} CUDA process(es) to restore, checked against {} reachable GPU(s)",
         md.processes.len(),
         local.len()
     );
-    Ok(gpu_map)
+    let targets = checked
+        .plan
+        .iter()
+        .flatten()
+        .filter_map(|p| local.iter().find(|g| g.uuid == p.new).cloned())
+        .collect();
+    Ok((gpu_map, targets))
 }
 
 /// Refuses records of processes the restore will not create (per the image's
@@ -418,9 +493,48 @@ fn end_restored(tree: &[i32], failed: &[i32]) {
         list_pids(failed),
         tree.len()
     );
+    let threads: Vec<i32> = tree
+        .iter()
+        .flat_map(|&pid| procfs::threads(pid).into_iter().filter(move |&t| t != pid))
+        .collect();
     for &pid in tree {
         // SAFETY: kill(2) of a task this restore created (CRIU still holds it under ptrace).
         unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    reap_traced_threads(&threads);
+}
+
+/// Longest wait for the killed tasks' threads in [`reap_traced_threads`].
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reaps the threads (never a thread-group leader) of the killed tasks that this CRIU traces.
+/// A traced thread that dies stays a zombie until its tracer waits for it. In a pid namespace
+/// the init's last thread waits in the kernel for every other task of the namespace to be
+/// gone, and CRIU before 4.3, which ignores the hook's answer and then fails to detach the
+/// killed tasks, waits for the init with a plain waitpid(2) that never reaps those threads:
+/// without this, CRIU and the restored init wait for each other for good.
+fn reap_traced_threads(threads: &[i32]) {
+    let mut left: Vec<i32> = threads.to_vec();
+    let deadline = std::time::Instant::now() + REAP_WAIT;
+    while !left.is_empty() {
+        left.retain(|&tid| {
+            let mut status = 0;
+            // SAFETY: waitpid(2) on one thread id, without blocking; it reaps only a thread
+            // this process traces (anything else answers ECHILD).
+            let r = unsafe { libc::waitpid(tid, &mut status, libc::WNOHANG | libc::__WALL) };
+            r == 0
+        });
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if !left.is_empty() {
+        log::warn!(
+            "cuda: thread(s) {} of the ended tasks did not end within {} s",
+            list_pids(&left),
+            REAP_WAIT.as_secs()
+        );
     }
 }
 

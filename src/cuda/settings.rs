@@ -12,6 +12,8 @@ pub struct CudaSettings {
     pub libcuda: Option<PathBuf>,
     /// Directory listing the kernel driver's GPUs.
     pub nvidia_proc: PathBuf,
+    /// Directory holding the GPUs' device nodes (`nvidia<minor>`) as this CRIU sees them.
+    pub nvidia_dev: PathBuf,
     /// Checkpoint and restore all processes at once.
     pub parallel: bool,
     /// Lock timeout when CRIU sets none.
@@ -88,6 +90,7 @@ impl CudaSettings {
                 cfg.get("cuda.nvidia-proc")
                     .unwrap_or("/proc/driver/nvidia/gpus"),
             ),
+            nvidia_dev: PathBuf::from(cfg.get("cuda.nvidia-dev").unwrap_or("/dev")),
             parallel,
             lock_timeout_ms,
             device_map: cfg.get("cuda.device-map").unwrap_or("").to_string(),

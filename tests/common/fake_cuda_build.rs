@@ -25,19 +25,17 @@ pub fn build(
     fixture: &dyn Fn(&str) -> String,
     build_dir: &Path,
 ) -> FakeCudaBuild {
-    let shared = |src: &str, name: &str| {
-        cc(
-            name,
-            &[
-                "-shared".into(),
-                "-fPIC".into(),
-                fixture(src),
-                "-lpthread".into(),
-            ],
-        )
+    let shared = |srcs: &[&str], name: &str| {
+        let mut args: Vec<String> = vec!["-shared".into(), "-fPIC".into()];
+        args.extend(srcs.iter().map(|s| fixture(s)));
+        args.push("-lpthread".into());
+        cc(name, &args)
     };
-    let libcuda = shared("fake-cuda/fake_libcuda.c", "libcuda.so.1");
-    let nvml = shared("fake-cuda/fake_nvml.c", "libnvidia-ml.so.1");
+    let libcuda = shared(
+        &["fake-cuda/fake_libcuda.c", "fake-cuda/gpu_nodes.c"],
+        "libcuda.so.1",
+    );
+    let nvml = shared(&["fake-cuda/fake_nvml.c"], "libnvidia-ml.so.1");
     // Linked against the fake only, found next to the binary ($ORIGIN, DT_RPATH) before any
     // real libcuda.
     let linked = |src: &str, name: &str| {

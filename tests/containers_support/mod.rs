@@ -12,6 +12,7 @@
 //!   here once its runtime command exits. [`run_tool`] therefore reaps every child while it
 //!   waits for one, and nothing here waits through `std::process::Child`.
 
+pub mod cdi;
 // Used by tests/e2e_cri.rs only; every test binary compiles this module.
 #[allow(dead_code)]
 pub mod cri;
@@ -379,6 +380,25 @@ pub fn fake_cuda() -> &'static FakeCuda {
 }
 
 impl FakeCuda {
+    /// (UUID, model) of each GPU of the fake under `FAKE_CUDA_GPUS=count`.
+    pub fn gpus(&self, e: &E2e, count: u32) -> Vec<(String, String)> {
+        let mut cmd = e.command(&self.gpu_list);
+        cmd.env("FAKE_CUDA_DEVICE_DIR", e.dir().join("gpu-list-dev"))
+            .env("FAKE_CUDA_GPUS", count.to_string());
+        let run = run_tool(e.dir(), cmd, "gpu_list");
+        run.assert_ok();
+        let gpus: Vec<(String, String)> = run
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let (u, m) = l.split_once(' ')?;
+                Some((u.to_string(), m.to_string()))
+            })
+            .collect();
+        assert_eq!(gpus.len(), count as usize, "{}", run.stdout);
+        gpus
+    }
+
     /// (UUID, model) of the fake's one GPU.
     pub fn gpu(&self, e: &E2e) -> (String, String) {
         let mut cmd = e.command(&self.gpu_list);

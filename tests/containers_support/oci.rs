@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use super::cdi::OciEdits;
 use super::{
     Cgroup, Output, PrivateMounts, ToolRun, Workload, criu_run, describe, private_tool, reap_now,
     rootfs, run_cleanup, run_tool, run_tool_detached, system_tool, wait_gone,
@@ -42,12 +43,14 @@ fn json_list(items: &[String]) -> String {
 
 /// The bundle's `config.json`: `workload` on the shared root file system (read-only), stdio
 /// from the runtime (/dev/null: CRIU cannot dump a host file as a container's stdio), the host
-/// directory `out` at `/out`, cgroup `cgroup`, `annotations`.
+/// directory `out` at `/out`, cgroup `cgroup`, `annotations`, and `edits` (devices, mounts,
+/// hooks, environment: `cdi.rs`).
 pub fn config_json(
     workload: Workload,
     out: &Path,
     cgroup: &str,
     annotations: &[(String, String)],
+    edits: &OciEdits,
 ) -> String {
     let ann: Vec<String> = annotations
         .iter()
@@ -78,19 +81,22 @@ pub fn config_json(
       "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}},
     {{"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
       "options": ["nosuid", "noexec", "nodev"]}},
-    {{"destination": "/out", "type": "bind", "source": {out}, "options": ["rbind", "rw"]}}
+    {{"destination": "/out", "type": "bind", "source": {out}, "options": ["rbind", "rw"]}}{mounts}
   ],
   "annotations": {{{ann}}},
   "linux": {{
     "cgroupsPath": {cgroup},
     "namespaces": [{{"type": "pid"}}, {{"type": "ipc"}}, {{"type": "mount"}}],
     "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list"],
-    "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
-  }}
+    "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]{linux}
+  }}{hooks}
 }}
 "#,
         args = json_list(&workload.args()),
-        env = json_list(&workload.env()),
+        env = json_list(&[workload.env(), edits.env.clone()].concat()),
+        mounts = edits.mounts_json(),
+        linux = edits.linux_json(),
+        hooks = edits.hooks_json(),
         root = json_str(rootfs().to_str().expect("UTF-8 path")),
         out = json_str(out.to_str().expect("UTF-8 path")),
         cgroup = json_str(cgroup),
@@ -248,13 +254,25 @@ impl<'e> OciRuntime<'e> {
         annotations: &[(String, String)],
         peer: Option<OwnedFd>,
     ) -> OciContainer<'e> {
+        self.start_with(name, workload, annotations, &OciEdits::default(), peer)
+    }
+
+    /// [`OciRuntime::start`] with `edits` in the container's spec.
+    pub fn start_with(
+        &'e self,
+        name: &str,
+        workload: Workload,
+        annotations: &[(String, String)],
+        edits: &OciEdits,
+        peer: Option<OwnedFd>,
+    ) -> OciContainer<'e> {
         let bundle = self.e.dir().join(format!("bundle-{name}"));
         std::fs::create_dir_all(&bundle).expect("bundle directory");
         let out = Output::new(self.e.dir().join(format!("out-{name}")), workload);
         let cgroup = Cgroup::new();
         std::fs::write(
             bundle.join("config.json"),
-            config_json(workload, &out.dir, &cgroup.path, annotations),
+            config_json(workload, &out.dir, &cgroup.path, annotations, edits),
         )
         .expect("config.json");
         let id = format!("criu-gpu-e2e-{}-{name}", crate::common::owner_tag());
@@ -292,6 +310,7 @@ impl<'e> OciRuntime<'e> {
             id,
             bundle,
             out,
+            annotations: annotations.to_vec(),
             _cgroup: cgroup,
             log,
         };
@@ -309,6 +328,7 @@ pub struct OciContainer<'e> {
     pub id: String,
     pub bundle: PathBuf,
     pub out: Output,
+    annotations: Vec<(String, String)>,
     /// Removed after the container (fields drop after `drop`).
     _cgroup: Cgroup,
     log: PathBuf,
@@ -357,6 +377,22 @@ impl OciContainer<'_> {
         args.push(&self.id);
         let run = self.rt.run(&args);
         criu_run(&run, &work.join("dump.log"))
+    }
+
+    /// Rewrites the bundle's spec with `edits` instead (the container restored next is given
+    /// other devices, as a new pod would be).
+    pub fn respec(&self, edits: &OciEdits) {
+        std::fs::write(
+            self.bundle.join("config.json"),
+            config_json(
+                self.out.workload,
+                &self.out.dir,
+                &self._cgroup.path,
+                &self.annotations,
+                edits,
+            ),
+        )
+        .expect("config.json");
     }
 
     /// `restore -d` from `images`, CRIU's restore.log in `work`.

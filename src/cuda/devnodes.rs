@@ -1,0 +1,292 @@
+//! The GPUs' device nodes (`/dev/nvidia<minor>`, NVIDIA's character devices `195:<minor>`): which
+//! GPUs a process can reach, as this CRIU sees it and as a dumped or restored task sees it, and
+//! the nodes a restored container's `/dev` lacks.
+//!
+//! The driver reaches a GPU only through its node, opened inside the CUDA process: its mount
+//! namespace must show the node and its device cgroup must let it open it. Under runc and
+//! containerd CRIU runs in the host's mount namespace, where every GPU's node exists; but for a
+//! restore runc first places CRIU in the restored container's new cgroup, with the device rules
+//! of the new spec (`criuApplyCgroups`). So at restore the kernel's answer to this process,
+//! `access(2)` on the node, is the container's device cgroup's: it is checked without opening
+//! the node, so the driver is never reached.
+//!
+//! What the restored tasks see of `/dev` is another matter: a container's `/dev` is a tmpfs
+//! that CRIU restores from the checkpoint, so it holds the checkpointed GPU's node, not the one
+//! the new spec gave. [`provide`] adds the nodes of the GPUs the restore goes to.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use super::gpus::Gpu;
+
+/// Major number of NVIDIA's GPU device nodes.
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// The node's file name, `nvidia<minor>`.
+pub fn node_name(minor: u32) -> String {
+    format!("nvidia{minor}")
+}
+
+fn nvidia_rdev(minor: u32) -> libc::dev_t {
+    libc::makedev(NVIDIA_MAJOR, minor)
+}
+
+/// What a file is, in words, for messages.
+fn describe(st: &libc::stat) -> String {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFCHR => format!(
+            "character device {}:{}",
+            libc::major(st.st_rdev),
+            libc::minor(st.st_rdev)
+        ),
+        libc::S_IFBLK => "a block device".into(),
+        libc::S_IFREG => "a regular file".into(),
+        libc::S_IFDIR => "a directory".into(),
+        libc::S_IFLNK => "a symbolic link".into(),
+        _ => "a special file".into(),
+    }
+}
+
+fn is_node_of(st: &libc::stat, minor: u32) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == nvidia_rdev(minor)
+}
+
+fn c_path(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{} holds a NUL", p.display()))
+}
+
+/// Whether this process can reach GPU `minor` through its node in `dev_dir`: the node is
+/// NVIDIA's device `minor` and the device cgroup lets this process read and write it (for a
+/// restore under runc: the restored container's cgroup). `Err` says why not.
+pub fn check_here(dev_dir: &Path, minor: u32) -> Result<(), String> {
+    let path = dev_dir.join(node_name(minor));
+    let c = c_path(&path)?;
+    // SAFETY: an all-zero `stat` is a valid value for stat(2) to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid, writable stat buffer.
+    if unsafe { libc::stat(c.as_ptr(), &mut st) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.kind() {
+            std::io::ErrorKind::NotFound => format!("{} does not exist", path.display()),
+            _ => format!("{} cannot be read: {e}", path.display()),
+        });
+    }
+    if !is_node_of(&st, minor) {
+        return Err(format!(
+            "{} is {}, not NVIDIA's device {NVIDIA_MAJOR}:{minor}",
+            path.display(),
+            describe(&st)
+        ));
+    }
+    // access(2) asks the device cgroup (v1 rules or the v2 eBPF program) like open(2) would,
+    // without reaching the driver.
+    // SAFETY: `c` is a NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) => format!(
+                "{} is refused by the device cgroup this CRIU runs in (for a restore under runc: the restored container's)",
+                path.display()
+            ),
+            _ => format!("{} cannot be opened: {e}", path.display()),
+        });
+    }
+    Ok(())
+}
+
+/// The mount namespace of `pid` (`None` for this process: `0`), by inode.
+fn mount_ns(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let p = if pid == 0 {
+        "/proc/self/ns/mnt".to_string()
+    } else {
+        format!("/proc/{pid}/ns/mnt")
+    };
+    std::fs::metadata(p).ok().map(|m| m.ino())
+}
+
+/// Whether `pid` lives in a mount namespace other than this CRIU's (a container's): only then
+/// does it see another `/dev`. `None` when it cannot be told.
+pub fn other_mount_ns(pid: i32) -> Option<bool> {
+    Some(mount_ns(pid)? != mount_ns(0)?)
+}
+
+/// A task's `/dev`, opened through its root without following a symbolic link of the
+/// container's (an absolute one would resolve in this CRIU's root).
+fn task_dev(pid: i32) -> Result<OwnedFd, String> {
+    let root = c_path(Path::new(&format!("/proc/{pid}/root")))?;
+    // SAFETY: `root` is a NUL-terminated path; the flags ask for a new descriptor only.
+    let rfd = unsafe {
+        libc::open(
+            root.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if rfd < 0 {
+        return Err(format!(
+            "the root of pid {pid} cannot be opened: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `rfd` was just opened and is owned by nothing else.
+    let rfd = unsafe { OwnedFd::from_raw_fd(rfd) };
+    // SAFETY: `rfd` is an open directory descriptor and the name a NUL-terminated literal.
+    let dfd = unsafe {
+        libc::openat(
+            rfd.as_raw_fd(),
+            c"dev".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if dfd < 0 {
+        return Err(format!(
+            "/dev of pid {pid} cannot be opened: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `dfd` was just opened and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(dfd) })
+}
+
+/// What `dev` (a task's `/dev`) holds under `name`: `None` when nothing.
+fn stat_at(dev: &OwnedFd, name: &str) -> Result<Option<libc::stat>, String> {
+    let c = CString::new(name).map_err(|_| format!("{name} holds a NUL"))?;
+    // SAFETY: an all-zero `stat` is a valid value for fstatat(2) to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dev` is an open directory descriptor, `c` a NUL-terminated name and `st` a
+    // valid, writable buffer.
+    let r = unsafe {
+        libc::fstatat(
+            dev.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r == 0 {
+        return Ok(Some(st));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Ok(None),
+        _ => Err(format!("/dev/{name} cannot be read: {e}")),
+    }
+}
+
+/// Of `gpus`, those whose node `pid` sees in its own `/dev` (`None`: its `/dev` cannot be
+/// read). A GPU without a known minor is kept.
+pub fn seen_by_task(pid: i32, gpus: &[Gpu]) -> Option<Vec<Gpu>> {
+    let dev = task_dev(pid).ok()?;
+    Some(
+        gpus.iter()
+            .filter(|g| {
+                g.minor.is_none_or(
+                    |m| matches!(stat_at(&dev, &node_name(m)), Ok(Some(st)) if is_node_of(&st, m)),
+                )
+            })
+            .cloned()
+            .collect(),
+    )
+}
+
+/// Makes sure restored task `pid` (of another mount namespace than this CRIU) finds the node of
+/// every GPU of `targets` in its `/dev`, creating those it lacks as the host's nodes in
+/// `dev_dir` are (type, number, mode). Returns what it created, in words; `Err` names a node
+/// that is there but is something else, or one that cannot be made.
+pub fn provide(pid: i32, targets: &[&Gpu], dev_dir: &Path) -> Result<Vec<String>, String> {
+    let dev = task_dev(pid)?;
+    let mut made = Vec::new();
+    for g in targets {
+        let Some(minor) = g.minor else {
+            continue;
+        };
+        let name = node_name(minor);
+        match stat_at(&dev, &name)? {
+            Some(st) if is_node_of(&st, minor) => continue,
+            Some(st) => {
+                return Err(format!(
+                    "/dev/{name} of the restored tasks is {}, but GPU {} ({}) is NVIDIA's device {NVIDIA_MAJOR}:{minor}: it is left as it is and the restore refused",
+                    describe(&st),
+                    g.uuid,
+                    g.bus
+                ));
+            }
+            None => {}
+        }
+        let host = dev_dir.join(&name);
+        let mode = std::fs::metadata(&host)
+            .map(|m| {
+                use std::os::unix::fs::PermissionsExt;
+                m.permissions().mode() & 0o777
+            })
+            .unwrap_or(0o666);
+        let c = CString::new(name.as_str()).map_err(|_| format!("{name} holds a NUL"))?;
+        // SAFETY: `dev` is an open directory descriptor and `c` a NUL-terminated name; mknodat
+        // creates a new node and never follows an existing name.
+        let r = unsafe {
+            libc::mknodat(
+                dev.as_raw_fd(),
+                c.as_ptr(),
+                libc::S_IFCHR | mode as libc::mode_t,
+                nvidia_rdev(minor),
+            )
+        };
+        if r != 0 {
+            return Err(format!(
+                "/dev/{name} (GPU {}) is missing in the restored tasks' /dev and cannot be made there: {}",
+                g.uuid,
+                std::io::Error::last_os_error()
+            ));
+        }
+        // mknod(2) applies the umask: the mode is set as the host's.
+        // SAFETY: as above; fchmodat(2) with flags 0 on the node just made.
+        unsafe { libc::fchmodat(dev.as_raw_fd(), c.as_ptr(), mode as libc::mode_t, 0) };
+        made.push(format!(
+            "/dev/{name} ({NVIDIA_MAJOR}:{minor}, GPU {}, mode {mode:o})",
+            g.uuid
+        ));
+    }
+    Ok(made)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_ckpt_sys::GpuUuid;
+
+    fn gpu(minor: Option<u32>) -> Gpu {
+        Gpu {
+            uuid: GpuUuid([7; 16]),
+            model: "M".into(),
+            bus: "0000:00:06.0".into(),
+            memory: 0,
+            minor,
+        }
+    }
+
+    #[test]
+    fn nodes_are_checked_by_type_and_number() {
+        let dir = std::env::temp_dir().join(format!("nv-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = check_here(&dir, 3).unwrap_err();
+        assert!(err.contains("does not exist"), "{err}");
+        std::fs::write(dir.join("nvidia3"), "").unwrap();
+        let err = check_here(&dir, 3).unwrap_err();
+        assert!(
+            err.contains("a regular file, not NVIDIA's device 195:3"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn this_process_shares_its_own_mount_namespace() {
+        assert_eq!(other_mount_ns(std::process::id() as i32), Some(false));
+        assert_eq!(other_mount_ns(-1), None);
+        // Its own /dev holds no stand-in node of minor 250 (nvidia-modeset is 254).
+        let seen = seen_by_task(std::process::id() as i32, &[gpu(Some(250)), gpu(None)]);
+        assert_eq!(seen.map(|v| v.len()), Some(1));
+    }
+}
