@@ -82,6 +82,7 @@ fn build() -> Option<Dirs> {
         .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
         .arg(dirs.build.join("libcuda.so.1"))
         .arg(src.join("fake_libcuda.c"))
+        .arg(src.join("gpu_nodes.c"))
         .arg("-lpthread"));
     run(Command::new("cc")
         .args(["-O2", "-Wall", "-Werror", "-o"])

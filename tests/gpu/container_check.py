@@ -629,6 +629,7 @@ def build_fake(ctx):
     fx = os.path.join(REPO, "tests", "fixtures")
     link = [f"-L{d}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags", "-lpthread"]
     run(["cc", "-shared", "-fPIC", "-O2", "-o", ctx.fake_libcuda, os.path.join(fx, "fake-cuda", "fake_libcuda.c"),
+         os.path.join(fx, "fake-cuda", "gpu_nodes.c"),
          "-lpthread"], 120, os.path.join(ctx.logs, "cc.out"), what="cc fake_libcuda.c")
     run(["cc", "-O2", "-o", ctx.workload, os.path.join(fx, "fake-cuda", "workload.c"), *link], 120,
         os.path.join(ctx.logs, "cc.out"), what="cc workload.c")
