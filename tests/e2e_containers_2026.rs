@@ -48,14 +48,14 @@ mod containers_support;
 
 use std::path::PathBuf;
 
-use common::{E2e, plugin_libdir};
+use common::E2e;
 use containers_support::docker::{Docker, DockerBins};
 use containers_support::engines::{Containerd, ContainerdBins, Podman, PodmanBins};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::pidns::{Bystander, rerun_in_own_pid_namespace};
 use containers_support::{
-    CUDA, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_restored, cycles,
-    fake_cuda_env, run_tool, tool_2026, transitions, version_line, write_settings,
+    CUDA, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_restored, cycles, etc_criu,
+    fake_cuda_env, needs_criu_4_2, run_tool, tool_2026, version_line,
 };
 
 fn calls(e: &E2e) -> PathBuf {
@@ -72,33 +72,6 @@ fn runc_1_3() -> PathBuf {
 
 fn crun_1_28() -> PathBuf {
     tool_2026("CRIU_GPU_TEST_CRUN2", "bin/crun")
-}
-
-/// The test's `/etc/criu`: CRIU configuration file `conf` naming the plugin's directory, and
-/// the plugin's settings for `workload` (`gpu-plugin.conf`).
-fn etc_criu(e: &E2e, workload: Workload, conf: &str) -> PathBuf {
-    let dir = e.dir().join("etc-criu");
-    std::fs::create_dir_all(&dir).expect("etc/criu");
-    std::fs::write(
-        dir.join(conf),
-        format!("libdir {}\n", plugin_libdir().display()),
-    )
-    .expect("CRIU configuration");
-    write_settings(e, workload, &dir.join("gpu-plugin.conf"));
-    dir
-}
-
-/// Skips (saying so) a CUDA test with a CRIU older than 4.2 where `why` needs 4.2.
-fn needs_criu_4_2(e: &E2e, test: &str, workload: Workload, why: &str) -> bool {
-    if workload.is_cuda() && e.criu_release().is_some_and(|v| v < (4, 2)) {
-        eprintln!(
-            "SKIPPED {test}: CRIU {:?} is older than 4.2, which {why}. Run with CRIU_BIN \
-             pointing at CRIU 4.2 or newer.",
-            e.criu_release()
-        );
-        return true;
-    }
-    false
 }
 
 // ---- containerd 2.1 -----------------------------------------------------------------------
@@ -125,16 +98,7 @@ fn containerd2_cycle(test: &str, runc: fn() -> PathBuf, workload: Workload) {
     let dump = c.task_checkpoint(&e.images("task-img"), &e.dir().join("task-dump"));
     assert_plugin_dumped(&e, &dump, workload, pid);
     assert_eq!(c.running_pid(), pid, "the task after its checkpoint");
-    c.out.wait_counting(3);
-    if let Some(files) = &files {
-        assert_eq!(&c.out.device_files(), files, "device memory not given back");
-        assert_eq!(
-            transitions(&calls(&e), pid),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "driver calls of the dump"
-        );
-        c.out.verify(pid);
-    }
+    c.out.assert_given_back(files.as_ref(), &calls(&e), pid);
 
     // The container's checkpoint image (the task keeps running), the container gone, restored.
     c.checkpoint_remove_restore("localhost/criu-gpu-e2e-checkpoint:2026", files, &calls(&e));

@@ -26,15 +26,15 @@ mod containers_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{CriuRun, E2e, plugin_libdir, wait_until};
+use common::{CriuRun, E2e, wait_until};
 use containers_support::cri::{
     CriContainer, CriNode, Images, Registry, archive_member, archive_members,
     push_checkpoint_image, push_images,
 };
 use containers_support::engines::ContainerdBins;
 use containers_support::{
-    CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, fake_cuda_env,
-    private_tool, run_tool, tool_2026, tool_path, transitions, write_settings,
+    CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, cycles, etc_criu,
+    fake_cuda_env, needs_criu_4_2, private_tool, run_tool, tool_2026, tool_path, transitions,
 };
 
 fn runc_1_4() -> PathBuf {
@@ -55,29 +55,9 @@ const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The test, or `None` (and a SKIPPED line) where it cannot run.
 fn start(test: &str, workload: Workload) -> Option<E2e> {
     let e = E2e::start(test)?;
-    if workload.is_cuda() && e.criu_release().is_some_and(|v| v < (4, 2)) {
-        eprintln!(
-            "SKIPPED {test}: CRIU {:?} is older than 4.2, which containerd needs for a CUDA \
-             container (it freezes the container's cgroup around the checkpoint; CRIU 4.1 does \
-             not thaw it for plugins). Run with CRIU_BIN pointing at CRIU 4.2 or newer.",
-            e.criu_release()
-        );
-        return None;
-    }
-    Some(e)
-}
-
-/// `/etc/criu` of the node: runc.conf loading the plugin, the plugin's settings.
-fn etc_criu(e: &E2e, workload: Workload) -> PathBuf {
-    let etc = e.dir().join("etc-criu");
-    std::fs::create_dir_all(&etc).expect("etc/criu");
-    std::fs::write(
-        etc.join("runc.conf"),
-        format!("libdir {}\n", plugin_libdir().display()),
-    )
-    .expect("runc.conf");
-    write_settings(e, workload, &etc.join("gpu-plugin.conf"));
-    etc
+    let why = "containerd needs for a CUDA container (it freezes the container's cgroup around \
+               the checkpoint; CRIU 4.1 does not thaw it for plugins)";
+    (!needs_criu_4_2(&e, test, workload, why)).then_some(e)
 }
 
 /// Node `name` of `bins` pulling from `registry`, the test images pushed there once (by the
@@ -91,7 +71,7 @@ fn node<'e>(
     push: bool,
 ) -> CriNode<'e> {
     let images = Images::of(registry);
-    let etc = etc_criu(e, workload);
+    let etc = etc_criu(e, workload, "runc.conf");
     let n = CriNode::start(
         e,
         name,
@@ -227,13 +207,7 @@ fn restore_from<'e>(
     assert_plugin_restored(n.e, &restore, c.out.workload);
     c.out.assert_resumes_between(low, high, killed);
     if let Some(files) = files {
-        assert_eq!(&c.out.device_files(), files, "device memory not recreated");
-        c.out.verify(pid);
-        let t = transitions(&calls(n.e), pid);
-        assert!(
-            t.ends_with(&["restore=0".to_string(), "unlock=0".to_string()]),
-            "driver calls of the restore: {t:?}"
-        );
+        c.out.assert_gpu_restored(files, &calls(n.e), pid);
     }
     c
 }
@@ -248,11 +222,7 @@ fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
     let pod = n.run_pod("pod-a");
     let c = n.start_container(&pod, "w", workload);
     let pid = c.running_pid();
-    let files = workload.is_cuda().then(|| {
-        let f = c.out.device_files();
-        assert_eq!(f.len(), 2, "counter + one chunk: {f:?}");
-        f
-    });
+    let files = workload.is_cuda().then(|| cycles::device_memory(&c.out));
 
     // The kubelet's checkpoint: the container keeps running, with its GPU.
     let archive = e.dir().join("checkpoint-w.tar");
@@ -261,16 +231,7 @@ fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
         .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
     let high = c.out.mark();
     assert_eq!(c.running_pid(), pid, "the container after its checkpoint");
-    c.out.wait_counting(3);
-    if let Some(files) = &files {
-        assert_eq!(&c.out.device_files(), files, "device memory not given back");
-        assert_eq!(
-            transitions(&calls(&e), pid),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "driver calls of the checkpoint"
-        );
-        c.out.verify(pid);
-    }
+    c.out.assert_given_back(files.as_ref(), &calls(&e), pid);
     assert_archive(&e, &archive, workload, pid);
 
     // Restored as a new container of the same pod, then as one of a new pod.

@@ -25,13 +25,12 @@ mod containers_support;
 
 use std::path::Path;
 
-use common::{E2e, plugin_libdir};
+use common::E2e;
 use containers_support::cdi::{NvidiaCdi, OciEdits, rdev_of};
 use containers_support::oci::{Oci, OciRuntime};
-use containers_support::tool_2026;
 use containers_support::{
-    CUDA, PrivateMounts, assert_plugin_dumped, assert_plugin_restored, fake_cuda, fake_cuda_env,
-    transitions,
+    CUDA, PrivateMounts, assert_plugin_dumped, assert_plugin_restored, etc_criu_loading_plugin,
+    fake_cuda, fake_cuda_env, tool_2026, transitions,
 };
 
 /// Where the restored container is put.
@@ -79,13 +78,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
     let spec = cdi.write_spec(&e.dir().join("etc-cdi"));
     let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
 
-    let etc_criu = e.dir().join("etc-criu");
-    std::fs::create_dir_all(&etc_criu).expect("etc/criu");
-    std::fs::write(
-        etc_criu.join("runc.conf"),
-        format!("libdir {}\n", plugin_libdir().display()),
-    )
-    .expect("runc.conf");
+    let etc_criu = etc_criu_loading_plugin(&e, "runc.conf");
     std::fs::write(
         etc_criu.join("gpu-plugin.conf"),
         format!(

@@ -96,16 +96,7 @@ pub fn oci_leave_running_restore(
     step("checkpoint --leave-running");
     assert_plugin_dumped(e, &dump, workload, pid);
     assert_eq!(c.pid(), pid, "the container after --leave-running");
-    c.out.wait_counting(3);
-    if let Some(files) = &files {
-        assert_eq!(&c.out.device_files(), files, "device memory not given back");
-        assert_eq!(
-            transitions(calls, pid),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "driver calls of the dump"
-        );
-        c.out.verify(pid);
-    }
+    c.out.assert_given_back(files.as_ref(), calls, pid);
 
     c.remove();
     let killed = c.out.mark();

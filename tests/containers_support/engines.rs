@@ -798,17 +798,7 @@ impl CtrContainer<'_> {
         let restored = self.running_pid();
         self.out.assert_resumes_between(low, high, killed);
         if let Some(files) = files {
-            assert_eq!(
-                self.out.device_files(),
-                files,
-                "device memory not recreated"
-            );
-            self.out.verify(restored);
-            let t = super::transitions(calls, restored);
-            assert!(
-                t.ends_with(&["restore=0".to_string(), "unlock=0".to_string()]),
-                "driver calls of the restore: {t:?}"
-            );
+            self.out.assert_gpu_restored(&files, calls, restored);
         }
     }
 }

@@ -640,6 +640,35 @@ impl Output {
         v
     }
 
+    /// After a dump that left the workload (host pid `pid`) running: it counts on and, on
+    /// CUDA (`files`: its device files before), holds its device memory again, verified, the
+    /// driver's calls for it (log `calls`) exactly a lock, checkpoint, restore and unlock.
+    pub fn assert_given_back(&self, files: Option<&Vec<String>>, calls: &Path, pid: i32) {
+        self.wait_counting(3);
+        if let Some(files) = files {
+            assert_eq!(&self.device_files(), files, "device memory not given back");
+            assert_eq!(
+                transitions(calls, pid),
+                ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+                "driver calls of the dump"
+            );
+            self.verify(pid);
+        }
+    }
+
+    /// After a restore of the CUDA workload (`files`: its device files when dumped), now host
+    /// pid `pid`: its device memory recreated and verified, the driver's last calls for it
+    /// (log `calls`) a restore and an unlock.
+    pub fn assert_gpu_restored(&self, files: &[String], calls: &Path, pid: i32) {
+        assert_eq!(self.device_files(), files, "device memory not recreated");
+        self.verify(pid);
+        let t = transitions(calls, pid);
+        assert!(
+            t.ends_with(&["restore=0".to_string(), "unlock=0".to_string()]),
+            "driver calls of the restore: {t:?}"
+        );
+    }
+
     /// SIGUSR1 to the CUDA workload (host pid `pid`); its new verdict must be "verify ok" (its
     /// device memory holds the pattern, the device counter did not go back).
     pub fn verify(&self, pid: i32) {
@@ -693,6 +722,40 @@ impl Output {
 }
 
 // ---- the plugin's settings ----------------------------------------------------------------
+
+/// The test's `/etc/criu` (`<test dir>/etc-criu`, bound over `/etc/criu` by the runtimes'
+/// private mounts) with CRIU configuration file `conf` (`runc.conf`, `crun.conf`...) loading
+/// the plugin.
+pub fn etc_criu_loading_plugin(e: &E2e, conf: &str) -> PathBuf {
+    let dir = e.dir().join("etc-criu");
+    std::fs::create_dir_all(&dir).expect("etc/criu");
+    std::fs::write(
+        dir.join(conf),
+        format!("libdir {}\n", common::plugin_libdir().display()),
+    )
+    .expect("CRIU configuration");
+    dir
+}
+
+/// [`etc_criu_loading_plugin`] with the plugin's settings for `workload` in it.
+pub fn etc_criu(e: &E2e, workload: Workload, conf: &str) -> PathBuf {
+    let dir = etc_criu_loading_plugin(e, conf);
+    write_settings(e, workload, &dir.join("gpu-plugin.conf"));
+    dir
+}
+
+/// Skips (saying so) a CUDA test with a CRIU older than 4.2 where `why` needs 4.2.
+pub fn needs_criu_4_2(e: &E2e, test: &str, workload: Workload, why: &str) -> bool {
+    if workload.is_cuda() && e.criu_release().is_some_and(|v| v < (4, 2)) {
+        eprintln!(
+            "SKIPPED {test}: CRIU {:?} is older than 4.2, which {why}. Run with CRIU_BIN \
+             pointing at CRIU 4.2 or newer.",
+            e.criu_release()
+        );
+        return true;
+    }
+    false
+}
 
 /// The plugin's settings file for `workload`, written under the test's directory: on the fake
 /// driver for CUDA (GPU list, NVML stand-in), else the NVIDIA side pointed at a driver directory
