@@ -82,7 +82,7 @@ fn node<'e>(
         images,
     );
     if push {
-        push_images(e, &n.cd, registry);
+        push_images(e, &n.cd, &n.images);
     }
     n
 }

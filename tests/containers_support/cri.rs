@@ -147,10 +147,9 @@ impl Images {
     }
 }
 
-/// Builds the test's two images and pushes them to `registry` through `cd` (any containerd;
-/// its `ctr`, plain HTTP).
-pub fn push_images(e: &E2e, cd: &Containerd<'_>, registry: &Registry) -> Images {
-    let images = Images::of(registry);
+/// Builds the test's two `images` and pushes them to their registry through `cd` (any
+/// containerd; its `ctr`, plain HTTP).
+pub fn push_images(e: &E2e, cd: &Containerd<'_>, images: &Images) {
     for (stem, name, config) in [
         ("workload-image", &images.workload, ""),
         ("pause-image", &images.pause, PAUSE),
@@ -160,7 +159,6 @@ pub fn push_images(e: &E2e, cd: &Containerd<'_>, registry: &Registry) -> Images 
             .assert_ok();
         cd.ctr(&["image", "push", "--plain-http", name]).assert_ok();
     }
-    images
 }
 
 /// The containerd 2.x configuration of the CRI's plugins for a node whose directory is `d`.

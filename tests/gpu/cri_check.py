@@ -313,7 +313,6 @@ def run_case(node, a, name, argv, out_dir, mounts, devices, envs):
     res["cri_restore_s"] = round(time.time() - t, 2)
     rpid = container_pid(node, rid)
     log(f"# {name}: restored in {res['cri_restore_s']} s")
-    new = lines(out)[mark:]
     wait_for("the restored workload counting", lambda: last_count(out) > before, 120)
     new = lines(out)[mark:]
     first = next((int(l.split()[1]) for l in new if l.split()[:1] in (["counter"], ["step"])), -1)
