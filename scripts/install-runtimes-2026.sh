@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install today's container runtimes beside the Debian 12 ones the container tests use, for
 # tests/e2e_containers_2026.rs, into the private prefix <repo>/.runtimes-2026/:
-#   runc 1.4 and libcriu2 4.3 (Debian experimental); runc 1.3, containerd 2.1 with its
+#   runc 1.4, libcriu2 4.3 and Podman 6.1 (Debian experimental); runc 1.3, containerd 2.1 with its
 #   containerd-shim-runc-v2 and ctr, crun 1.28, Podman 5.8 with conmon, netavark and the
 #   containers-common configuration, docker 28.5 (dockerd, docker, docker-proxy, docker-init),
 #   buildah 1.43, skopeo 1.22 and checkpointctl 1.3 (Debian sid).
@@ -20,6 +20,8 @@
 # Result:
 #   .runtimes-2026/bin/runc                       runc 1.4
 #   .runtimes-2026/runc-1.3/runc                  runc 1.3 (not on PATH through bin/)
+#   .runtimes-2026/podman-6.1/podman              Podman 6.1 (not on PATH; the same conmon,
+#                                                 netavark and configuration as Podman 5.8)
 #   .runtimes-2026/bin/containerd, containerd-shim-runc-v2, ctr
 #   .runtimes-2026/bin/crun                       crun 1.28 (loads libcriu 4.3 from the prefix)
 #   .runtimes-2026/bin/podman, conmon             Podman 5.8, conmon 2.1
@@ -40,13 +42,18 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 MULTIARCH=x86_64-linux-gnu
 # "package:suite:upstream version prefix" of what the tests were written for; a suite that now
 # has another release stops this script, so that a new release is taken on deliberately.
-WANTED="runc:experimental:1.4. runc:sid:1.3. containerd:sid:2.1. crun:sid:1.28 podman:sid:5.8.
+WANTED="runc:experimental:1.4. containerd:sid:2.1. crun:sid:1.28 podman:sid:5.8.
 conmon:sid:2.1. netavark:sid:1. golang-github-containers-common:sid:0.
 golang-github-containers-image:sid:5. docker.io:sid:28.5. docker-cli:sid:28.5. tini-static:sid:0.
 buildah:sid:1.43. skopeo:sid:1.22. checkpointctl:sid:1.3. libcriu2:experimental:4.3"
+# "package:suite:program:directory" of the second releases of a program: each is unpacked
+# apart and only its program kept, in that directory of the prefix (the first release of each
+# is in WANTED and owns the system's paths). Their versions are in WANTED_ASIDE.
+ASIDE="runc:sid:usr/sbin/runc:runc-1.3 podman:experimental:usr/bin/podman:podman-6.1"
+WANTED_ASIDE="runc:sid:1.3. podman:experimental:6.1."
 # Bumped when the prefix's layout changes.
-LAYOUT=2
-STAMP="runtimes-2026 layout $LAYOUT: runc 1.4, runc 1.3, containerd 2.1, crun 1.28, podman 5.8, docker 28.5, buildah 1.43, skopeo 1.22, checkpointctl 1.3"
+LAYOUT=3
+STAMP="runtimes-2026 layout $LAYOUT: runc 1.4, runc 1.3, containerd 2.1, crun 1.28, podman 5.8, podman 6.1, docker 28.5, buildah 1.43, skopeo 1.22, checkpointctl 1.3"
 
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd -P)
@@ -106,6 +113,7 @@ bin/containerd|--version|containerd
 bin/ctr|--version|ctr
 bin/crun|--version|crun version 1.28
 bin/podman|--version|podman version 5.8.
+podman-6.1/podman|--version|podman version 6.1.
 bin/conmon|--version|conmon version 2.
 usr/lib/podman/netavark|--version|netavark 1.
 bin/dockerd|--version|Docker version 28.5.
@@ -157,7 +165,7 @@ private_apt_preflight "$PREFIX" "$KEYRING" ""
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/install-runtimes-2026.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/debs" "$work/runc-1.3"
+mkdir -p "$work/debs" "$work/aside"
 private_apt "$work" "sid experimental" "$MIRROR" "$KEYRING"
 
 say "fetching the sid and experimental package indexes from $MIRROR (private)"
@@ -191,25 +199,29 @@ upstream() { local v=${1#*:}; echo "${v%-*}"; }
 
 : >"$work/madison"
 # shellcheck disable=SC2046
-madison $(for w in $WANTED; do echo "${w%%:*}"; done | sort -u)
-programs=""
-runc13=""
-for w in $WANTED; do
-    IFS=: read -r pkg suite want <<<"$w"
+madison $(for w in $WANTED $WANTED_ASIDE; do echo "${w%%:*}"; done | sort -u)
+wanted_version() {
+    # $1 "package:suite:upstream version prefix": package=version, or dies.
+    local pkg suite want v
+    IFS=: read -r pkg suite want <<<"$1"
     v=$(version_of "$pkg" "$suite")
     [ -n "$v" ] || die "$suite has no $pkg"
     case $(upstream "$v") in
         "$want"*) ;;
         *) die "$suite has $pkg $v, expected $want*; update this script deliberately" ;;
     esac
-    if [ "$pkg:$suite" = runc:sid ]; then runc13="$pkg=$v"; else programs="$programs $pkg=$v"; fi
-done
+    echo "$pkg=$v"
+}
+programs=""
+for w in $WANTED; do programs="$programs $(wanted_version "$w")"; done
+aside=""
+for w in $WANTED_ASIDE; do aside="$aside $(wanted_version "$w")"; done
 
 # The programs' libraries: the closure over library packages (lib*, zlib1g) of their Depends,
 # always sid's version; libc6 (the loader) whatever the programs say; libcriu2 (crun loads it
 # at run time; a Recommends) is already among the programs.
 # shellcheck disable=SC2086
-queue="libc6 libprotobuf-c1 $(depends_of $programs $runc13 | awk '{ print $2 }' | tr '\n' ' ')"
+queue="libc6 libprotobuf-c1 $(depends_of $programs $aside | awk '{ print $2 }' | tr '\n' ' ')"
 seen=" libcriu2 "
 libs=""
 while [ -n "${queue// /}" ]; do
@@ -233,14 +245,15 @@ while [ -n "${queue// /}" ]; do
     queue=$(depends_of $specs | awk '{ print $2 }' | sort -u | tr '\n' ' ')
 done
 pkgs="$programs$libs"
-say "packages ($(echo "$pkgs $runc13" | wc -w)):$pkgs $runc13"
+say "packages ($(echo "$pkgs $aside" | wc -w)):$pkgs$aside"
 
 say "downloading .debs"
 # shellcheck disable=SC2086
 (cd "$work/debs" && apt_ apt-get -q download $pkgs >"$work/download.log" 2>&1) \
     || { cat "$work/download.log" >&2; die "apt-get download failed"; }
-(cd "$work/runc-1.3" && apt_ apt-get -q download "$runc13" >>"$work/download.log" 2>&1) \
-    || { cat "$work/download.log" >&2; die "apt-get download of $runc13 failed"; }
+# shellcheck disable=SC2086
+(cd "$work/aside" && apt_ apt-get -q download $aside >>"$work/download.log" 2>&1) \
+    || { cat "$work/download.log" >&2; die "apt-get download of$aside failed"; }
 
 stage=$PREFIX.new
 rm -rf "$stage"
@@ -249,11 +262,18 @@ for deb in "$work/debs"/*.deb; do
     dpkg -x "$deb" "$stage"
     dpkg-deb --show --showformat='${Package}=${Version}\n' "$deb" >>"$work/packages"
 done
-# runc 1.3 has the same paths as runc 1.4: unpacked apart, its program moved into runc-1.3/.
-dpkg -x "$work/runc-1.3"/*.deb "$work/runc-1.3/root"
-mkdir -p "$stage/runc-1.3"
-mv "$work/runc-1.3/root/usr/sbin/runc" "$stage/runc-1.3/runc"
-dpkg-deb --show --showformat='${Package}=${Version} (runc-1.3/)\n' "$work/runc-1.3"/*.deb >>"$work/packages"
+# The second releases have the same paths as the first: each unpacked apart, its program
+# moved into its directory.
+aside_dirs=""
+for a in $ASIDE; do
+    IFS=: read -r pkg suite prog dir <<<"$a"
+    deb=$(ls "$work/aside/${pkg}_"*.deb)
+    dpkg -x "$deb" "$work/aside/$dir"
+    mkdir -p "$stage/$dir"
+    mv "$work/aside/$dir/$prog" "$stage/$dir/${prog##*/}"
+    dpkg-deb --show --showformat="\${Package}=\${Version} ($dir/)\n" "$deb" >>"$work/packages"
+    aside_dirs="$aside_dirs $dir"
+done
 # Only the containers' configuration of etc and usr/share; no services, no hooks.
 mkdir -p "$work/keep/etc" "$work/keep/share"
 mv "$stage/etc/containers" "$work/keep/etc/"
@@ -275,7 +295,8 @@ done
 
 # Every dynamically linked program (not the libraries, not the static ones) runs on sid's
 # loader and libraries.
-(cd "$stage" && find usr/bin usr/sbin usr/lib/podman usr/libexec runc-1.3 -type f -perm -u+x) | sort \
+# shellcheck disable=SC2086
+(cd "$stage" && find usr/bin usr/sbin usr/lib/podman usr/libexec $aside_dirs -type f -perm -u+x) | sort \
     | while read -r f; do
         if patchelf --print-interpreter "$stage/$f" >/dev/null 2>&1; then echo "$f"; fi
     done >"$stage/PATCHED"

@@ -10,6 +10,7 @@
 //! | `CRIU_GPU_TEST_RUNC13` | `runc-1.3/runc` | runc 1.3 |
 //! | `CRIU_GPU_TEST_CRUN2` | `bin/crun` | crun 1.28 |
 //! | `CRIU_GPU_TEST_PODMAN2` | `bin/podman` | Podman 5.8 |
+//! | `CRIU_GPU_TEST_PODMAN61` | `podman-6.1/podman` | Podman 6.1 |
 //! | `CRIU_GPU_TEST_CONMON2` | `bin/conmon` | conmon 2.1 |
 //! | `CRIU_GPU_TEST_CHECKPOINTCTL2` | `bin/checkpointctl` | checkpointctl 1.3 |
 //! | `CRIU_GPU_TEST_DOCKERD2` | `bin/dockerd` | dockerd 28.5 (finds containerd and runc beside it) |
@@ -33,6 +34,10 @@
 //!   restore`; runc 1.4 also `checkpoint --leave-running` and a restore of that image.
 //! - Podman 5.8 with conmon and runc 1.4: `container checkpoint --export`, checkpointctl reads
 //!   the archive, `rm`, `container restore --import`.
+//! - Podman 6.1 the same, on a cgroup-v2-only system: Podman 6 refuses cgroup v1, and this
+//!   host's hierarchy is hybrid, so its commands (and the runc and CRIU under them) see
+//!   `/sys/fs/cgroup` as a cgroup2 mount of their own mount namespace
+//!   ([`containers_support::PrivateMounts::cgroup2_only`]).
 //! - crun 1.28: checkpoint and restore, only ever as pid 1 of a pid namespace of the test's own:
 //!   on some cgroup v1 and hybrid hosts crun's restore SIGKILLs every process it can see
 //!   (`docs/crun-restore-kills.md`). The test runs itself again in a new pid namespace, every
@@ -194,26 +199,45 @@ fn runc14_cuda_leave_running_and_restore() {
 
 // ---- Podman 5.8 ---------------------------------------------------------------------------
 
-fn podman5_cycle(test: &str, workload: Workload) {
+fn podman_cycle(test: &str, workload: Workload, bins: PodmanBins) {
     let Some(e) = E2e::start(test) else {
         return;
     };
     let etc = etc_criu(&e, workload, "runc.conf");
-    let bins = PodmanBins::v2026(runc_1_4());
     eprintln!("{test}: {}", bins.versions());
+    let cgroup2_only = bins.cgroup2_only;
     let pm = Podman::with_bins(&e, &etc, bins);
+    if cgroup2_only {
+        let info = pm.run(&["info", "--format", "{{.Host.CgroupsVersion}}"]);
+        info.assert_ok();
+        assert_eq!(info.stdout.trim(), "v2", "Podman's cgroup version");
+    }
     let checkpointctl = tool_2026("CRIU_GPU_TEST_CHECKPOINTCTL2", "bin/checkpointctl");
     cycles::podman_export_import(&e, &pm, workload, &checkpointctl);
 }
 
 #[test]
 fn podman58_counter_export_and_import() {
-    podman5_cycle("podman58-counter", Workload::Counter);
+    let bins = PodmanBins::v2026(runc_1_4());
+    podman_cycle("podman58-counter", Workload::Counter, bins);
 }
 
 #[test]
 fn podman58_cuda_export_and_import() {
-    podman5_cycle("podman58-cuda", CUDA);
+    podman_cycle("podman58-cuda", CUDA, PodmanBins::v2026(runc_1_4()));
+}
+
+// ---- Podman 6.1, cgroup v2 only -----------------------------------------------------------
+
+#[test]
+fn podman61_cgroup2_counter_export_and_import() {
+    let bins = PodmanBins::v6_1(runc_1_4());
+    podman_cycle("podman61-cgroup2-counter", Workload::Counter, bins);
+}
+
+#[test]
+fn podman61_cgroup2_cuda_export_and_import() {
+    podman_cycle("podman61-cgroup2-cuda", CUDA, PodmanBins::v6_1(runc_1_4()));
 }
 
 // ---- crun 1.28, in a pid namespace of the test's own ---------------------------------------

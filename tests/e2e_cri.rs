@@ -34,7 +34,8 @@ use containers_support::cri::{
 use containers_support::engines::ContainerdBins;
 use containers_support::{
     CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, cycles, etc_criu,
-    fake_cuda_env, needs_criu_4_2, private_tool, run_tool, tool_2026, tool_path, transitions,
+    fake_cuda_env, lacks_cgroup2_controllers, needs_criu_4_2, private_tool, run_tool, tool_2026,
+    tool_path, transitions,
 };
 
 fn runc_1_4() -> PathBuf {
@@ -268,6 +269,23 @@ fn cri_containerd21_runc14_cuda() {
 #[test]
 fn cri_containerd21_runc13_cuda() {
     cri_cycle("cri-runc13-cuda", CUDA, ContainerdBins::v2026(runc_1_3()));
+}
+
+/// On a cgroup-v2-only system (containerd 2 deprecates v1): the daemon, its shims, runc and
+/// CRIU see `/sys/fs/cgroup` as a cgroup2 mount.
+#[test]
+fn cri_containerd21_runc14_cgroup2_cuda() {
+    let test = "cri-cgroup2-cuda";
+    let why = "containerd's CRI gives every pod sandbox a cpu.weight and runc writes it; on a \
+               hybrid host the v1 hierarchies hold cpu";
+    if lacks_cgroup2_controllers(test, &["cpu"], why) {
+        return;
+    }
+    let bins = ContainerdBins {
+        cgroup2_only: true,
+        ..ContainerdBins::v2026(runc_1_4())
+    };
+    cri_cycle(test, CUDA, bins);
 }
 
 /// The freezer state of `pid`'s cgroup (cgroup v1 `freezer.state`, v2 `cgroup.freeze`).

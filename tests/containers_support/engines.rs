@@ -29,6 +29,8 @@ pub struct PodmanBins {
     /// A prefix whose `etc/containers`, `usr/share/containers` (containers-common's
     /// configuration) and `usr/lib/podman` (netavark) the commands see in the system's places.
     pub prefix: Option<PathBuf>,
+    /// The commands see a cgroup-v2-only system ([`PrivateMounts::cgroup2_only`]).
+    pub cgroup2_only: bool,
 }
 
 impl PodmanBins {
@@ -39,6 +41,7 @@ impl PodmanBins {
             conmon: None,
             runtime: "runc".into(),
             prefix: None,
+            cgroup2_only: false,
         }
     }
 
@@ -50,6 +53,18 @@ impl PodmanBins {
             conmon: Some(super::tool_2026("CRIU_GPU_TEST_CONMON2", "bin/conmon")),
             runtime,
             prefix: Some(Path::new(crate::common::MANIFEST_DIR).join(".runtimes-2026")),
+            cgroup2_only: false,
+        }
+    }
+
+    /// Podman 6.1 (`CRIU_GPU_TEST_PODMAN61`, default `<repo>/.runtimes-2026/podman-6.1/podman`)
+    /// with what [`PodmanBins::v2026`] gives Podman 5.8, on a cgroup-v2-only system: Podman 6
+    /// refuses cgroup v1.
+    pub fn v6_1(runtime: PathBuf) -> PodmanBins {
+        PodmanBins {
+            podman: super::tool_2026("CRIU_GPU_TEST_PODMAN61", "podman-6.1/podman"),
+            cgroup2_only: true,
+            ..PodmanBins::v2026(runtime)
         }
     }
 
@@ -75,6 +90,8 @@ pub struct Podman<'e> {
     root: PathBuf,
     mounts: PrivateMounts,
     globals: Vec<OsString>,
+    /// `CONTAINERS_CONF_OVERRIDE` of every command.
+    conf_override: Option<PathBuf>,
     pub cgroup: Cgroup,
     /// Removed after the engine's clean-up.
     _runroot: TempDir,
@@ -102,6 +119,7 @@ impl<'e> Podman<'e> {
         // when a container exits (`podman container cleanup`) does not get: the same directory
         // at runc's default place, for that one.
         let mut mounts = PrivateMounts::new()
+            .cgroup2_only(bins.cgroup2_only)
             .bind(etc_criu, "/etc/criu")
             .bind(&cache, "/var/lib/containers")
             .bind(&runc, "/run/runc");
@@ -137,12 +155,22 @@ impl<'e> Podman<'e> {
             globals.push(a.into());
         }
         globals.push(format!("--runtime-flag=root={}", runc.display()).into());
+        // The cgroup-v2-only view has no pids controller (the host binds it to v1), and
+        // Podman's default limit of 2048 tasks makes runc write a pids.max that is not there.
+        // `--pids-limit 0` still puts a limit of 0 in the spec (which runc writes as "max");
+        // the configuration's 0 leaves it out.
+        let conf_override = bins.cgroup2_only.then(|| {
+            let f = d.join("containers-override.conf");
+            std::fs::write(&f, "[containers]\npids_limit = 0\n").expect("containers.conf override");
+            f
+        });
         Podman {
             e,
             bin: bins.podman,
             root,
             mounts,
             globals,
+            conf_override,
             cgroup: Cgroup::new(),
             _runroot: short,
         }
@@ -160,6 +188,9 @@ impl<'e> Podman<'e> {
         let mut cmd = self.mounts.command(self.e, self.e.dir(), &argv);
         // Podman's image copies use TMPDIR (default /var/tmp).
         cmd.env("TMPDIR", self.e.dir().join("podman/tmp"));
+        if let Some(f) = &self.conf_override {
+            cmd.env("CONTAINERS_CONF_OVERRIDE", f);
+        }
         // The plugin reads /etc/criu/gpu-plugin.conf: Podman's environment may not reach CRIU.
         cmd.env_remove("CRIU_GPU_PLUGIN_CONFIG");
         if cleanup {
@@ -374,6 +405,9 @@ pub struct ContainerdBins {
     pub bin_dir: Option<PathBuf>,
     /// containerd 2.x: configuration `version = 3` and its plugin IDs.
     pub v2: bool,
+    /// The daemon, and with it its shims, runc and CRIU, see a cgroup-v2-only system
+    /// ([`PrivateMounts::cgroup2_only`]).
+    pub cgroup2_only: bool,
 }
 
 impl ContainerdBins {
@@ -385,6 +419,7 @@ impl ContainerdBins {
             runc: None,
             bin_dir: None,
             v2: false,
+            cgroup2_only: false,
         }
     }
 
@@ -399,6 +434,7 @@ impl ContainerdBins {
             bin_dir,
             containerd,
             v2: true,
+            cgroup2_only: false,
         }
     }
 
@@ -514,6 +550,7 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
         )
         .expect("containerd config");
         let mounts = PrivateMounts::new()
+            .cgroup2_only(bins.cgroup2_only)
             .bind(etc_criu, "/etc/criu")
             .bind(&run, "/run/containerd");
         let argv: Vec<OsString> = vec![

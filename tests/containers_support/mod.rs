@@ -298,6 +298,7 @@ pub fn describe(argv: &[OsString]) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct PrivateMounts {
     binds: Vec<(PathBuf, PathBuf)>,
+    cgroup2_only: bool,
 }
 
 /// Makes target `$2` (a directory if source `$1` is one, else a file) and binds `$1` on it.
@@ -332,16 +333,28 @@ impl PrivateMounts {
         self
     }
 
+    /// The command sees a cgroup-v2-only system: `/sys/fs/cgroup` is a cgroup2 mount (the
+    /// unified hierarchy, whose cgroups are the host's) instead of the hybrid layout's tmpfs of
+    /// v1 hierarchies, so that runtimes, their cgroup managers and CRIU take their v2 paths.
+    /// The controllers the host binds to v1 hierarchies (all but `hugetlb` here) are not in it.
+    pub fn cgroup2_only(mut self, on: bool) -> PrivateMounts {
+        self.cgroup2_only = on;
+        self
+    }
+
     /// A command running `argv` with these mounts (plainly when there are none), its overlay
     /// layers under `scratch` (a fresh directory per command).
     pub fn command(&self, e: &E2e, scratch: &Path, argv: &[OsString]) -> Command {
-        let mut cmd = if self.binds.is_empty() {
+        let mut cmd = if self.binds.is_empty() && !self.cgroup2_only {
             e.command(Path::new(&argv[0]))
         } else {
             static N: AtomicUsize = AtomicUsize::new(0);
             let s = scratch.join(format!("ns-{}", N.fetch_add(1, Ordering::Relaxed)));
             std::fs::create_dir_all(&s).expect("overlay scratch directory");
             let mut script = format!("set -e\nS={}\nn=0\n{PLACE_FN}", sh_quote(&s));
+            if self.cgroup2_only {
+                script += "mount -n -t cgroup2 cgroup2 /sys/fs/cgroup\n";
+            }
             for (src, target) in &self.binds {
                 script += &format!("place {} {}\n", sh_quote(src), sh_quote(target));
             }
@@ -755,6 +768,40 @@ pub fn needs_criu_4_2(e: &E2e, test: &str, workload: Workload, why: &str) -> boo
         return true;
     }
     false
+}
+
+/// The controllers of this system's cgroup v2 hierarchy (`/sys/fs/cgroup` on a v2-only system,
+/// `/sys/fs/cgroup/unified` on a hybrid one): on a hybrid system only those no v1 hierarchy
+/// holds.
+pub fn cgroup2_controllers() -> Vec<String> {
+    [
+        "/sys/fs/cgroup/cgroup.controllers",
+        "/sys/fs/cgroup/unified/cgroup.controllers",
+    ]
+    .iter()
+    .find_map(|f| std::fs::read_to_string(f).ok())
+    .map(|s| s.split_whitespace().map(String::from).collect())
+    .unwrap_or_default()
+}
+
+/// Whether `test` must be skipped (saying so) because this system's cgroup v2 hierarchy lacks
+/// a controller of `needed`, which `why`.
+pub fn lacks_cgroup2_controllers(test: &str, needed: &[&str], why: &str) -> bool {
+    let have = cgroup2_controllers();
+    let missing: Vec<&str> = needed
+        .iter()
+        .copied()
+        .filter(|c| !have.iter().any(|h| h == c))
+        .collect();
+    if missing.is_empty() {
+        return false;
+    }
+    eprintln!(
+        "SKIPPED {test}: this system's cgroup v2 hierarchy has the controllers {have:?}, not \
+         {missing:?} ({why}); a cgroup-v2-only kernel has them: the guest of scripts/guest/ \
+         runs this test"
+    );
+    true
 }
 
 /// The plugin's settings file for `workload`, written under the test's directory: on the fake
