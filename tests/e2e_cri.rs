@@ -16,6 +16,12 @@
 //! `scripts/install-runtimes.sh`, `criu-gpu` from this workspace (built when missing). The CRI
 //! client is `tools/cri-client` (why not crictl: see its crate documentation).
 //!
+//! GPU containers as a GPU node makes them: containerd's CRI applies the NVIDIA CDI spec itself
+//! (`enable_cdi`, the node's `cdi_spec_dirs`) for a GPU given in `CDIDevices` or by a device
+//! plugin's `cdi.k8s.io/` annotation; a restore into a pod given another GPU goes onto it, and
+//! one whose container has no GPU (containerd 2.1.9 drops CDI annotations at restore) is refused
+//! before any task runs (`docs/gpu-containers.md`).
+//!
 //! containerd freezes the container's cgroup around a checkpoint, which CRIU before 4.2 does
 //! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
 
@@ -27,16 +33,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{CriuRun, E2e, wait_until};
+use containers_support::cdi::{NVIDIA_MAJOR, NvidiaCdi, StandInGpu, rdev_of, workload_gpus};
 use containers_support::cri::{
-    CriContainer, CriNode, Images, Registry, archive_member, archive_members,
+    CriContainer, CriNode, Images, Registry, archive_member, archive_members, cgroup_tree_pids,
     push_checkpoint_image, push_images,
 };
 use containers_support::engines::ContainerdBins;
 use containers_support::{
     CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, cycles, etc_criu,
-    fake_cuda_env, lacks_cgroup2_controllers, needs_criu_4_2, private_tool, run_tool, tool_2026,
-    tool_path, transitions,
+    etc_criu_loading_plugin, fake_cuda, fake_cuda_env, lacks_cgroup2_controllers, needs_criu_4_2,
+    private_tool, run_tool, tool_2026, tool_path, transitions,
 };
+use cri_client::v1;
 
 fn runc_1_4() -> PathBuf {
     tool_2026("CRIU_GPU_TEST_RUNC2", "bin/runc")
@@ -81,6 +89,7 @@ fn node<'e>(
         bins,
         registry,
         images,
+        None,
     );
     if push {
         push_images(e, &n.cd, &n.images);
@@ -172,18 +181,34 @@ fn assert_archive(e: &E2e, archive: &Path, workload: Workload, pid: i32) {
 /// with its device memory for CUDA (`files`). Returns the restored container.
 fn restore_from<'e>(
     n: &'e CriNode<'e>,
-    pod: &(String, cri_client::v1::PodSandboxConfig),
+    pod: &(String, v1::PodSandboxConfig),
+    name: &str,
+    image: &str,
+    old: &CriContainer<'_>,
+    marks: (usize, usize),
+    files: Option<&Vec<String>>,
+) -> CriContainer<'e> {
+    restore_from_with(n, pod, name, image, old, marks, files, &|_| {}).0
+}
+
+/// [`restore_from`] with the new container's configuration changed by `edit`; also returns
+/// CRIU's log of the restore.
+#[allow(clippy::too_many_arguments)]
+fn restore_from_with<'e>(
+    n: &'e CriNode<'e>,
+    pod: &(String, v1::PodSandboxConfig),
     name: &str,
     image: &str,
     old: &CriContainer<'_>,
     (low, high): (usize, usize),
     files: Option<&Vec<String>>,
-) -> CriContainer<'e> {
+    edit: &dyn Fn(&mut v1::ContainerConfig),
+) -> (CriContainer<'e>, CriuRun) {
     old.remove();
     let killed = old.out.mark();
     let out = Output::new(old.out.dir.clone(), old.out.workload);
     let id = n
-        .create_from_checkpoint(pod, name, image, &out)
+        .create_from_checkpoint_with(pod, name, image, &out, edit)
         .unwrap_or_else(|err| panic!("CreateContainer from {image}: {err}\n{}", n.log_tail()));
     n.cri
         .start_container(&id)
@@ -191,12 +216,7 @@ fn restore_from<'e>(
     let c = CriContainer { node: n, id, out };
     let pid = c.running_pid();
     // CRIU's log of the restore, in the container's work directory.
-    let log =
-        n.e.dir()
-            .join(&n.name)
-            .join("root/io.containerd.runtime.v2.task/k8s.io")
-            .join(&c.id)
-            .join("restore.log");
+    let log = n.restore_log(&c.id);
     let restore = CriuRun {
         what: "StartContainer (restore)".into(),
         code: Some(0),
@@ -210,7 +230,7 @@ fn restore_from<'e>(
     if let Some(files) = files {
         c.out.assert_gpu_restored(files, &calls(n.e), pid);
     }
-    c
+    (c, restore)
 }
 
 fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
@@ -472,4 +492,369 @@ fn cri_containerd21_migration_to_node_b() {
     let image = copied.to_str().expect("UTF-8 path");
     let pod_b2 = b.run_pod("pod-b2");
     restore_from(&b, &pod_b2, "w", image, &r, (low, high), Some(&files));
+}
+
+// ---- GPU containers as a GPU node makes them: CDI applied by containerd's CRI --------------
+
+/// How the kubelet hands the runtime a container's GPU, as the NVIDIA device plugin's two CDI
+/// strategies have it: `cdi-cri` (the CRI's `CDIDevices`) or `cdi-annotations` (an annotation
+/// `cdi.k8s.io/nvidia-device-plugin_<id>` naming the device).
+#[derive(Clone, Copy, Debug)]
+enum GpuBy {
+    CdiDevices,
+    Annotation,
+}
+
+/// Node A with two stand-in GPUs (`containers_support::cdi`), its CDI spec where the node's
+/// CRI reads CDI specs, the plugin's settings for them, and the test images in `registry`;
+/// CRIU's restores work in `criu_work` if given (runc's `CriuWorkPath`).
+fn gpu_node<'e>(
+    e: &'e E2e,
+    registry: &Registry,
+    criu_work: Option<&Path>,
+) -> (CriNode<'e>, NvidiaCdi) {
+    let f = fake_cuda();
+    let cdi = NvidiaCdi::new(
+        &e.dir().join("nvidia"),
+        &f.gpus(e, 2),
+        vec![(f.libcuda.clone(), "/gpu/libcuda.so.1".into())],
+    );
+    let etc = etc_criu_loading_plugin(e, "runc.conf");
+    cdi.write_plugin_settings(f, &etc.join("gpu-plugin.conf"));
+    let mut env = fake_cuda_env(&calls(e));
+    env.push(("FAKE_CUDA_GPUS", cdi.gpus.len().to_string().into()));
+    let n = CriNode::start(
+        e,
+        "node-a",
+        &etc,
+        &env,
+        ContainerdBins::v2026(runc_1_4()),
+        registry,
+        Images::of(registry),
+        criu_work,
+    );
+    push_images(e, &n.cd, &n.images);
+    let spec = cdi.write_spec(&n.cdi_spec_dir());
+    eprintln!("CDI spec {}", spec.display());
+    (n, cdi)
+}
+
+/// The kubelet's additions to a stand-in CUDA container's configuration for CDI device
+/// `nvidia.com/gpu=<device>` passed `by`, and the workload's environment on the stand-in GPUs.
+fn gpu_request<'a>(
+    cdi: &'a NvidiaCdi,
+    device: &'a str,
+    by: GpuBy,
+) -> impl Fn(&mut v1::ContainerConfig) + 'a {
+    move |c| {
+        c.envs.extend(
+            cdi.workload_env()
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| cri_client::env(k, v)),
+        );
+        let name = format!("nvidia.com/gpu={device}");
+        match by {
+            GpuBy::CdiDevices => c.cdi_devices.push(v1::CdiDevice { name }),
+            GpuBy::Annotation => {
+                c.annotations
+                    .insert("cdi.k8s.io/nvidia-device-plugin_w".into(), name);
+            }
+        }
+    }
+}
+
+/// The rules of `pid`'s device cgroup (cgroup v1 `devices.list`; `None` on v2, where they are
+/// an eBPF program).
+fn device_cgroup_rules(pid: i32) -> Option<Vec<String>> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = cg.lines().find_map(|l| l.split_once(":devices:"))?.1;
+    let list =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/devices{path}/devices.list")).ok()?;
+    Some(list.lines().map(str::to_string).collect())
+}
+
+/// A running container given GPU `gpu` alone by the CDI spec: its workload runs on it, its
+/// `/dev` has the GPU's node and the control nodes and (unless `restored`) no other GPU's, its
+/// device cgroup allows its GPU only, the driver's library is bind-mounted, the spec's
+/// environment is set and its `createContainer` hooks ran.
+fn assert_given_gpu(c: &CriContainer<'_>, cdi: &NvidiaCdi, gpu: &StandInGpu, restored: bool) {
+    let pid = c.running_pid();
+    assert_eq!(
+        workload_gpus(&c.out.dir),
+        [(gpu.uuid.clone(), gpu.index)],
+        "the GPUs of the workload of a container given GPU {}",
+        gpu.index
+    );
+    let dev = PathBuf::from(format!("/proc/{pid}/root/dev"));
+    assert_eq!(
+        rdev_of(&dev.join(format!("nvidia{}", gpu.index))),
+        (NVIDIA_MAJOR, gpu.index)
+    );
+    // A restored `/dev` is the checkpoint's, with the old GPU's node: the device cgroup is
+    // what keeps the container off it.
+    for other in cdi.gpus.iter().filter(|g| g.index != gpu.index) {
+        let p = dev.join(format!("nvidia{}", other.index));
+        assert!(
+            restored || !p.exists(),
+            "{} in a container given GPU {}",
+            p.display(),
+            gpu.index
+        );
+    }
+    if let Some(rules) = device_cgroup_rules(pid) {
+        let rule = |minor: u32| format!("c {NVIDIA_MAJOR}:{minor} rwm");
+        assert!(rules.contains(&rule(gpu.index)), "{rules:?}");
+        for other in cdi.gpus.iter().filter(|g| g.index != gpu.index) {
+            assert!(!rules.contains(&rule(other.index)), "{rules:?}");
+        }
+    }
+    for n in [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+    ] {
+        assert_eq!(
+            rdev_of(&dev.join(n)),
+            rdev_of(&cdi.dev_dir.join(n)),
+            "/dev/{n}"
+        );
+    }
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some("/gpu/libcuda.so.1")),
+        "the spec's library mount is not in the container: {mounts}"
+    );
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    assert!(
+        common::bytes_contain(&environ, b"NVIDIA_VISIBLE_DEVICES=void"),
+        "the spec's environment is not the container's"
+    );
+    let hooks = std::fs::read_to_string(&cdi.hook_log).unwrap_or_default();
+    assert!(
+        hooks.contains("update-ldcache") && hooks.contains("create-symlinks"),
+        "the CDI spec's createContainer hooks did not run: {hooks:?}"
+    );
+}
+
+/// The driver's restore calls so far (for every process).
+fn driver_restores(e: &E2e) -> usize {
+    std::fs::read_to_string(calls(e))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("restore "))
+        .count()
+}
+
+/// A stand-in CUDA container given GPU 0 through containerd's own CDI handling (the CRI's
+/// `CDIDevices`), checkpointed through the CRI, and restored into a new pod given GPU 1 (by
+/// UUID): the plugin maps the checkpoint's GPU 0 onto GPU 1, the only one the restored
+/// container reaches, makes its node in the restored `/dev`, and the workload goes on, on GPU 1,
+/// its device memory verified. No device map is written.
+#[test]
+fn cri_containerd21_cdi_restore_onto_the_new_pods_gpu() {
+    let Some(e) = start("cri-cdi-other-gpu", CUDA) else {
+        return;
+    };
+    let registry = Registry::start(&e);
+    let (n, cdi) = gpu_node(&e, &registry, None);
+    let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
+    let pod = n.run_pod("pod-a");
+    let c = n.start_container_with(&pod, "w", CUDA, &gpu_request(&cdi, "0", GpuBy::CdiDevices));
+    assert_given_gpu(&c, &cdi, gpu0, false);
+    let pid = c.running_pid();
+    let files = cycles::device_memory(&c.out);
+
+    let archive = e.dir().join("checkpoint-w.tar");
+    let low = c.out.mark();
+    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
+        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
+    let high = c.out.mark();
+    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    assert_archive(&e, &archive, CUDA, pid);
+    let md = archive_member(&e, &archive, "checkpoint/gpu-plugin-cuda.img");
+    assert!(
+        md.contains(&gpu0.uuid) && !md.contains(&gpu1.uuid),
+        "the image must record the container's GPU only: {md}"
+    );
+
+    let pod_b = n.run_pod("pod-b");
+    let image = archive.to_str().expect("UTF-8 path");
+    let on_gpu1 = gpu_request(&cdi, &gpu1.uuid, GpuBy::CdiDevices);
+    let (r, restore) = restore_from_with(
+        &n,
+        &pod_b,
+        "w",
+        image,
+        &c,
+        (low, high),
+        Some(&files),
+        &on_gpu1,
+    );
+    for want in [
+        format!("GPU {} restores onto {}", gpu0.uuid, gpu1.uuid),
+        "made /dev/nvidia1 (195:1".to_string(),
+    ] {
+        assert!(restore.has(&want), "no `{want}` in CRIU's log: {restore:?}");
+    }
+    assert_given_gpu(&r, &cdi, gpu1, true);
+    r.out.verify(r.running_pid());
+}
+
+/// The same container given GPU 0 by the device plugin's annotation, restored into a new pod
+/// whose container is given GPU 1 by annotation too. containerd 2.1.9 builds the restored
+/// container from the new CreateContainer request but takes its annotations from the
+/// checkpoint, dropping every `cdi.k8s.io/` one: the restored container has no GPU. The plugin
+/// refuses the restore at its `init`, before CRIU forks any task, naming the checkpoint's GPU;
+/// StartContainer fails, nothing of the container runs, the driver is not called. The archive
+/// lost nothing: restored into a third pod given GPU 1 through `CDIDevices`, it goes on.
+///
+/// The CRI's error is runc's, which carries CRIU's errno only; containerd deletes the failed
+/// container's work directory, CRIU's log with it. The node keeps CRIU's restore logs in
+/// runc's `CriuWorkPath`, which is where the refusal is read.
+#[test]
+fn cri_containerd21_cdi_restore_without_a_gpu_is_refused() {
+    let Some(e) = start("cri-cdi-no-gpu", CUDA) else {
+        return;
+    };
+    let registry = Registry::start(&e);
+    let criu_work = e.dir().join("criu-work");
+    std::fs::create_dir_all(&criu_work).expect("CRIU's work directory");
+    let (n, cdi) = gpu_node(&e, &registry, Some(&criu_work));
+    let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
+    let pod = n.run_pod("pod-a");
+    let c = n.start_container_with(
+        &pod,
+        "w",
+        CUDA,
+        &gpu_request(&cdi, &gpu0.uuid, GpuBy::Annotation),
+    );
+    assert_given_gpu(&c, &cdi, gpu0, false);
+    let pid = c.running_pid();
+    let files = cycles::device_memory(&c.out);
+    let archive = e.dir().join("checkpoint-w.tar");
+    let low = c.out.mark();
+    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
+        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
+    let high = c.out.mark();
+    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    c.remove();
+    let mark = c.out.mark();
+    let restores = driver_restores(&e);
+
+    let pod_b = n.run_pod("pod-b");
+    let image = archive.to_str().expect("UTF-8 path");
+    let out = Output::new(c.out.dir.clone(), CUDA);
+    let id = n
+        .create_from_checkpoint_with(
+            &pod_b,
+            "w",
+            image,
+            &out,
+            &gpu_request(&cdi, &gpu1.uuid, GpuBy::Annotation),
+        )
+        .unwrap_or_else(|err| panic!("CreateContainer from {image}: {err}\n{}", n.log_tail()));
+    let err = n
+        .cri
+        .start_container(&id)
+        .expect_err("a restore into a container given no GPU")
+        .to_string();
+    eprintln!("StartContainer (restore into a container given no GPU): {err}");
+    assert!(
+        err.contains("OCI runtime restore failed"),
+        "StartContainer's error: {err}"
+    );
+    let cd_log = std::fs::read_to_string(n.cd_log()).unwrap_or_default();
+    assert!(
+        cd_log.contains(r#"Denying annotation \"cdi.k8s.io/nvidia-device-plugin_w\""#),
+        "containerd did not drop the checkpoint's CDI annotation: {}",
+        n.log_tail()
+    );
+    let restore = CriuRun {
+        what: "StartContainer (restore into a container given no GPU)".into(),
+        code: None,
+        log: std::fs::read_to_string(n.restore_log(&id)).unwrap_or_default(),
+        output: err.clone(),
+        took: Duration::ZERO,
+    };
+    let refusal = restore
+        .lines_with("gpu_plugin")
+        .into_iter()
+        .find(|l| l.contains("cannot restore"))
+        .unwrap_or_else(|| panic!("no refusal of the plugin: {restore:?}"))
+        .to_string();
+    for needle in [
+        gpu0.uuid.as_str(),
+        "has no counterpart",
+        "GPUs reachable here: none",
+        "refused by the device cgroup",
+    ] {
+        assert!(refusal.contains(needle), "{needle:?} not in {refusal}");
+    }
+    assert!(
+        !restore.has("Forking task"),
+        "CRIU forked tasks before the refusal: {restore:?}"
+    );
+
+    // Nothing half-restored: the container is not running, no process is in its cgroup, the
+    // driver was not asked to restore, the workload wrote nothing.
+    let failed = CriContainer {
+        node: &n,
+        id: id.clone(),
+        out,
+    };
+    let (state, pid_after) = failed.state();
+    assert_eq!(
+        (state, pid_after),
+        (v1::ContainerState::ContainerExited, None),
+        "the container whose restore was refused"
+    );
+    let left = cgroup_tree_pids(&format!("{}/{id}", n.pod_cgroup("pod-b")));
+    assert!(
+        left.is_empty(),
+        "processes of the refused restore: {left:?}"
+    );
+    assert_eq!(
+        driver_restores(&e),
+        restores,
+        "the driver was asked to restore"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        failed.out.mark(),
+        mark,
+        "the workload ran after the refusal"
+    );
+    n.cri
+        .remove_container(&id)
+        .unwrap_or_else(|err| panic!("RemoveContainer {id}: {err}"));
+
+    // The same archive into a pod given GPU 1 the way containerd applies it at a restore.
+    let pod_c = n.run_pod("pod-c");
+    let out = Output::new(failed.out.dir.clone(), CUDA);
+    let id = n
+        .create_from_checkpoint_with(
+            &pod_c,
+            "w",
+            image,
+            &out,
+            &gpu_request(&cdi, &gpu1.uuid, GpuBy::CdiDevices),
+        )
+        .unwrap_or_else(|err| panic!("CreateContainer from {image}: {err}\n{}", n.log_tail()));
+    n.cri
+        .start_container(&id)
+        .unwrap_or_else(|err| panic!("StartContainer (restore): {err}\n{}", n.log_tail()));
+    let r = CriContainer { node: &n, id, out };
+    let restore = std::fs::read_to_string(n.restore_log(&r.id)).unwrap_or_default();
+    assert!(
+        restore.contains(&format!("GPU {} restores onto {}", gpu0.uuid, gpu1.uuid)),
+        "{restore}"
+    );
+    r.out.assert_resumes_between(low, high, mark);
+    r.out
+        .assert_gpu_restored(&files, &calls(&e), r.running_pid());
+    assert_given_gpu(&r, &cdi, gpu1, true);
 }

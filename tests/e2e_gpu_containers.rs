@@ -26,7 +26,7 @@ mod containers_support;
 use std::path::Path;
 
 use common::E2e;
-use containers_support::cdi::{NvidiaCdi, OciEdits, rdev_of};
+use containers_support::cdi::{NvidiaCdi, OciEdits, rdev_of, workload_gpus};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::{
     CUDA, PrivateMounts, assert_plugin_dumped, assert_plugin_restored, etc_criu_loading_plugin,
@@ -44,27 +44,6 @@ enum Target {
     OtherGpuUnknownMinors,
 }
 
-/// The workload's environment beyond the edits: the stand-in driver on two GPUs, its device
-/// nodes in the container's `/dev`.
-fn workload_env(edits: &mut OciEdits) {
-    edits.env.extend([
-        "FAKE_CUDA_GPUS=2".to_string(),
-        "FAKE_CUDA_NODE_DIR=/dev".into(),
-    ]);
-}
-
-/// The GPUs the stand-in driver says the container's workload has, as `(uuid, minor)`.
-fn workload_gpus(out: &Path) -> Vec<(String, u32)> {
-    std::fs::read_to_string(out.join("dev/gpus.1"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (u, m) = l.split_once(' ')?;
-            Some((u.to_string(), m.parse().ok()?))
-        })
-        .collect()
-}
-
 fn gpu_container_cycle(test: &str, target: Target) {
     let Some(e) = E2e::start(test) else {
         return;
@@ -79,17 +58,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
     let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
 
     let etc_criu = etc_criu_loading_plugin(&e, "runc.conf");
-    std::fs::write(
-        etc_criu.join("gpu-plugin.conf"),
-        format!(
-            "libcuda = {}\nnvml = {}\ncuda.nvidia-proc = {}\ncuda.nvidia-dev = {}\n",
-            f.libcuda.display(),
-            f.nvml.display(),
-            cdi.proc_dir.display(),
-            cdi.dev_dir.display()
-        ),
-    )
-    .expect("settings");
+    cdi.write_plugin_settings(f, &etc_criu.join("gpu-plugin.conf"));
     let calls = e.dir().join("cuda-calls");
     let mut rt = OciRuntime::with_program(
         &e,
@@ -104,7 +73,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
     }
 
     let mut on_gpu0 = cdi.oci_edits(&["0"]);
-    workload_env(&mut on_gpu0);
+    on_gpu0.env.extend(cdi.workload_env());
     let c = rt.start_with("gpu", CUDA, &[], &on_gpu0, None);
     let pid = c.pid();
     assert_eq!(
@@ -137,7 +106,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
     match target {
         Target::OtherGpuUnknownMinors => {
             let mut on_gpu1 = cdi.oci_edits(&["1"]);
-            workload_env(&mut on_gpu1);
+            on_gpu1.env.extend(cdi.workload_env());
             c.respec(&on_gpu1);
             let restore = c.restore(&images, &work);
             restore.assert_failed();
@@ -163,7 +132,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
         }
         Target::OtherGpu => {
             let mut on_gpu1 = cdi.oci_edits(&[&gpu1.uuid]);
-            workload_env(&mut on_gpu1);
+            on_gpu1.env.extend(cdi.workload_env());
             c.respec(&on_gpu1);
             let restore = c.restore(&images, &work);
             assert_plugin_restored(&e, &restore, CUDA);
@@ -192,7 +161,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
         }
         Target::NoGpu => {
             let mut no_gpu = OciEdits::no_devices();
-            workload_env(&mut no_gpu);
+            no_gpu.env.extend(cdi.workload_env());
             c.respec(&no_gpu);
             let restore = c.restore(&images, &work);
             restore.assert_failed();

@@ -18,7 +18,21 @@
 
 use std::path::{Path, PathBuf};
 
+use super::FakeCuda;
 use super::oci::json_str;
+
+/// The GPUs the stand-in driver says a container's workload (its `/out` at `out`) has, as
+/// `(uuid, minor)`: those whose node it could open.
+pub fn workload_gpus(out: &Path) -> Vec<(String, u32)> {
+    std::fs::read_to_string(out.join(format!("dev/gpus.{}", super::INIT_PID)))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (u, m) = l.split_once(' ')?;
+            Some((u.to_string(), m.parse().ok()?))
+        })
+        .collect()
+}
 
 /// Major number of NVIDIA's GPU device nodes.
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -159,6 +173,31 @@ impl NvidiaCdi {
             hook_log,
             libraries,
         }
+    }
+
+    /// The plugin's settings for a host of these GPUs (`gpu-plugin.conf` at `path`): the
+    /// stand-in driver and NVML of `f`, the GPU listing and the host's device nodes.
+    pub fn write_plugin_settings(&self, f: &FakeCuda, path: &Path) {
+        std::fs::write(
+            path,
+            format!(
+                "libcuda = {}\nnvml = {}\ncuda.nvidia-proc = {}\ncuda.nvidia-dev = {}\n",
+                f.libcuda.display(),
+                f.nvml.display(),
+                self.proc_dir.display(),
+                self.dev_dir.display()
+            ),
+        )
+        .expect("settings");
+    }
+
+    /// The environment of the stand-in CUDA workload on these GPUs in a container: the
+    /// stand-in driver models them all, and finds their nodes in the container's `/dev`.
+    pub fn workload_env(&self) -> [String; 2] {
+        [
+            format!("FAKE_CUDA_GPUS={}", self.gpus.len()),
+            "FAKE_CUDA_NODE_DIR=/dev".into(),
+        ]
     }
 
     /// Takes the `Device Minor` lines out of the GPU listing (as in a listing the plugin cannot

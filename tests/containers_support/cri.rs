@@ -162,7 +162,13 @@ pub fn push_images(e: &E2e, cd: &Containerd<'_>, images: &Images) {
 }
 
 /// The containerd 2.x configuration of the CRI's plugins for a node whose directory is `d`.
-fn cri_config(d: &Path, bins: &ContainerdBins, registry: &Registry, pause: &str) -> String {
+fn cri_config(
+    d: &Path,
+    bins: &ContainerdBins,
+    registry: &Registry,
+    pause: &str,
+    criu_work: Option<&Path>,
+) -> String {
     let certs = d.join("certs.d");
     registry.write_hosts_toml(&certs);
     let [cni, cdi, runc_root] = ["cni", "cdi", "runc"].map(|s| d.join(s));
@@ -194,7 +200,7 @@ fn cri_config(d: &Path, bins: &ContainerdBins, registry: &Registry, pause: &str)
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         Root = "{runc_root}"
-        SystemdCgroup = false
+        SystemdCgroup = false{criu_work}
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -204,6 +210,9 @@ fn cri_config(d: &Path, bins: &ContainerdBins, registry: &Registry, pause: &str)
         cdi = cdi.display(),
         runc = runc.display(),
         runc_root = runc_root.display(),
+        criu_work = criu_work
+            .map(|p| format!("\n        CriuWorkPath = \"{}\"", p.display()))
+            .unwrap_or_default(),
     )
 }
 
@@ -214,6 +223,8 @@ pub struct CriNode<'e> {
     pub cri: Cri,
     pub images: Images,
     pub name: String,
+    /// runc's `CriuWorkPath`, if the node has one.
+    pub criu_work: Option<PathBuf>,
     pods: std::cell::RefCell<Vec<String>>,
 }
 
@@ -223,6 +234,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 impl<'e> CriNode<'e> {
     /// Starts node `name` (its state in `<test dir>/<name>`): containerd 2.x of `bins`, its
     /// `/etc/criu` `etc_criu`, `env` added; pulls from `registry`, whose images `images` are.
+    /// CRIU's work directory for restores is each container's own (which containerd deletes
+    /// with a container whose restore failed) unless `criu_work` names one (runc's
+    /// `CriuWorkPath`, shared by every restore of the node).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         e: &'e E2e,
         name: &str,
@@ -231,11 +246,12 @@ impl<'e> CriNode<'e> {
         bins: ContainerdBins,
         registry: &Registry,
         images: Images,
+        criu_work: Option<&Path>,
     ) -> CriNode<'e> {
         assert!(bins.v2, "the CRI tests configure containerd 2.x");
         let b = bins.clone();
         let pause = images.pause.clone();
-        let config = move |d: &Path| cri_config(d, &b, registry, &pause);
+        let config = move |d: &Path| cri_config(d, &b, registry, &pause, criu_work);
         let cd = Containerd::start_node(e, name, etc_criu, env, bins, Some(&config));
         let cri = Cri::connect(cd.socket(), CALL_TIMEOUT).expect("connect to the CRI");
         let deadline = Instant::now() + common::WAIT;
@@ -258,6 +274,7 @@ impl<'e> CriNode<'e> {
             cri,
             images,
             name: name.to_string(),
+            criu_work: criu_work.map(Path::to_path_buf),
             pods: Default::default(),
         }
     }
@@ -270,7 +287,7 @@ impl<'e> CriNode<'e> {
             pod,
             &format!("{}-{pod}", self.name),
             &logs,
-            &format!("{}/{pod}", self.cd.cgroup.path),
+            &self.pod_cgroup(pod),
         );
         let id = self
             .cri
@@ -317,15 +334,28 @@ impl<'e> CriNode<'e> {
     /// PullImage, CreateContainer and StartContainer of `workload` named `name` in `pod`.
     pub fn start_container(
         &'e self,
+        pod: &(String, v1::PodSandboxConfig),
+        name: &str,
+        workload: Workload,
+    ) -> CriContainer<'e> {
+        self.start_container_with(pod, name, workload, &|_| {})
+    }
+
+    /// [`CriNode::start_container`] with the container's configuration changed by `edit`
+    /// (what the kubelet adds: CDI devices, a device plugin's annotations, environment).
+    pub fn start_container_with(
+        &'e self,
         (pod, sandbox): &(String, v1::PodSandboxConfig),
         name: &str,
         workload: Workload,
+        edit: &dyn Fn(&mut v1::ContainerConfig),
     ) -> CriContainer<'e> {
         let out = Output::new(self.e.dir().join(format!("out-{name}")), workload);
         self.cri
             .pull_image(&self.images.workload, sandbox)
             .unwrap_or_else(|err| panic!("PullImage: {err}\n{}", self.log_tail()));
-        let config = self.container_config(name, &self.images.workload, workload, &out.dir);
+        let mut config = self.container_config(name, &self.images.workload, workload, &out.dir);
+        edit(&mut config);
         let id = self
             .cri
             .create_container(pod, &config, sandbox)
@@ -347,12 +377,26 @@ impl<'e> CriNode<'e> {
     /// container's id, or the runtime's refusal.
     pub fn create_from_checkpoint(
         &self,
-        (pod, sandbox): &(String, v1::PodSandboxConfig),
+        pod: &(String, v1::PodSandboxConfig),
         name: &str,
         image: &str,
         out: &Output,
     ) -> cri_client::Result<String> {
-        let config = self.container_config(name, image, out.workload, &out.dir);
+        self.create_from_checkpoint_with(pod, name, image, out, &|_| {})
+    }
+
+    /// [`CriNode::create_from_checkpoint`] with the container's configuration changed by
+    /// `edit`.
+    pub fn create_from_checkpoint_with(
+        &self,
+        (pod, sandbox): &(String, v1::PodSandboxConfig),
+        name: &str,
+        image: &str,
+        out: &Output,
+        edit: &dyn Fn(&mut v1::ContainerConfig),
+    ) -> cri_client::Result<String> {
+        let mut config = self.container_config(name, image, out.workload, &out.dir);
+        edit(&mut config);
         self.cri.create_container(pod, &config, sandbox)
     }
 
@@ -365,6 +409,31 @@ impl<'e> CriNode<'e> {
 
     pub fn cd_log(&self) -> PathBuf {
         self.e.dir().join(&self.name).join("containerd.log")
+    }
+
+    /// CRIU's log of the restore of container `id`: in the node's `CriuWorkPath`, else in
+    /// the container's work directory.
+    pub fn restore_log(&self, id: &str) -> PathBuf {
+        match &self.criu_work {
+            Some(d) => d.join("restore.log"),
+            None => self
+                .e
+                .dir()
+                .join(&self.name)
+                .join("root/io.containerd.runtime.v2.task/k8s.io")
+                .join(id)
+                .join("restore.log"),
+        }
+    }
+
+    /// The directory the node's CRI reads CDI specs from (`cdi_spec_dirs`).
+    pub fn cdi_spec_dir(&self) -> PathBuf {
+        self.e.dir().join(&self.name).join("cdi")
+    }
+
+    /// The cgroup (cgroupfs path) of the containers of `pod`.
+    pub fn pod_cgroup(&self, pod: &str) -> String {
+        format!("{}/{pod}", self.cd.cgroup.path)
     }
 }
 
@@ -381,8 +450,9 @@ impl Drop for CriNode<'_> {
     }
 }
 
-/// SIGKILL to every process in cgroup `path` or below, in every hierarchy.
-fn kill_cgroup_tree(path: &str) {
+/// The processes in cgroup `path` (relative to the hierarchies' roots) or below, in every
+/// hierarchy.
+pub fn cgroup_tree_pids(path: &str) -> Vec<i32> {
     fn walk(dir: &Path, pids: &mut Vec<i32>) {
         if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
             pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
@@ -405,6 +475,12 @@ fn kill_cgroup_tree(path: &str) {
     walk(&Path::new("/sys/fs/cgroup").join(rel), &mut pids);
     pids.sort_unstable();
     pids.dedup();
+    pids
+}
+
+/// SIGKILL to every process in cgroup `path` or below, in every hierarchy.
+fn kill_cgroup_tree(path: &str) {
+    let pids = cgroup_tree_pids(path);
     for &p in &pids {
         common::signal(p, libc::SIGKILL);
     }
