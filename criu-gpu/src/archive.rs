@@ -460,13 +460,20 @@ mod tests {
     }
 
     fn entries_of(tar: &[u8]) -> Result<Vec<(String, u64)>, String> {
-        let path =
-            std::env::temp_dir().join(format!("criu-gpu-archive-{}.tar", std::process::id()));
-        std::fs::write(&path, tar).unwrap();
+        entries_packed(tar, Packing::Tar)
+    }
+
+    fn entries_packed(bytes: &[u8], packing: Packing) -> Result<Vec<(String, u64)>, String> {
+        let path = std::env::temp_dir().join(format!(
+            "criu-gpu-archive-{}-{}",
+            std::process::id(),
+            packing.name()
+        ));
+        std::fs::write(&path, bytes).unwrap();
         let mut seen = Vec::new();
         let r = read(
             &path,
-            Packing::Tar,
+            packing,
             |e| {
                 seen.push((e.path.clone(), e.size));
                 Want::Skip
@@ -525,5 +532,57 @@ mod tests {
         // An empty file holds no entries; an end marker alone is an empty archive.
         assert!(entries_of(&[]).unwrap_err().contains("no entries"));
         assert_eq!(entries_of(&[0u8; 2 * BLOCK]), Ok(Vec::new()));
+    }
+
+    /// `tar` packed as `packing`, by the same crates that unpack it.
+    fn pack(tar: &[u8], packing: Packing) -> Vec<u8> {
+        use std::io::Write;
+        match packing {
+            Packing::Tar => tar.to_vec(),
+            Packing::Gzip => {
+                let mut w =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                w.write_all(tar).unwrap();
+                w.finish().unwrap()
+            }
+            Packing::Zstd => zstd::encode_all(tar, 3).unwrap(),
+            Packing::Xz => {
+                let mut w = liblzma::write::XzEncoder::new(Vec::new(), 6);
+                w.write_all(tar).unwrap();
+                w.finish().unwrap()
+            }
+        }
+    }
+
+    #[test]
+    fn every_packing_is_unpacked_in_process_and_checked_to_its_end() {
+        let mut tar = header("checkpoint/inventory.img", 3, b'0');
+        tar.extend(b"inv");
+        tar.resize(2 * BLOCK, 0);
+        tar.extend(vec![0u8; 2 * BLOCK]);
+        for packing in [Packing::Tar, Packing::Gzip, Packing::Zstd, Packing::Xz] {
+            let packed = pack(&tar, packing);
+            assert_eq!(sniff(&packed), Some(packing));
+            assert_eq!(
+                entries_packed(&packed, packing),
+                Ok(vec![("checkpoint/inventory.img".to_string(), 3)]),
+                "{packing:?}"
+            );
+            if packing == Packing::Tar {
+                continue;
+            }
+            // Damage past the end marker (the compressed data's own checksum at its end).
+            let mut bad = packed.clone();
+            let at = bad.len() - 2;
+            bad[at] ^= 0x55;
+            let e = entries_packed(&bad, packing).unwrap_err();
+            assert!(
+                e.contains(&format!("damaged ({}", packing.compression())),
+                "{packing:?}: {e}"
+            );
+            // Cut short.
+            let e = entries_packed(&packed[..packed.len() / 2], packing).unwrap_err();
+            assert!(e.contains(packing.compression()), "{packing:?}: {e}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{ArgAction, Parser, ValueEnum};
 
 /// What to act on: a process tree or a cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,68 +103,50 @@ fn parse_pid(cmd: &str, text: &str) -> Result<i32, Usage> {
     }
 }
 
-/// The words as clap reads them; [`parse`] makes an [`Args`] of them.
+/// The words as clap reads them: `[OPTIONS] [COMMAND] [WORDS]...`, options anywhere; [`parse`]
+/// makes an [`Args`] of them.
 #[derive(Parser, Debug)]
 #[command(
     name = "criu-gpu",
     disable_help_flag = true,
     disable_version_flag = true,
-    disable_help_subcommand = true,
     args_override_self = true
 )]
 struct Line {
-    #[command(subcommand)]
-    word: Option<Word>,
-    #[arg(long, global = true)]
+    #[arg(value_enum)]
+    command: Option<Word>,
+    /// The command's words (a pid, a path, a command name): how many and what they must be
+    /// depends on the command and the options, so [`parse`] checks them.
+    #[arg(allow_negative_numbers = true)]
+    words: Vec<String>,
+    #[arg(long)]
     json: bool,
-    #[arg(short, long, global = true, action = ArgAction::Count)]
+    #[arg(short, long, action = ArgAction::Count)]
     verbose: u8,
-    #[arg(long, global = true)]
+    #[arg(long)]
     serial: bool,
-    #[arg(short, long, global = true)]
+    #[arg(short, long)]
     help: bool,
-    #[arg(short = 'V', long, global = true)]
+    #[arg(short = 'V', long)]
     version: bool,
-    #[arg(short, long, global = true)]
+    #[arg(short, long)]
     timeout: Option<String>,
-    #[arg(long, global = true)]
+    #[arg(long)]
     device_map: Option<String>,
-    #[arg(long, global = true)]
+    #[arg(long)]
     cgroup: Option<PathBuf>,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(ValueEnum, Clone, Copy, Debug)]
 enum Word {
-    Suspend(Rest),
-    Resume(Rest),
-    Status(Rest),
-    Inspect(Rest),
-    Check(Rest),
-    Help(Rest),
-    #[command(hide = true)]
-    Version(Rest),
-}
-
-impl Word {
-    fn name(&self) -> &'static str {
-        match self {
-            Word::Suspend(_) => "suspend",
-            Word::Resume(_) => "resume",
-            Word::Status(_) => "status",
-            Word::Inspect(_) => "inspect",
-            Word::Check(_) => "check",
-            Word::Help(_) => "help",
-            Word::Version(_) => "version",
-        }
-    }
-}
-
-/// A command's words (a pid, a path, a command name): how many and what they must be
-/// depends on the command and on the options, so [`parse`] checks them.
-#[derive(clap::Args, Debug)]
-struct Rest {
-    #[arg(allow_negative_numbers = true)]
-    words: Vec<String>,
+    Suspend,
+    Resume,
+    Status,
+    Inspect,
+    Check,
+    Help,
+    #[value(hide = true)]
+    Version,
 }
 
 /// clap's refusal in this tool's words.
@@ -173,30 +155,23 @@ fn refusal(e: &clap::Error, command: Option<&str>) -> Usage {
         Some(ContextValue::String(s)) => s.clone(),
         _ => String::new(),
     };
-    // The option as typed, without clap's `<VALUE>`.
-    let option = || {
-        let arg = context(ContextKind::InvalidArg);
-        arg.split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_string()
-    };
+    // The argument as typed (`--timeout`), without clap's `<VALUE>`.
+    let arg = context(ContextKind::InvalidArg);
+    let arg = arg.split_whitespace().next().unwrap_or_default();
+    let value = context(ContextKind::InvalidValue);
     let message = match e.kind() {
-        ErrorKind::InvalidSubcommand => {
+        ErrorKind::InvalidValue if arg == "[COMMAND]" => {
             return usage(
                 None,
                 format!(
-                    "unknown command {:?}; the commands are {}",
-                    context(ContextKind::InvalidSubcommand),
+                    "unknown command {value:?}; the commands are {}",
                     COMMANDS.join(", ")
                 ),
             );
         }
-        ErrorKind::UnknownArgument => format!("unknown option {}", option()),
-        ErrorKind::InvalidValue | ErrorKind::NoEquals
-            if context(ContextKind::InvalidValue).is_empty() =>
-        {
-            format!("{} needs a value", option())
+        ErrorKind::UnknownArgument => format!("unknown option {arg}"),
+        ErrorKind::InvalidValue | ErrorKind::NoEquals if value.is_empty() => {
+            format!("{arg} needs a value")
         }
         _ => {
             let text = e.to_string();
@@ -218,7 +193,8 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
         Line::try_parse_from(std::iter::once("criu-gpu").chain(argv.iter().map(String::as_str)))
             .map_err(|e| refusal(&e, named))?;
     let Line {
-        word,
+        command: word,
+        words: rest,
         json,
         verbose,
         serial,
@@ -240,9 +216,13 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
     let Some(word) = word else {
         return Ok(args(Command::Help(None)));
     };
-    let c = word.name();
+    let name = word
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let c = name.as_str();
     if help {
-        return Ok(args(Command::Help(Some(c.to_string()))));
+        return Ok(args(Command::Help(Some(name))));
     }
     let target = |rest: &[String]| -> Result<Target, Usage> {
         match (&cgroup, rest) {
@@ -280,7 +260,7 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
         }
     };
     let command = match word {
-        Word::Suspend(Rest { words: rest }) => {
+        Word::Suspend => {
             refuse("--device-map", device_map.is_some())?;
             let timeout = match &timeout {
                 Some(t) => parse_timeout(t).map_err(|e| usage(Some(c), e))?,
@@ -291,27 +271,27 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
                 timeout,
             }
         }
-        Word::Resume(Rest { words: rest }) => {
+        Word::Resume => {
             refuse("--timeout", timeout.is_some())?;
             Command::Resume {
                 target: target(&rest)?,
                 device_map,
             }
         }
-        Word::Status(Rest { words: rest }) => {
+        Word::Status => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--device-map", device_map.is_some())?;
             Command::Status {
                 target: target(&rest)?,
             }
         }
-        Word::Inspect(Rest { words: rest }) => {
+        Word::Inspect => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--device-map", device_map.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
             Command::Inspect { path: path(&rest)? }
         }
-        Word::Check(Rest { words: rest }) => {
+        Word::Check => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
             Command::Check {
@@ -319,12 +299,12 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
                 device_map,
             }
         }
-        Word::Help(Rest { words: rest }) => match rest.as_slice() {
+        Word::Help => match rest.as_slice() {
             [] => Command::Help(None),
             [w] => Command::Help(Some(w.clone())),
             _ => return Err(usage(None, "help takes one command name")),
         },
-        Word::Version(_) => Command::Version,
+        Word::Version => Command::Version,
     };
     Ok(args(command))
 }
