@@ -321,8 +321,12 @@ fn walk(
     }
     .map_err(|e| format!("cannot read the archive: {e}"))?;
     let mut count = 0u64;
+    // What the tar reader reads past, in a stream, before the next header: the rest of the
+    // entry before (in a file it seeks); and what that entry was, for messages.
+    let mut pending = 0u64;
+    let mut last = String::new();
     loop {
-        gauge.meta_left.set(Some(MAX_META));
+        gauge.meta_left.set(Some(MAX_META.saturating_add(pending)));
         let next = entries.next();
         gauge.meta_left.set(None);
         // An archive without its end marker still has every entry before it.
@@ -331,7 +335,7 @@ fn walk(
                 return Err("the archive holds no entries".into());
             }
             None => return Ok(()),
-            Some(Err(e)) => return Err(tar_error(count + 1, &e, gauge.pos.get())),
+            Some(Err(e)) => return Err(tar_error(count + 1, &e, gauge.pos.get(), &last)),
             Some(Ok(e)) => e,
         };
         count += 1;
@@ -342,10 +346,6 @@ fn walk(
         }
         let kind = e.header().entry_type();
         let size = e.size();
-        if kind == EntryType::XGlobalHeader {
-            skip(&mut e, size, file_len, &format!("entry {count}"), gauge)?;
-            continue;
-        }
         let entry = Entry {
             path: String::from_utf8_lossy(&e.path_bytes()).into_owned(),
             size,
@@ -362,62 +362,56 @@ fn walk(
                 entry.path
             ));
         }
-        let what = format!("{} ({size} bytes)", entry.path);
-        match visit(&entry) {
-            Want::Read(limit) if size > limit => {
-                take(&entry, Data::TooLarge { limit });
-                skip(&mut e, size, file_len, &what, gauge)?;
-            }
+        last = format!("{} ({size} bytes)", entry.path);
+        // Where its data ends in the archive: a sparse file's size is what it expands to,
+        // its header's what the archive holds.
+        let stored = match kind {
+            EntryType::GNUSparse => e.header().entry_size().unwrap_or(size),
+            _ => size,
+        };
+        let end = e.raw_file_position().saturating_add(padded(stored));
+        if let Some(len) = file_len.filter(|&len| end > len) {
+            return Err(format!(
+                "the archive is truncated: {last} needs {} bytes, the file has {} left",
+                padded(stored),
+                len.saturating_sub(e.raw_file_position())
+            ));
+        }
+        // A global pax header is the tar reader's, not an entry of the checkpoint.
+        let want = match kind {
+            EntryType::XGlobalHeader => Want::Skip,
+            _ => visit(&entry),
+        };
+        match want {
+            Want::Read(limit) if size > limit => take(&entry, Data::TooLarge { limit }),
             Want::Read(_) => {
                 let mut data = Vec::with_capacity(size as usize);
                 e.read_to_end(&mut data)
                     .map_err(|err| format!("cannot read the archive: {err}"))?;
                 if data.len() as u64 != size {
-                    return Err(truncated(gauge.pos.get(), &what));
+                    return Err(truncated(gauge.pos.get(), &last));
                 }
                 take(&entry, Data::Bytes(data));
             }
-            Want::Skip => skip(&mut e, size, file_len, &what, gauge)?,
+            Want::Skip => {}
+        }
+        if file_len.is_none() {
+            pending = end.saturating_sub(gauge.pos.get());
         }
     }
-}
-
-/// Passes over an entry's data: in a plain file only checks that it is there (the tar reader
-/// seeks past it), in a decompressed stream reads it through.
-fn skip(
-    e: &mut tar::Entry<'_, Source>,
-    size: u64,
-    file_len: Option<u64>,
-    what: &str,
-    gauge: &Gauge,
-) -> Result<(), String> {
-    if let Some(len) = file_len {
-        let start = e.raw_file_position();
-        let n = padded(size);
-        if start.checked_add(n).is_none_or(|end| end > len) {
-            return Err(format!(
-                "the archive is truncated: {what} needs {n} bytes, the file has {} left",
-                len.saturating_sub(start)
-            ));
-        }
-        return Ok(());
-    }
-    let got =
-        io::copy(e, &mut io::sink()).map_err(|err| format!("cannot read the archive: {err}"))?;
-    if got != size {
-        return Err(truncated(gauge.pos.get(), what));
-    }
-    Ok(())
 }
 
 fn truncated(pos: u64, what: &str) -> String {
     format!("the archive is truncated: it ends after {pos} bytes, inside {what}")
 }
 
-/// The tar reader's refusal of entry `n` in words that say what is wrong.
-fn tar_error(n: u64, e: &io::Error, pos: u64) -> String {
+/// The tar reader's refusal of entry `n` (or of the end of the one before, `last`) in words
+/// that say what is wrong.
+fn tar_error(n: u64, e: &io::Error, pos: u64, last: &str) -> String {
     let text = e.to_string();
-    if text.contains("checksum mismatch") {
+    if text.contains("unexpected EOF during skip") {
+        truncated(pos, last)
+    } else if text.contains("checksum mismatch") {
         format!(
             "entry {n} (before byte {pos}) has a bad header checksum: not a tar archive, or a damaged one"
         )
@@ -583,6 +577,38 @@ mod tests {
             // Cut short.
             let e = entries_packed(&packed[..packed.len() / 2], packing).unwrap_err();
             assert!(e.contains(packing.compression()), "{packing:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_sparse_file_is_passed_over_as_stored_not_as_expanded() {
+        // 512 bytes stored at the end of a 1 TiB sparse file.
+        let mut h = tar::Header::new_gnu();
+        h.set_path("s").unwrap();
+        h.set_entry_type(EntryType::GNUSparse);
+        h.set_size(BLOCK as u64);
+        let gnu = h.as_gnu_mut().unwrap();
+        // GNU base-256: numbers beyond what octal digits hold.
+        let number = |f: &mut [u8; 12], v: u64| {
+            f[0] = 0x80;
+            f[4..].copy_from_slice(&v.to_be_bytes());
+        };
+        number(&mut gnu.realsize, 1 << 40);
+        number(&mut gnu.sparse[0].offset, (1 << 40) - BLOCK as u64);
+        number(&mut gnu.sparse[0].numbytes, BLOCK as u64);
+        h.set_cksum();
+        let mut tar = h.as_bytes().to_vec();
+        tar.extend([1u8; BLOCK]);
+        tar.extend(header("after", 0, b'0'));
+        tar.extend(vec![0u8; 2 * BLOCK]);
+        let want = vec![("s".to_string(), 1 << 40), ("after".to_string(), 0)];
+        for packing in [Packing::Tar, Packing::Gzip] {
+            let started = Instant::now();
+            assert_eq!(
+                entries_packed(&pack(&tar, packing), packing),
+                Ok(want.clone())
+            );
+            assert!(started.elapsed() < Duration::from_secs(5), "{packing:?}");
         }
     }
 }
