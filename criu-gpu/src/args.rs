@@ -1,8 +1,13 @@
-//! The command line: `criu-gpu [OPTIONS] COMMAND [ARGS]`, parsed by hand (a few commands and
-//! options; no parser crate is needed). Options may come before or after the command.
+//! The command line: `criu-gpu [OPTIONS] COMMAND [ARGS]`. clap reads the words; every option
+//! is global, so that options may come before or after the command as they always could, and
+//! which option applies to which command, the messages and the help pages (`help`) stay this
+//! tool's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, Parser, ValueEnum};
 
 /// What to act on: a process tree or a cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,69 +103,127 @@ fn parse_pid(cmd: &str, text: &str) -> Result<i32, Usage> {
     }
 }
 
+/// The words as clap reads them: `[OPTIONS] [COMMAND] [WORDS]...`, options anywhere; [`parse`]
+/// makes an [`Args`] of them.
+#[derive(Parser, Debug)]
+#[command(
+    name = "criu-gpu",
+    disable_help_flag = true,
+    disable_version_flag = true,
+    args_override_self = true
+)]
+struct Line {
+    #[arg(value_enum)]
+    command: Option<Word>,
+    /// The command's words (a pid, a path, a command name): how many and what they must be
+    /// depends on the command and the options, so [`parse`] checks them.
+    #[arg(allow_negative_numbers = true)]
+    words: Vec<String>,
+    #[arg(long)]
+    json: bool,
+    #[arg(short, long, action = ArgAction::Count)]
+    verbose: u8,
+    #[arg(long)]
+    serial: bool,
+    #[arg(short, long)]
+    help: bool,
+    #[arg(short = 'V', long)]
+    version: bool,
+    #[arg(short, long)]
+    timeout: Option<String>,
+    #[arg(long)]
+    device_map: Option<String>,
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Word {
+    Suspend,
+    Resume,
+    Status,
+    Inspect,
+    Check,
+    Help,
+    #[value(hide = true)]
+    Version,
+}
+
+/// clap's refusal in this tool's words.
+fn refusal(e: &clap::Error, command: Option<&str>) -> Usage {
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    // The argument as typed (`--timeout`), without clap's `<VALUE>`.
+    let arg = context(ContextKind::InvalidArg);
+    let arg = arg.split_whitespace().next().unwrap_or_default();
+    let value = context(ContextKind::InvalidValue);
+    let message = match e.kind() {
+        ErrorKind::InvalidValue if arg == "[COMMAND]" => {
+            return usage(
+                None,
+                format!(
+                    "unknown command {value:?}; the commands are {}",
+                    COMMANDS.join(", ")
+                ),
+            );
+        }
+        ErrorKind::UnknownArgument => format!("unknown option {arg}"),
+        ErrorKind::InvalidValue | ErrorKind::NoEquals if value.is_empty() => {
+            format!("{arg} needs a value")
+        }
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        }
+    };
+    usage(command, message)
+}
+
 /// Parses `argv` without the program name.
 pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
-    let mut json = false;
-    let mut verbose = 0u8;
-    let mut serial = false;
-    let mut timeout: Option<String> = None;
-    let mut device_map: Option<String> = None;
-    let mut cgroup: Option<PathBuf> = None;
-    let mut help = false;
-    let mut words: Vec<String> = Vec::new();
-    let mut it = argv.into_iter();
-    let value = |it: &mut dyn Iterator<Item = String>, name: &str| {
-        it.next()
-            .ok_or_else(|| usage(None, format!("{name} needs a value")))
+    let argv: Vec<String> = argv.into_iter().collect();
+    let named = argv
+        .iter()
+        .find(|a| COMMANDS.contains(&a.as_str()))
+        .map(String::as_str);
+    let line =
+        Line::try_parse_from(std::iter::once("criu-gpu").chain(argv.iter().map(String::as_str)))
+            .map_err(|e| refusal(&e, named))?;
+    let Line {
+        command: word,
+        words: rest,
+        json,
+        verbose,
+        serial,
+        help,
+        version,
+        timeout,
+        device_map,
+        cgroup,
+    } = line;
+    let args = |command| Args {
+        command,
+        json,
+        verbose,
+        serial,
     };
-    while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let take = |it: &mut dyn Iterator<Item = String>| match inline.clone() {
-            Some(v) => Ok(v),
-            None => value(it, &name),
-        };
-        match name.as_str() {
-            "--json" => json = true,
-            "-v" | "--verbose" => verbose = verbose.saturating_add(1),
-            "-vv" => verbose = verbose.saturating_add(2),
-            "--serial" => serial = true,
-            "-h" | "--help" => help = true,
-            "-V" | "--version" => words.insert(0, "version".into()),
-            "--timeout" | "-t" => timeout = Some(take(&mut it)?),
-            "--device-map" => device_map = Some(take(&mut it)?),
-            "--cgroup" => cgroup = Some(PathBuf::from(take(&mut it)?)),
-            "--" => words.extend(it.by_ref()),
-            s if s.starts_with('-') && s.len() > 1 && s.parse::<i64>().is_err() => {
-                return Err(usage(
-                    words.first().map(String::as_str),
-                    format!("unknown option {s}"),
-                ));
-            }
-            _ => words.push(a),
-        }
+    if version {
+        return Ok(args(Command::Version));
     }
-    let mut words = words.into_iter();
-    let Some(cmd) = words.next() else {
-        return Ok(Args {
-            command: Command::Help(None),
-            json,
-            verbose,
-            serial,
-        });
+    let Some(word) = word else {
+        return Ok(args(Command::Help(None)));
     };
-    let rest: Vec<String> = words.collect();
+    let name = word
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let c = name.as_str();
     if help {
-        return Ok(Args {
-            command: Command::Help(Some(cmd)),
-            json,
-            verbose,
-            serial,
-        });
+        return Ok(args(Command::Help(Some(name))));
     }
-    let c = cmd.as_str();
     let target = |rest: &[String]| -> Result<Target, Usage> {
         match (&cgroup, rest) {
             (Some(cg), []) => Ok(Target::Cgroup(cg.clone())),
@@ -196,8 +259,8 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
             Ok(())
         }
     };
-    let command = match c {
-        "suspend" => {
+    let command = match word {
+        Word::Suspend => {
             refuse("--device-map", device_map.is_some())?;
             let timeout = match &timeout {
                 Some(t) => parse_timeout(t).map_err(|e| usage(Some(c), e))?,
@@ -208,27 +271,27 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
                 timeout,
             }
         }
-        "resume" => {
+        Word::Resume => {
             refuse("--timeout", timeout.is_some())?;
             Command::Resume {
                 target: target(&rest)?,
                 device_map,
             }
         }
-        "status" => {
+        Word::Status => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--device-map", device_map.is_some())?;
             Command::Status {
                 target: target(&rest)?,
             }
         }
-        "inspect" => {
+        Word::Inspect => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--device-map", device_map.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
             Command::Inspect { path: path(&rest)? }
         }
-        "check" => {
+        Word::Check => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
             Command::Check {
@@ -236,28 +299,14 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
                 device_map,
             }
         }
-        "help" => match rest.as_slice() {
+        Word::Help => match rest.as_slice() {
             [] => Command::Help(None),
             [w] => Command::Help(Some(w.clone())),
             _ => return Err(usage(None, "help takes one command name")),
         },
-        "version" => Command::Version,
-        other => {
-            return Err(usage(
-                None,
-                format!(
-                    "unknown command {other:?}; the commands are {}",
-                    COMMANDS.join(", ")
-                ),
-            ));
-        }
+        Word::Version => Command::Version,
     };
-    Ok(Args {
-        command,
-        json,
-        verbose,
-        serial,
-    })
+    Ok(args(command))
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use criu_gpu_plugin::cuda::metadata::{self, CudaMetadata};
 use criu_gpu_plugin::cuda::{CudaSettings, driver, gpus, preflight};
 
 use crate::inspect::Contents;
-use crate::json::Json;
 
 /// The verdict: the GPU map lines and every reason it would not restore.
 #[derive(Default)]
@@ -222,13 +221,13 @@ impl Verdict {
         t
     }
 
-    pub fn json(&self, source: &str) -> Json {
-        Json::obj([
-            ("source", Json::str(source)),
-            ("would_restore", Json::Bool(self.ok())),
-            ("gpu_map", Json::strs(self.map.clone())),
-            ("reasons", Json::strs(self.reasons.clone())),
-            ("notes", Json::strs(self.notes.clone())),
-        ])
+    pub fn json(&self, source: &str) -> serde_json::Value {
+        serde_json::json!({
+            "source": source,
+            "would_restore": self.ok(),
+            "gpu_map": self.map,
+            "reasons": self.reasons,
+            "notes": self.notes,
+        })
     }
 }

@@ -142,7 +142,7 @@ DESCRIPTION
     PATH is a CRIU image directory or a checkpoint archive: tar, compressed with gzip or zstd
     (or xz) or not at all, with the images at its top or under checkpoint/ (Podman's
     `container checkpoint --export`, CRI-O and kubelet checkpoint archives). Compressed
-    archives are read through the system's gzip, zstd or xz.
+    archives are unpacked in memory as they are read (nothing is written to disk).
 
     NVIDIA: the plugin's metadata (gpu-plugin-cuda.img): the driver, each GPU (UUID, model,
     memory, PCI address) and each CUDA process (pid in its namespace, state when dumped, GPU

@@ -6,9 +6,9 @@ use criu_gpu_plugin::amdgpu::image::{
     self as amd, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
 };
 use criu_gpu_plugin::cuda::metadata::{self, CudaMetadata};
+use serde_json::{Value, json};
 
 use crate::images::ImageSet;
-use crate::json::Json;
 use crate::report::mib;
 
 /// What the checkpoint holds, read once for `inspect` and `check`.
@@ -135,13 +135,13 @@ fn bo_kinds(img: &KfdCheckpoint) -> Vec<(&'static str, usize, u64)> {
 }
 
 /// `inspect`'s text and JSON, and whether the image is sound.
-pub fn show(set: &ImageSet, c: &Contents) -> (String, Json, bool) {
+pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
     let mut t = format!("{}\n", set.source);
     if let Some(tree) = &c.tree {
         t.push_str(&format!("process tree: {} task(s)\n", tree.len()));
     }
     let mut errors = c.errors.clone();
-    let mut cuda_json = Json::Null;
+    let mut cuda_json = Value::Null;
     match &c.cuda {
         Some(Ok(md)) => {
             t.push_str(&format!(
@@ -225,12 +225,12 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Json, bool) {
                     r.gpu_id,
                     mib(bytes)
                 ));
-                render_json.push(Json::obj([
-                    ("file", Json::str(name)),
-                    ("gpu_id", Json::UInt(r.gpu_id.into())),
-                    ("bos", Json::UInt(n as u64)),
-                    ("bytes", Json::UInt(bytes)),
-                ]));
+                render_json.push(json!({
+                    "file": name,
+                    "gpu_id": r.gpu_id,
+                    "bos": n,
+                    "bytes": bytes,
+                }));
             }
             Err(e) => errors.push(e.clone()),
         }
@@ -255,97 +255,77 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Json, bool) {
     for e in &errors {
         t.push_str(&format!("error: {e}\n"));
     }
-    let j = Json::obj([
-        ("source", Json::str(&set.source)),
-        (
-            "tasks",
-            c.tree
-                .as_ref()
-                .map_or(Json::Null, |t| Json::UInt(t.len() as u64)),
-        ),
-        ("nvidia", cuda_json),
-        (
-            "nvidia_without_metadata",
-            Json::Bool(c.cuda.is_none() && c.lists_cuda),
-        ),
-        ("amd_kfd", Json::Arr(kfd_json)),
-        ("amd_render_nodes", Json::Arr(render_json)),
-        ("ignored", Json::strs(set.notes.clone())),
-        ("errors", Json::strs(errors.clone())),
-    ]);
+    let j = json!({
+        "source": set.source,
+        "tasks": c.tree.as_ref().map(Vec::len),
+        "nvidia": cuda_json,
+        "nvidia_without_metadata": c.cuda.is_none() && c.lists_cuda,
+        "amd_kfd": kfd_json,
+        "amd_render_nodes": render_json,
+        "ignored": set.notes,
+        "errors": errors,
+    });
     (t, j, errors.is_empty())
 }
 
-fn cuda_to_json(md: &CudaMetadata) -> Json {
-    Json::obj([
-        ("driver_version", Json::Int(md.driver_version.into())),
-        ("driver_release", Json::opt_str(md.driver_release.clone())),
-        (
-            "gpus",
-            Json::Arr(
-                md.gpus
-                    .iter()
-                    .map(|g| {
-                        Json::obj([
-                            ("uuid", Json::str(g.uuid.to_string())),
-                            ("model", Json::str(&g.model)),
-                            ("bus", Json::str(&g.bus)),
-                            ("memory", Json::UInt(g.memory)),
-                        ])
-                    })
-                    .collect(),
-            ),
-        ),
-        (
-            "processes",
-            Json::Arr(
-                md.processes
-                    .iter()
-                    .map(|p| {
-                        Json::obj([
-                            ("pid", Json::Int(p.pid.into())),
-                            ("restore_tid", Json::Int(p.restore_tid.into())),
-                            ("state", Json::str(p.found.as_str())),
-                            ("gpu_bytes", Json::UInt(p.host_bytes)),
-                        ])
-                    })
-                    .collect(),
-            ),
-        ),
-    ])
+fn cuda_to_json(md: &CudaMetadata) -> Value {
+    let gpus: Vec<Value> = md
+        .gpus
+        .iter()
+        .map(|g| {
+            json!({
+                "uuid": g.uuid.to_string(),
+                "model": g.model,
+                "bus": g.bus,
+                "memory": g.memory,
+            })
+        })
+        .collect();
+    let processes: Vec<Value> = md
+        .processes
+        .iter()
+        .map(|p| {
+            json!({
+                "pid": p.pid,
+                "restore_tid": p.restore_tid,
+                "state": p.found.as_str(),
+                "gpu_bytes": p.host_bytes,
+            })
+        })
+        .collect();
+    json!({
+        "driver_version": md.driver_version,
+        "driver_release": md.driver_release,
+        "gpus": gpus,
+        "processes": processes,
+    })
 }
 
-fn kfd_to_json(id: u32, img: &KfdCheckpoint) -> Json {
-    let gpus = img
+fn kfd_to_json(id: u32, img: &KfdCheckpoint) -> Value {
+    let gpus: Vec<Value> = img
         .devices
         .iter()
         .filter(|d| d.gpu_id != 0)
         .map(|d| {
-            Json::obj([
-                ("gpu_id", Json::UInt(d.gpu_id.into())),
-                ("device_id", Json::UInt(d.device_id.into())),
-                ("render_minor", Json::UInt(d.drm_render_minor.into())),
-                ("vram_size", Json::UInt(d.vram_size)),
-                ("hive_id", Json::UInt(d.hive_id)),
-            ])
+            json!({
+                "gpu_id": d.gpu_id,
+                "device_id": d.device_id,
+                "render_minor": d.drm_render_minor,
+                "vram_size": d.vram_size,
+                "hive_id": d.hive_id,
+            })
         })
         .collect();
-    let bos = bo_kinds(img)
+    let bos: Vec<Value> = bo_kinds(img)
         .into_iter()
-        .map(|(k, n, b)| {
-            Json::obj([
-                ("kind", Json::str(k)),
-                ("count", Json::UInt(n as u64)),
-                ("bytes", Json::UInt(b)),
-            ])
-        })
+        .map(|(k, n, b)| json!({"kind": k, "count": n, "bytes": b}))
         .collect();
-    Json::obj([
-        ("file", Json::str(amd::kfd_file_name(id))),
-        ("pid", Json::UInt(img.pid.into())),
-        ("gpus", Json::Arr(gpus)),
-        ("bos", Json::Arr(bos)),
-        ("objects", Json::UInt(img.num_of_objects.into())),
-        ("kernel_data_bytes", Json::UInt(img.priv_data.len() as u64)),
-    ])
+    json!({
+        "file": amd::kfd_file_name(id),
+        "pid": img.pid,
+        "gpus": gpus,
+        "bos": bos,
+        "objects": img.num_of_objects,
+        "kernel_data_bytes": img.priv_data.len(),
+    })
 }

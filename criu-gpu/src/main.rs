@@ -8,7 +8,6 @@ mod check;
 mod help;
 mod images;
 mod inspect;
-mod json;
 mod report;
 mod session;
 mod suspend;

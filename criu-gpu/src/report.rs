@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::json::Json;
+use serde_json::{Value, json};
+
 use crate::session::Probe;
 
 /// One process the command acted on.
@@ -192,58 +193,44 @@ impl Report {
         (out, err)
     }
 
-    pub fn json(&self) -> Json {
-        let procs = self
+    pub fn json(&self) -> Value {
+        let procs: Vec<Value> = self
             .processes
             .iter()
             .map(|o| {
-                Json::obj([
-                    ("pid", Json::Int(o.pid.into())),
-                    ("command", Json::str(&o.comm)),
-                    ("before", Json::str(&o.before)),
-                    ("after", Json::str(&o.after)),
-                    ("gpu_bytes", o.bytes.map_or(Json::Null, Json::UInt)),
-                    ("time_ms", Json::Float(o.took.as_secs_f64() * 1000.0)),
-                ])
+                json!({
+                    "pid": o.pid,
+                    "command": o.comm,
+                    "before": o.before,
+                    "after": o.after,
+                    "gpu_bytes": o.bytes,
+                    "time_ms": o.took.as_secs_f64() * 1000.0,
+                })
             })
             .collect();
-        let skipped = self
+        let skipped: Vec<Value> = self
             .skipped
             .iter()
-            .map(|s| {
-                Json::obj([
-                    ("pid", Json::Int(s.pid.into())),
-                    ("command", Json::str(&s.comm)),
-                    ("why", Json::str(&s.why)),
-                ])
-            })
+            .map(|s| json!({"pid": s.pid, "command": s.comm, "why": s.why}))
             .collect();
-        let failed = self
+        let failed: Vec<Value> = self
             .failed
             .iter()
-            .map(|(pid, why)| {
-                Json::obj([("pid", Json::Int((*pid).into())), ("why", Json::str(why))])
-            })
+            .map(|(pid, why)| json!({"pid": pid, "why": why}))
             .collect();
-        Json::obj([
-            ("command", Json::str(self.command)),
-            ("ok", Json::Bool(self.failed.is_empty())),
-            ("processes", Json::Arr(procs)),
-            ("skipped", Json::Arr(skipped)),
-            ("failed", Json::Arr(failed)),
-            ("rolled_back", Json::Bool(self.rolled_back)),
-            (
-                "rollback_failures",
-                Json::strs(self.rollback_failures.clone()),
-            ),
-            ("gpu_bytes_total", Json::UInt(self.bytes_total())),
-            (
-                "gpu_memory_freed",
-                self.gpu_freed().map_or(Json::Null, |f| {
-                    Json::Int(f.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
-                }),
-            ),
-            ("time_ms", Json::Float(self.wall.as_secs_f64() * 1000.0)),
-        ])
+        json!({
+            "command": self.command,
+            "ok": self.failed.is_empty(),
+            "processes": procs,
+            "skipped": skipped,
+            "failed": failed,
+            "rolled_back": self.rolled_back,
+            "rollback_failures": self.rollback_failures,
+            "gpu_bytes_total": self.bytes_total(),
+            "gpu_memory_freed": self
+                .gpu_freed()
+                .map(|f| f.clamp(i64::MIN.into(), i64::MAX.into()) as i64),
+            "time_ms": self.wall.as_secs_f64() * 1000.0,
+        })
     }
 }

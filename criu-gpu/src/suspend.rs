@@ -11,7 +11,6 @@ use criu_gpu_plugin::cuda::nvml::GpuMemory;
 use criu_gpu_plugin::cuda::{gpus, procfs};
 use cuda_ckpt_sys::{GpuUuid, ProcessState};
 
-use crate::json::Json;
 use crate::report::{Outcome, Report, Skipped, mib};
 use crate::session::{Found, Probe, Session};
 use crate::{Failed, progress};
@@ -433,7 +432,7 @@ fn suspend_again(s: &Session, report: &mut Report, done: &Touched, locked_now: &
 }
 
 /// `status`: each process's CUDA state, restore thread and GPUs.
-pub fn status(s: &Session, pids: &[i32]) -> (String, Json) {
+pub fn status(s: &Session, pids: &[i32]) -> (String, serde_json::Value) {
     let probes = s.probe(pids);
     let mut text = format!(
         "{:<8} {:<16} {:<13} {:<12} {}\n",
@@ -468,17 +467,14 @@ pub fn status(s: &Session, pids: &[i32]) -> (String, Json) {
         if let Some(n) = &note {
             text.push_str(&format!("         {n}\n"));
         }
-        rows.push(Json::obj([
-            ("pid", Json::Int(p.pid.into())),
-            ("command", Json::str(&p.comm)),
-            ("state", Json::str(p.state_word())),
-            (
-                "restore_tid",
-                p.tid().map_or(Json::Null, |t| Json::Int(t.into())),
-            ),
-            ("gpus", Json::strs(gpus)),
-            ("note", Json::opt_str(note)),
-        ]));
+        rows.push(serde_json::json!({
+            "pid": p.pid,
+            "command": p.comm,
+            "state": p.state_word(),
+            "restore_tid": p.tid(),
+            "gpus": gpus,
+            "note": note,
+        }));
     }
     let n = probes.iter().filter(|p| p.tid().is_some()).count();
     text.push_str(&format!(
@@ -491,9 +487,6 @@ pub fn status(s: &Session, pids: &[i32]) -> (String, Json) {
     ));
     (
         text,
-        Json::obj([
-            ("command", Json::str("status")),
-            ("processes", Json::Arr(rows)),
-        ]),
+        serde_json::json!({"command": "status", "processes": rows}),
     )
 }
