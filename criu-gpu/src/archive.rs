@@ -258,7 +258,7 @@ pub fn read(
     };
     let unpacked = match packing {
         Packing::Tar => Unpacked::File(file),
-        Packing::Gzip => decoder(Box::new(flate2::read::MultiGzDecoder::new(file))),
+        Packing::Gzip => decoder(Box::new(GzipMembers::new(file))),
         Packing::Zstd => decoder(Box::new(zstd::Decoder::new(file).map_err(damaged)?)),
         Packing::Xz => {
             let stream = liblzma::stream::Stream::new_stream_decoder(
@@ -305,6 +305,60 @@ pub fn read(
             .map_err(|e| stopped().unwrap_or_else(|| damaged(e)))?;
     }
     Ok(())
+}
+
+/// The gzip members of a file one after another, as `gzip -dc` reads them: after the last,
+/// zero bytes (tape or block padding some writers add) end the data; anything else is damage.
+/// flate2's own multi-member reader takes padding for a member with a bad header.
+struct GzipMembers {
+    member: Option<flate2::bufread::GzDecoder<io::BufReader<File>>>,
+}
+
+impl GzipMembers {
+    fn new(file: File) -> GzipMembers {
+        let input = io::BufReader::new(file);
+        GzipMembers {
+            member: Some(flate2::bufread::GzDecoder::new(input)),
+        }
+    }
+
+    /// After a member: whether another follows (else only zeros, up to the end, do).
+    fn another_member(input: &mut io::BufReader<File>) -> io::Result<bool> {
+        use std::io::BufRead;
+        loop {
+            let buf = input.fill_buf()?;
+            let Some(&first) = buf.first() else {
+                return Ok(false);
+            };
+            if first == 0x1f {
+                return Ok(true);
+            }
+            if buf.iter().any(|&b| b != 0) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "what follows a gzip member is neither another member nor zero padding",
+                ));
+            }
+            let n = buf.len();
+            input.consume(n);
+        }
+    }
+}
+
+impl Read for GzipMembers {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while let Some(member) = self.member.as_mut() {
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut input = self.member.take().expect("a member").into_inner();
+            if GzipMembers::another_member(&mut input)? {
+                self.member = Some(flate2::bufread::GzDecoder::new(input));
+            }
+        }
+        Ok(0)
+    }
 }
 
 /// Walks the entries; `file_len` is the length of a plain (seekable) archive.
@@ -578,6 +632,28 @@ mod tests {
             let e = entries_packed(&packed[..packed.len() / 2], packing).unwrap_err();
             assert!(e.contains(packing.compression()), "{packing:?}: {e}");
         }
+    }
+
+    #[test]
+    fn gzip_members_and_zero_padding_are_read_as_gzip_reads_them() {
+        let mut tar = header("checkpoint/inventory.img", 3, b'0');
+        tar.extend(b"inv");
+        tar.resize(2 * BLOCK, 0);
+        tar.extend(vec![0u8; 2 * BLOCK]);
+        let want = Ok(vec![("checkpoint/inventory.img".to_string(), 3)]);
+        // Two members (`cat a.gz b.gz`), the archive split between them.
+        let mut two = pack(&tar[..BLOCK], Packing::Gzip);
+        two.extend(pack(&tar[BLOCK..], Packing::Gzip));
+        assert_eq!(entries_packed(&two, Packing::Gzip), want);
+        // Padded with zeros to a block, as tape and some writers do.
+        let mut padded = pack(&tar, Packing::Gzip);
+        padded.resize(padded.len() + 10240, 0);
+        assert_eq!(entries_packed(&padded, Packing::Gzip), want);
+        // Anything else after the member is damage.
+        let mut garbage = padded.clone();
+        garbage.push(b'x');
+        let e = entries_packed(&garbage, Packing::Gzip).unwrap_err();
+        assert!(e.contains("damaged (gzip"), "{e}");
     }
 
     #[test]
