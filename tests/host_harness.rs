@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::plugin::GpuPlugin;
+use criu_gpu_core::GpuPlugin;
 use criu_plugin::{HookId, Plugin};
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");

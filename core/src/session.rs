@@ -1,20 +1,37 @@
-//! The CUDA driver as the tool uses it: settings read as the plugin reads them, the driver
-//! loaded and checked, each target process probed (uses CUDA? state?), and the batches of
-//! driver calls, all through the plugin's library (`criu_gpu_plugin::cuda`).
+//! The CUDA driver as `criu-gpu` uses it, through the plugin's own code: settings read as the
+//! plugin reads them, the driver loaded and checked, each target process probed (uses CUDA?
+//! state?), and the batches of driver calls (lock, checkpoint, restore, put back), plus the
+//! per-process facts and the claim on a process that the tool's `suspend`, `resume` and
+//! `status` need.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use criu_gpu_plugin::config::Config;
-use criu_gpu_plugin::cuda::batch::{Batch, Timed, restore_each, run_each};
-use criu_gpu_plugin::cuda::helper::{self, RestoreJob};
-use criu_gpu_plugin::cuda::nvml::GpuMemory;
-use criu_gpu_plugin::cuda::{CudaSettings, check_put_back, driver, gpus, procfs, put_back};
+use crate::config::Config;
+use crate::cuda::batch::{Batch, restore_each, run_each};
+use crate::cuda::helper::{self, RestoreJob};
+use crate::cuda::{CudaSettings, check_put_back, driver, gpus, procfs, put_back};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
-use crate::targets;
+pub use crate::cuda::batch::Timed;
+pub use crate::cuda::exclusive::{Claim, ClaimError, claim};
+pub use crate::cuda::gpus::parse_device_map;
+pub use crate::cuda::nvml::GpuMemory;
+pub use crate::cuda::procfs::{rss_bytes, start_time};
+
+/// `pid` and its descendants, root first (every thread's `/proc/PID/task/TID/children`).
+pub fn process_tree(pid: i32) -> Vec<i32> {
+    procfs::tree(pid)
+}
+
+/// The command name of `pid`, for listings (empty when it cannot be read).
+pub fn comm(pid: i32) -> String {
+    criu_plugin::files::read_regular(None, Path::new(&format!("/proc/{pid}/comm")), false, 256)
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
+        .unwrap_or_default()
+}
 
 /// The plugin's settings (its file, `CRIU_GPU_*` variables), with warnings printed.
 pub fn load_config() -> Result<Config, String> {
@@ -124,7 +141,7 @@ impl Session {
         let mut out: Vec<Probe> = pids
             .iter()
             .map(|&pid| {
-                let comm = targets::comm(pid);
+                let comm = comm(pid);
                 let found = match self.driver.restore_thread_id(pid) {
                     Ok(tid) => Found::Cuda {
                         tid,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::json::Json;
-use crate::session::Probe;
+use criu_gpu_core::session::Probe;
 
 /// One process the command acted on.
 #[derive(Clone, Debug)]

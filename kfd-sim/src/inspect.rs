@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::{BoMem, FileObj, SIM_KFD_MAJOR, SdmaStats, SimEvent, SimKfd, SimQueue, einval, err};
-use crate::amdgpu::device::{DRM_MAJOR, KFD_MMAP_TYPE_EVENTS, alloc_flags};
+use criu_gpu_core::amdgpu::device::{DRM_MAJOR, KFD_MMAP_TYPE_EVENTS, alloc_flags};
 
 /// What a simulated process looks like (a snapshot).
 #[derive(Clone, Debug, PartialEq, Eq)]

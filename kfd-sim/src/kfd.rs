@@ -23,7 +23,7 @@ use super::{
     BoMem, FileObj, PAGE, Process, SIM_KFD_MAJOR, SIM_KFD_VERSION, SIM_PRIV_VERSION, SimEvent,
     SimKfd, SimQueue, State, einval, err,
 };
-use crate::amdgpu::device::{DRM_MAJOR, FileIdentity, KfdDevice, alloc_flags};
+use criu_gpu_core::amdgpu::device::{DRM_MAJOR, FileIdentity, KfdDevice, alloc_flags};
 
 /// The caller's device buckets, BO buckets and private data of a CHECKPOINT or RESTORE.
 ///

@@ -1,7 +1,8 @@
 //! A simulated amdkfd: the kernel side of the CRIU interface, in host memory, so that the
 //! backend's real dump and restore paths run in tests and benchmarks without an AMD GPU.
 //!
-//! Built only for tests and with the `kfd-sim` feature.
+//! A crate of its own, a dev-dependency of the tests and benchmarks only: the plugin never
+//! links it.
 //!
 //! # What it models (the kernel's rules as amdkfd's CRIU ioctls apply them)
 //!
@@ -58,8 +59,8 @@
 //! the specs tests build processes from; its submodules hold the rest: `process.rs` the
 //! process model (BOs, queues, events, private data), `kfd.rs` the KFD ioctls with the CRIU
 //! operations, `render.rs` the render node (GEM handles, VMs, submissions), `sdma.rs` the
-//! SDMA engine (IB decoding and copies), `faults.rs` fault injection and `inspect.rs` what
-//! tests look at.
+//! SDMA engine (IB decoding and copies), `faults.rs` fault injection, `inspect.rs` what
+//! tests look at and `copies.rs` a log of the backend's BO copies.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -69,9 +70,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::device::alloc_flags;
-use super::topology::Topology;
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::topology::Topology;
 
+mod copies;
 mod faults;
 mod inspect;
 mod kfd;
@@ -79,6 +81,7 @@ mod process;
 mod render;
 mod sdma;
 
+pub use copies::CopyLog;
 pub use faults::{Fault, Faults};
 pub use inspect::{ProcessView, SimVma, gpu_ids};
 pub use process::{SimEvent, SimQueue};

@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::{FileObj, PAGE, ProcessSpec, SIM_PRIV_VERSION, SimKfd, State, einval, err, memfd};
-use crate::amdgpu::device::{
+use criu_gpu_core::amdgpu::device::{
     KFD_MMAP_GPU_ID_SHIFT, KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_MMIO, alloc_flags,
 };
 

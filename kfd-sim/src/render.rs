@@ -11,7 +11,9 @@ use std::sync::Arc;
 use super::faults::fire;
 use super::sdma::{plan_copies, run_copy};
 use super::{BoMem, FileObj, PAGE, SimKfd, State, einval, err};
-use crate::amdgpu::device::{AmdgpuRender, GemCensus, HostMapping, RenderInfo, VmFaultState};
+use criu_gpu_core::amdgpu::device::{
+    AmdgpuRender, GemCensus, HostMapping, RenderInfo, VmFaultState,
+};
 
 /// Memory behind a GEM handle of a simulated render-node file.
 #[derive(Clone)]
@@ -272,7 +274,7 @@ impl AmdgpuRender for SimKfd {
                 && size
                     > obj
                         .size()
-                        .next_multiple_of(crate::amdgpu::copy::page_size() as u64))
+                        .next_multiple_of(criu_gpu_core::amdgpu::page_size() as u64))
         {
             return Err(einval());
         }

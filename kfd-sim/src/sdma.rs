@@ -110,7 +110,7 @@ pub(super) fn plan_copies(
 /// # Safety
 ///
 /// User memory in `op` must be registered (its handle open in the VM), per the contract of
-/// [`AmdgpuRender::gem_userptr`](crate::amdgpu::device::AmdgpuRender::gem_userptr).
+/// [`AmdgpuRender::gem_userptr`](criu_gpu_core::amdgpu::device::AmdgpuRender::gem_userptr).
 pub(super) unsafe fn run_copy(op: &CopyOp) -> io::Result<()> {
     let len = usize::try_from(op.len).map_err(|_| einval())?;
     let user = |addr: usize, offset: u64| {

@@ -2,11 +2,13 @@
 //! family reads them.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
-use super::*;
-use crate::amdgpu::device::alloc_flags;
-use crate::amdgpu::sim::{BoSpec, ProcessSpec, SimGpu, SimKfd};
+use criu_gpu_core::amdgpu::StagingRegion;
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::sdma::SdmaEngines;
+use kfd_sim::{BoSpec, ProcessSpec, SimGpu, SimKfd};
+use kfd_sys::AMDGPU_FAMILY_AI;
 
 const BO_SIZE: u64 = (3 << 20) + 4096;
 
@@ -20,7 +22,7 @@ impl Staging {
         Staging(unsafe { alloc_zeroed(layout) }, layout)
     }
     fn region(&self) -> StagingRegion {
-        StagingRegion::for_test(self.0, self.1.size())
+        StagingRegion::over_caller_memory(self.0, self.1.size())
     }
     fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: the whole allocation, zeroed, exclusively borrowed.
@@ -132,7 +134,7 @@ fn a_count_off_by_one_is_a_page_fault_the_engine_reports() {
     let (sim, dmabuf, _) = machine(AMDGPU_FAMILY_AI);
     let mut engines = SdmaEngines::new(&sim);
     let bo = engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
-    engines.gpus[0].format.count_minus_one = false;
+    engines.packet_format_mut(128).unwrap().count_minus_one = false;
     let mut staging = Staging::new(1 << 20);
     // SAFETY: `staging` outlives the lane.
     let mut lane = unsafe { engines.lane(staging.region()) };
@@ -159,13 +161,13 @@ fn a_timed_out_copy_keeps_the_staging_memory_and_fails() {
     // wait that timed out, so freeing it at the end of the test is harmless.
     let mut lane = unsafe { engines.lane(staging.region()) };
     lane.download(bo, 0, &mut staging.bytes()[..4096]).unwrap();
-    assert!(!lane.staging.kept());
+    assert!(!lane.staging().kept());
     sim.update_faults(|f| f.sdma_hang = true);
     let e = lane
         .download(bo, 0, &mut staging.bytes()[..4096])
         .unwrap_err();
     assert_eq!(e.errno, libc::ETIMEDOUT);
-    assert!(lane.staging.kept());
+    assert!(lane.staging().kept());
 }
 
 #[test]
@@ -174,7 +176,7 @@ fn a_fault_seen_only_after_the_last_fence_fails_the_copy() {
     let mut engines = SdmaEngines::new(&sim);
     engines.import(128, dmabuf.as_fd(), BO_SIZE).unwrap();
     engines.finish().unwrap();
-    sim.record_page_fault(engines.gpus[0].render.as_fd(), 0x1234_5000)
+    sim.record_page_fault(engines.render_fd(128).unwrap(), 0x1234_5000)
         .unwrap();
     let e = engines.finish().unwrap_err();
     assert_eq!(e.errno, libc::EFAULT);

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, ProcessView, SimGpu, SimKfd};
+use kfd_sim::{ProcessSpec, ProcessView, SimGpu, SimKfd};
 
 use super::{DevNs, Inside, Model, Role, Supervisor, kfd_stand_in};
 use crate::common::{self, CriuRun, E2e, MANIFEST_DIR, cc, wait_until};

@@ -54,16 +54,23 @@ pub struct BackendOptions {
     pub images_dir: Option<PathBuf>,
     /// Bytes the backend may write into the images directory; more fails with `ENOSPC`
     /// (simulates a full disk in tests).
-    #[cfg(feature = "kfd-sim")]
     pub image_quota: Option<u64>,
     /// Read environment overrides (`KFD_*`, `CRIU_GPU_AMDGPU_*`).
     pub use_process_env: bool,
     /// fd passing between restore processes to use instead of CRIU's fdstore.
     pub fdstore: Option<Arc<dyn FdStore>>,
+    /// Told of every BO content copy (tests and benchmarks check and time them).
+    pub copy_observer: Option<Arc<dyn CopyObserver>>,
+}
+
+/// Watches the BO content copies of a backend's runs, as each one ends. Called in the process
+/// that copied (a restored task, or CRIU's main process for a parallel restore).
+pub trait CopyObserver: Send + Sync {
+    /// One copy of a file's BO contents, done.
+    fn copied(&self, record: CopyRecord);
 }
 
 /// Who copied a file's BO contents.
-#[cfg(feature = "kfd-sim")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyKind {
     /// Dump: GPU to pages files, in CRIU's dumping process.
@@ -75,7 +82,6 @@ pub enum CopyKind {
 }
 
 /// One BO content copy of a run.
-#[cfg(feature = "kfd-sim")]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CopyRecord {
     /// CRIU file id of the KFD file.
@@ -91,9 +97,6 @@ pub struct AmdgpuBackend {
     factory: DeviceFactory,
     options: BackendOptions,
     run: Run,
-    /// The copies of the last run, once it ended.
-    #[cfg(feature = "kfd-sim")]
-    copies: Vec<CopyRecord>,
 }
 
 /// The run `init` set up, one variant per stage: a hook finds its stage's state or answers
@@ -115,6 +118,20 @@ struct RunBase {
     settings: AmdgpuSettings,
     images: ImageStore,
     limits: CriuLimits,
+    copy_observer: Option<Arc<dyn CopyObserver>>,
+}
+
+impl RunBase {
+    /// Tells the observer, if any, of a finished copy.
+    fn copied(&self, file_id: u32, kind: CopyKind, stats: super::copy::CopyStats) {
+        if let Some(o) = &self.copy_observer {
+            o.copied(CopyRecord {
+                file_id,
+                kind,
+                stats,
+            });
+        }
+    }
 }
 
 impl Default for AmdgpuBackend {
@@ -144,7 +161,6 @@ impl AmdgpuBackend {
     }
 
     /// A backend whose runs use the devices `factory` makes (the KFD simulator in tests).
-    #[cfg(feature = "kfd-sim")]
     pub fn with_device_factory(factory: DeviceFactory, options: BackendOptions) -> Self {
         Self::build(factory, options)
     }
@@ -154,18 +170,6 @@ impl AmdgpuBackend {
             factory,
             options,
             run: Run::Idle,
-            #[cfg(feature = "kfd-sim")]
-            copies: Vec::new(),
-        }
-    }
-
-    /// The BO content copies of the current or last run (dump or restore), in order.
-    #[cfg(feature = "kfd-sim")]
-    pub fn copies(&self) -> &[CopyRecord] {
-        match &self.run {
-            Run::PreDump(r) | Run::Dump(r) => &r.copies,
-            Run::Restore(r) => &r.copies,
-            Run::Idle => &self.copies,
         }
     }
 
@@ -209,10 +213,7 @@ impl AmdgpuBackend {
             })?),
             None => StoreLocation::Criu,
         };
-        #[cfg(feature = "kfd-sim")]
         let images = ImageStore::new(images, self.options.image_quota);
-        #[cfg(not(feature = "kfd-sim"))]
-        let images = ImageStore::new(images);
         let found = (self.factory)().and_then(|d| d.kfd_rdev().map(|r| (d, r)));
         let (dev, kfd_rdev) = match found {
             Ok(found) => found,
@@ -244,6 +245,7 @@ impl AmdgpuBackend {
             settings,
             images,
             limits: CriuLimits::default(),
+            copy_observer: self.options.copy_observer.clone(),
         };
         if stage != Stage::Restore {
             log_start(&base, stage, false);
@@ -313,8 +315,6 @@ impl GpuBackend for AmdgpuBackend {
     fn init(&mut self, ctx: &InitContext<'_>, stage: Stage) -> Result<bool, HookError> {
         // The last run's state (fds, shared mappings) goes before a new one is set up.
         self.run = Run::Idle;
-        #[cfg(feature = "kfd-sim")]
-        self.copies.clear();
         match self.start_run(ctx, stage) {
             Ok(Run::Idle) => Ok(false),
             Ok(run) => {
@@ -379,17 +379,10 @@ impl GpuBackend for AmdgpuBackend {
     }
 
     fn exit(&mut self, _stage: Stage, ret: i32) {
-        let mut run = std::mem::replace(&mut self.run, Run::Idle);
-        match &mut run {
+        match &mut std::mem::replace(&mut self.run, Run::Idle) {
             Run::Dump(r) => r.finish(ret),
             Run::Restore(r) => r.finish(),
             Run::PreDump(_) | Run::Idle => {}
-        }
-        #[cfg(feature = "kfd-sim")]
-        match run {
-            Run::PreDump(r) | Run::Dump(r) => self.copies = r.copies,
-            Run::Restore(r) => self.copies = r.copies,
-            Run::Idle => {}
         }
     }
 }

@@ -137,9 +137,9 @@ pub struct StagingRegion {
 }
 
 impl StagingRegion {
-    /// A region over memory the caller owns (tests of lanes).
-    #[cfg(test)]
-    pub(crate) fn for_test(base: *mut u8, len: usize) -> Self {
+    /// A region over page-aligned memory the caller owns and keeps mapped while a lane uses
+    /// it (the SDMA engine's tests, on the simulator and in this crate).
+    pub fn over_caller_memory(base: *mut u8, len: usize) -> Self {
         StagingRegion {
             base,
             len,

@@ -9,8 +9,9 @@
 //! SDMA engine that copies buffer-object (BO) contents is built.
 //!
 //! Two implementations exist: [`super::kernel::KernelKfd`] (the real kernel, `/dev/kfd` and
-//! `/dev/dri/renderD*`) and, for tests and benchmarks, `sim::SimKfd` (the `kfd-sim` feature), which follows
-//! the kernel's CRIU semantics with BOs held in host memory. The backend's dump and restore
+//! `/dev/dri/renderD*`) and, for tests and benchmarks, the `kfd-sim` crate's `SimKfd`, which
+//! follows the kernel's CRIU semantics with BOs held in host memory; a test hands it to
+//! [`super::AmdgpuBackend::with_device_factory`]. The backend's dump and restore
 //! code is the same for both.
 //!
 //! The free functions of this module ([`process_info`], [`checkpoint`], [`unpause`],

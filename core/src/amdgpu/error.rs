@@ -3,7 +3,6 @@
 
 use super::image::ImageError;
 
-pub use criu_plugin::failure::errno_of;
 pub use criu_plugin::{Failure as Error, FailureKind};
 
 /// A failed device operation (an ioctl, a mapping, the copy engine) with `errno` and `msg`.

@@ -23,6 +23,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+#[cfg(test)]
 use std::time::Duration;
 
 use super::contents;
@@ -302,16 +303,19 @@ impl RestoreQueue {
     }
 
     /// The value to pass to [`Self::wait`]: read it before looking for work.
+    #[cfg(test)]
     pub fn wake_seq(&self) -> u32 {
         self.h().wake.load(Ordering::Acquire)
     }
 
     /// Sleeps until a request is published after `seq` was read, or `quit`, or `timeout`.
+    #[cfg(test)]
     pub fn wait(&self, seq: u32, timeout: Duration) {
         futex_wait(&self.h().wake, seq, timeout);
     }
 
     /// Tells the worker to stop once no ready request is left.
+    #[cfg(test)]
     pub fn quit(&self) {
         let h = self.h();
         h.quit.store(1, Ordering::Release);
@@ -320,6 +324,7 @@ impl RestoreQueue {
     }
 
     /// Whether [`Self::quit`] was called.
+    #[cfg(test)]
     pub fn quitting(&self) -> bool {
         self.h().quit.load(Ordering::Acquire) != 0
     }
@@ -666,6 +671,8 @@ fn futex_wake(word: &AtomicU32) {
     }
 }
 
+// A worker loop: only the unit tests run one (CRIU's main process serves the queue itself).
+#[cfg(test)]
 fn futex_wait(word: &AtomicU32, seq: u32, timeout: Duration) {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,

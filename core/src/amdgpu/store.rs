@@ -7,7 +7,6 @@
 //! in the tasks.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-#[cfg(feature = "kfd-sim")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criu_plugin::CriuSymbols;
@@ -33,22 +32,11 @@ pub struct ImageStore {
     pub limits: ReadLimits,
     /// Bytes still allowed to be written (`u64::MAX`: no quota). A quota simulates a full
     /// disk in tests.
-    #[cfg(feature = "kfd-sim")]
     quota: AtomicU64,
 }
 
 impl ImageStore {
-    /// The store at `location`.
-    #[cfg(not(feature = "kfd-sim"))]
-    pub fn new(location: StoreLocation) -> ImageStore {
-        ImageStore {
-            location,
-            limits: ReadLimits::default(),
-        }
-    }
-
     /// The store at `location`, with an optional quota in bytes.
-    #[cfg(feature = "kfd-sim")]
     pub fn new(location: StoreLocation, quota: Option<u64>) -> ImageStore {
         ImageStore {
             location,
@@ -124,13 +112,6 @@ impl ImageStore {
     }
 
     /// Accounts for `bytes` about to be written; `ENOSPC` when over the quota.
-    #[cfg(not(feature = "kfd-sim"))]
-    pub fn charge(&self, _bytes: u64, _file: &str) -> Result<()> {
-        Ok(())
-    }
-
-    /// Accounts for `bytes` about to be written; `ENOSPC` when over the quota.
-    #[cfg(feature = "kfd-sim")]
     pub fn charge(&self, bytes: u64, file: &str) -> Result<()> {
         let mut left = self.quota.load(Ordering::Relaxed);
         loop {

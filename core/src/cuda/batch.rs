@@ -122,11 +122,6 @@ impl<E> Ran<E> {
 }
 
 impl Phase {
-    /// The batch's wall time.
-    pub fn wall(&self) -> Duration {
-        self.wall
-    }
-
     /// Logs the phase's figures: wall time, the time in the driver (the longest call when the
     /// calls ran at once), and what the plugin itself added (thread start, ptrace,
     /// bookkeeping), in total and per process.

@@ -13,9 +13,7 @@ use super::super::device::{self, FileIdentity, FileKind, classify};
 use super::super::dump::{self, DumpCtx, DumpState};
 use super::super::error::{Error, FailureKind, device_error};
 use super::super::topology::Topology;
-#[cfg(feature = "kfd-sim")]
-use super::{CopyKind, CopyRecord};
-use super::{INVENTORY_NAME, RunBase, fail};
+use super::{CopyKind, INVENTORY_NAME, RunBase, fail};
 use crate::backend::InitContext;
 
 /// The state of a dump (or pre-dump) run.
@@ -31,8 +29,6 @@ pub(super) struct DumpRun {
     /// CRIU's image stream (`--stream`), looked up on first need.
     stream: OnceCell<Option<ImageStream>>,
     state: DumpState,
-    #[cfg(feature = "kfd-sim")]
-    pub(super) copies: Vec<CopyRecord>,
 }
 
 impl RunBase {
@@ -61,8 +57,6 @@ impl DumpRun {
             settings_error,
             stream: OnceCell::new(),
             state: DumpState::default(),
-            #[cfg(feature = "kfd-sim")]
-            copies: Vec::new(),
         }
     }
 
@@ -218,12 +212,7 @@ impl DumpRun {
         match dump::checkpoint(&ctx, &mut self.state, fd, id, &info) {
             Ok(stats) => {
                 dump::log_stats(id, info.pid, &stats, started);
-                #[cfg(feature = "kfd-sim")]
-                self.copies.push(CopyRecord {
-                    file_id: id,
-                    kind: CopyKind::Dump,
-                    stats: stats.copy,
-                });
+                self.base.copied(id, CopyKind::Dump, stats.copy);
                 dump::retry_pending_dmabufs(&ctx, &mut self.state)
                     .map_err(|e| fail(e.context("dumping deferred dma-buf files")))?;
                 Ok(())

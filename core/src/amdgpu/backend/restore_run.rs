@@ -15,9 +15,7 @@ use super::super::device;
 use super::super::error::Error;
 use super::super::parallel::{Handover, QueueOutcome};
 use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
-#[cfg(feature = "kfd-sim")]
-use super::{CopyKind, CopyRecord};
-use super::{MAX_KFD_IMAGES, RunBase, fail};
+use super::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
 
 /// The state of a restore run, in CRIU's main process and (as forked copies) in every
 /// restored task.
@@ -34,8 +32,6 @@ pub(super) struct RestoreRun {
     tasks: HashMap<u32, TaskState>,
     /// The `/dev/kfd` RESUME goes through, opened on first use.
     resume_kfd: Option<OwnedFd>,
-    #[cfg(feature = "kfd-sim")]
-    pub(super) copies: Vec<CopyRecord>,
 }
 
 impl RestoreRun {
@@ -51,8 +47,6 @@ impl RestoreRun {
             outcome: None,
             tasks: HashMap::new(),
             resume_kfd: None,
-            #[cfg(feature = "kfd-sim")]
-            copies: Vec::new(),
         }
     }
 
@@ -119,16 +113,8 @@ impl RestoreRun {
             Ok(image) => {
                 let (fd, copied) = restore::restore_kfd(&ctx, task, id, &image)
                     .map_err(|e| fail(e.context(format!("restoring KFD file {id}"))))?;
-                // Only builds with the simulator keep a record of the copies.
-                #[cfg(not(feature = "kfd-sim"))]
-                let _ = copied;
-                #[cfg(feature = "kfd-sim")]
                 if let Some(stats) = copied {
-                    self.copies.push(CopyRecord {
-                        file_id: id,
-                        kind: CopyKind::RestoreInTask,
-                        stats,
-                    });
+                    self.base.copied(id, CopyKind::RestoreInTask, stats);
                 }
                 return Ok(fd.into_raw_fd());
             }
@@ -285,13 +271,8 @@ impl RestoreRun {
             &self.base.images,
         );
         for s in &served {
-            #[cfg(feature = "kfd-sim")]
             if let Ok(stats) = &s.result {
-                self.copies.push(CopyRecord {
-                    file_id: s.file_id,
-                    kind: CopyKind::RestoreInMain,
-                    stats: *stats,
-                });
+                self.base.copied(s.file_id, CopyKind::RestoreInMain, *stats);
             }
             match &s.result {
                 Ok(st) => log::info!(

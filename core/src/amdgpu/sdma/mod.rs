@@ -245,6 +245,20 @@ pub struct SdmaEngines<'d> {
 }
 
 impl<'d> SdmaEngines<'d> {
+    /// The render file of the GPU with render minor `minor`, once an import opened it.
+    pub fn render_fd(&self, minor: u32) -> Option<BorrowedFd<'_>> {
+        let i = *self.by_minor.get(&minor)?;
+        Some(self.gpus[i].render.as_fd())
+    }
+
+    /// The `COPY_LINEAR` encoding used for the GPU with render minor `minor`, once an import
+    /// opened it; changing it makes the engine write what another family reads (the
+    /// simulator's tests write the C plugin's count on a Vega-class GPU).
+    pub fn packet_format_mut(&mut self, minor: u32) -> Option<&mut PacketFormat> {
+        let i = *self.by_minor.get(&minor)?;
+        Some(&mut self.gpus[i].format)
+    }
+
     /// No GPU yet; render nodes are opened by the first [`SdmaEngines::import`] of each.
     pub fn new(dev: &'d dyn KfdDevice) -> SdmaEngines<'d> {
         SdmaEngines {
@@ -471,6 +485,11 @@ enum Direction {
 }
 
 impl Lane<'_, '_> {
+    /// The staging memory the lane copies through.
+    pub fn staging(&self) -> &StagingRegion {
+        &self.staging
+    }
+
     /// Copies `dst.len()` bytes at `offset` of BO `bo` into `dst`, which lies in this lane's
     /// staging memory.
     pub fn download(&mut self, bo: BufferId, offset: u64, dst: &mut [u8]) -> Result<()> {
@@ -753,6 +772,3 @@ impl Drop for Lane<'_, '_> {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod sim_tests;
