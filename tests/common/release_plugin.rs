@@ -9,19 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-/// Where the plugin's code lives: a plugin older than any file below these is stale.
-const SOURCES: &[&str] = &[
-    "src",
-    "core/src",
-    "criu-plugin/src",
-    "kfd-sys/src",
-    "cuda-ckpt-sys/src",
-    "Cargo.lock",
-];
-
 /// The release plugin: `$CRIU_GPU_PLUGIN_SO` if set, else `libcriu_gpu_plugin.so` in the
 /// `release` directory of the target directory this test was built in. A missing or stale
-/// one (older than the plugin's sources) fails the test with the command that builds it.
+/// one fails the test with the command that builds it: stale is older than `Cargo.lock` or
+/// than any source file cargo's dep-info (`libcriu_gpu_plugin.d`) says it was built from.
 pub fn release_plugin_path(repo: &Path) -> PathBuf {
     if let Some(p) = std::env::var_os("CRIU_GPU_PLUGIN_SO") {
         return PathBuf::from(p);
@@ -37,9 +28,19 @@ pub fn release_plugin_path(repo: &Path) -> PathBuf {
     let built = std::fs::metadata(&so)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| panic!("no {}: run `{build}` first", so.display()));
-    let newest = SOURCES
-        .iter()
-        .filter_map(|d| newest_mtime(&repo.join(d)))
+    let dep_info = std::fs::read_to_string(target.join("release/libcriu_gpu_plugin.d"))
+        .unwrap_or_else(|_| panic!("no dep-info beside {}: run `{build}`", so.display()));
+    // `target: source source ...` (no path here has a space).
+    let sources = dep_info
+        .lines()
+        .next()
+        .and_then(|l| l.split_once(": "))
+        .map_or("", |(_, s)| s);
+    let newest = sources
+        .split_whitespace()
+        .map(PathBuf::from)
+        .chain([repo.join("Cargo.lock")])
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         .max();
     assert!(
         newest.is_none_or(|n| n <= built),
@@ -47,17 +48,4 @@ pub fn release_plugin_path(repo: &Path) -> PathBuf {
         so.display()
     );
     so
-}
-
-/// The newest modification time of `path` or of the files under it.
-fn newest_mtime(path: &Path) -> Option<std::time::SystemTime> {
-    let m = std::fs::metadata(path).ok()?;
-    if !m.is_dir() {
-        return m.modified().ok();
-    }
-    let mut newest = None;
-    for e in std::fs::read_dir(path).ok()?.flatten() {
-        newest = newest.max(newest_mtime(&e.path()));
-    }
-    newest
 }

@@ -215,9 +215,10 @@ fn identity_pairs(n_first: u32, with_second: bool) -> Vec<(u32, u32)> {
 }
 // ----- container device lists ------------------------------------------------
 
+/// A KFD topology fixture of the workspace's tests (`tests/fixtures/kfd-topology/`).
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/kfd-topology")
+        .join("../tests/fixtures/kfd-topology")
         .join(name)
 }
 
