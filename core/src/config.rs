@@ -37,7 +37,7 @@
 //! | `amdgpu.parallel-restore` | restored tasks hand BO copies to CRIU's main process, done at `RESUME_DEVICES_LATE` (CRIU 4.2+) | false |
 //! | `amdgpu.kfd-fw-ver-check`, `-sdma-fw-ver-check`, `-caches-count-check`, `-num-gws-check`, `-vram-size-check`, `-numa-check`, `-capability-check` | the restore GPU compatibility checks (env `KFD_*_CHECK` too) | on |
 //!
-//! The `amdgpu.*` keys are read by [`crate::amdgpu::settings`], which also applies their
+//! The `amdgpu.*` keys are read by [`crate::amdgpu::AmdgpuSettings`], which also applies their
 //! `CRIU_GPU_AMDGPU_*` environment overrides.
 
 use std::collections::BTreeMap;

@@ -127,7 +127,7 @@ impl CopyStats {
 /// A copy thread's whole staging allocation: page aligned and a whole number of pages, so
 /// that a device can register it (userptr). The thread's pieces lie inside it.
 ///
-/// Only [`run`] makes regions, one per thread, over memory that stays mapped until the
+/// Only `run` makes regions, one per thread, over memory that stays mapped until the
 /// thread's lane is dropped (and for good once [`StagingRegion::keep_after_use`] is called).
 #[derive(Debug)]
 pub struct StagingRegion {

@@ -8,7 +8,7 @@
 //! the render-node GEM and command-submission operations ([`AmdgpuRender`]) from which the
 //! SDMA engine that copies buffer-object (BO) contents is built.
 //!
-//! Two implementations exist: [`super::kernel::KernelKfd`] (the real kernel, `/dev/kfd` and
+//! Two implementations exist: `kernel::KernelKfd` (the real kernel, `/dev/kfd` and
 //! `/dev/dri/renderD*`) and, for tests and benchmarks, the `kfd-sim` crate's `SimKfd`, which
 //! follows the kernel's CRIU semantics with BOs held in host memory; a test hands it to
 //! [`super::AmdgpuBackend::with_device_factory`]. The backend's dump and restore

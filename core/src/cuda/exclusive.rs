@@ -32,7 +32,7 @@ pub struct Claim {
 impl Claim {
     /// Lets go of this process's copy of the claim but keeps the file, for a guardian that
     /// holds the lock on it still: removing the file would let a new claim take a new one.
-    /// A file left so is removed by [`sweep`] once its process has ended.
+    /// A file left so is removed by `sweep` once its process has ended.
     pub fn leave(mut self) {
         drop(self.fd.take());
         self.path = PathBuf::new();

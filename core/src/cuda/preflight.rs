@@ -128,7 +128,7 @@ pub fn plan(
     out
 }
 
-/// The whole preflight: [`check_driver`], then [`plan`].
+/// The whole preflight: `check_driver`, then `plan`.
 pub fn preflight(
     md: &CudaMetadata,
     driver_version: i32,

@@ -432,7 +432,7 @@ impl<'d> SdmaEngines<'d> {
     /// `staging` must describe anonymous memory of this process that stays mapped while the
     /// lane lives, and for good once the lane calls [`StagingRegion::keep_after_use`]: the
     /// lane registers it with the GPU, which writes it behind Rust's back. The regions
-    /// [`super::copy::run`] hands to its lane factory are such memory.
+    /// `copy::run` hands to its lane factory are such memory.
     pub unsafe fn lane(&self, staging: StagingRegion) -> Lane<'_, 'd> {
         Lane {
             engines: self,
