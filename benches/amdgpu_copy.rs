@@ -3,7 +3,7 @@
 //! the same filesystem.
 //!
 //! ```text
-//! cargo bench --features kfd-sim --bench amdgpu_copy
+//! cargo bench --bench amdgpu_copy
 //! ```
 //!
 //! A simulated process with 64 VRAM BOs of 32 MiB (2 GiB) on two GPUs is dumped through the
@@ -30,13 +30,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::amdgpu::AmdgpuBackend;
-use criu_gpu_plugin::amdgpu::backend::BackendOptions;
-use criu_gpu_plugin::amdgpu::device::{KfdDevice, alloc_flags};
-use criu_gpu_plugin::amdgpu::sim::{BoSpec, ProcessSpec, SimKfd};
-use criu_gpu_plugin::backend::{GpuBackend, InitContext};
-use criu_gpu_plugin::config::Config;
+use criu_gpu_core::amdgpu::device::{KfdDevice, alloc_flags};
+use criu_gpu_core::amdgpu::{AmdgpuBackend, BackendOptions, CopyObserver};
+use criu_gpu_core::backend::{GpuBackend, InitContext};
+use criu_gpu_core::config::Config;
 use criu_plugin::{Host, HostVersion, InventoryListing, Stage};
+use kfd_sim::{BoSpec, CopyLog, ProcessSpec, SimKfd};
 
 const BOS: usize = 64;
 const PID: u32 = 4000;
@@ -101,12 +100,13 @@ fn clear_dir(dir: &Path) {
     sync();
 }
 
-fn backend(sim: &SimKfd, images: &Path) -> AmdgpuBackend {
+fn backend(sim: &SimKfd, images: &Path, copies: &Arc<CopyLog>) -> AmdgpuBackend {
     let s = sim.clone();
     AmdgpuBackend::with_device_factory(
         Box::new(move || Ok(Arc::new(s.clone()) as Arc<dyn KfdDevice>)),
         BackendOptions {
             images_dir: Some(images.to_path_buf()),
+            copy_observer: Some(copies.clone() as Arc<dyn CopyObserver>),
             ..Default::default()
         },
     )
@@ -141,9 +141,10 @@ struct Sample {
     copy: Duration,
 }
 
-fn copy_time(b: &AmdgpuBackend) -> Duration {
+fn copy_time(copies: &CopyLog) -> Duration {
+    let copies = copies.take();
     if std::env::var_os("AMDGPU_BENCH_PROFILE").is_some() {
-        for c in b.copies() {
+        for c in &copies {
             eprintln!(
                 "  copy {:.3} s, fill busy {:.3} s, drain busy {:.3} s, {} threads, {} MiB staging",
                 c.stats.elapsed.as_secs_f64(),
@@ -154,12 +155,13 @@ fn copy_time(b: &AmdgpuBackend) -> Duration {
             );
         }
     }
-    b.copies().iter().map(|c| c.stats.elapsed).sum()
+    copies.iter().map(|c| c.stats.elapsed).sum()
 }
 
 /// One dump of the process; returns the time `DUMP_EXT_FILE` took.
 fn dump_once(sim: &SimKfd, kfd: &OwnedFd, images: &Path, cfg: &Config) -> Sample {
-    let mut b = backend(sim, images);
+    let copies = Arc::new(CopyLog::default());
+    let mut b = backend(sim, images, &copies);
     assert!(
         b.init(&ctx(cfg, InventoryListing::NoList), Stage::Dump)
             .unwrap()
@@ -171,7 +173,7 @@ fn dump_once(sim: &SimKfd, kfd: &OwnedFd, images: &Path, cfg: &Config) -> Sample
     b.exit(Stage::Dump, 0);
     Sample {
         hook: took,
-        copy: copy_time(&b),
+        copy: copy_time(&copies),
     }
 }
 
@@ -179,7 +181,8 @@ fn dump_once(sim: &SimKfd, kfd: &OwnedFd, images: &Path, cfg: &Config) -> Sample
 fn restore_once(topo: &Path, images: &Path, cfg: &Config, check: Option<&SimKfd>) -> Sample {
     let sim = SimKfd::from_sysfs(topo).unwrap();
     sim.set_current_task(PID);
-    let mut b = backend(&sim, images);
+    let copies = Arc::new(CopyLog::default());
+    let mut b = backend(&sim, images, &copies);
     assert!(
         b.init(&ctx(cfg, InventoryListing::Listed), Stage::Restore)
             .unwrap()
@@ -196,7 +199,7 @@ fn restore_once(topo: &Path, images: &Path, cfg: &Config, check: Option<&SimKfd>
     }
     Sample {
         hook: took,
-        copy: copy_time(&b),
+        copy: copy_time(&copies),
     }
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the committed generated code is what its generators make today:
 # kfd-sys/src/bindings.rs (bindgen over the uAPI headers, kfd-sys/gen/regen.sh --check) and
-# src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto) and
+# core/src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto) and
 # tools/cri-client/src/runtime_v1.rs (prost and tonic over proto/cri/api.proto), both made by
 # scripts/regen-proto.sh.
 # Building the plugin needs neither generator; this check installs bindgen and libclang-dev
@@ -22,7 +22,7 @@ fi
 
 kfd-sys/gen/regen.sh --check
 
-generated=(src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs)
+generated=(core/src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs)
 saved=$(mktemp -d)
 trap 'for f in "${generated[@]}"; do cp "$saved/$(basename "$f")" "$f"; done; rm -rf "$saved"' EXIT
 for f in "${generated[@]}"; do cp "$f" "$saved/$(basename "$f")"; done

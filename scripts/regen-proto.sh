@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate src/amdgpu/image/generated.rs from proto/amdgpu.proto and the CRI test client's
+# Regenerate core/src/amdgpu/image/generated.rs from proto/amdgpu.proto and the CRI test client's
 # tools/cri-client/src/runtime_v1.rs from proto/cri/api.proto.
 #
 # Needs only cargo (the generator uses the pure-Rust protox compiler, so no
@@ -10,4 +10,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARGO_TARGET_DIR="$root/target/gen-proto" \
     cargo run --quiet --locked --manifest-path "$root/tools/gen-proto/Cargo.toml" -- "$root"
-rustfmt --edition 2024 "$root/src/amdgpu/image/generated.rs" "$root/tools/cri-client/src/runtime_v1.rs"
+rustfmt --edition 2024 "$root/core/src/amdgpu/image/generated.rs" "$root/tools/cri-client/src/runtime_v1.rs"

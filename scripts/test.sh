@@ -16,10 +16,19 @@ echo "[test] cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "[test] generated code is current"
 scripts/check-generated.sh
-echo "[test] the release plugin (tests/kfd_seccomp.rs runs real CRIU with it)"
+echo "[test] the release plugin (every end-to-end suite runs real CRIU with it)"
 cargo build --release --locked -p criu-gpu-plugin --lib
+so=target/release/libcriu_gpu_plugin.so
+tested=$(mktemp)
+trap 'rm -f "$tested"' EXIT
+cp "$so" "$tested"
+# scripts/package-deb.sh's build (the plugin with criu-gpu, one cargo run) must make the same
+# file: the suites test the .so the package ships.
+cargo build --release --locked -p criu-gpu-plugin -p criu-gpu
+cmp "$so" "$tested" || { echo "[test] $so built as the package builds it differs from the tested one" >&2; exit 1; }
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
+cmp "$so" "$tested" || { echo "[test] cargo test changed $so" >&2; exit 1; }
 # The end-to-end suites (real CRIU against real processes and runtimes) once more against each
 # newer CRIU release.
 for release in 4.2.1 4.3; do

@@ -7,14 +7,14 @@ mod support;
 
 use std::os::fd::AsRawFd;
 
-use criu_gpu_plugin::amdgpu::backend::CopyKind;
-use criu_gpu_plugin::amdgpu::device::alloc_flags;
-use criu_gpu_plugin::amdgpu::image::{
+use criu_gpu_core::amdgpu::CopyKind;
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, PagesLayout, ReadLimits, open_image_dir,
 };
-use criu_gpu_plugin::amdgpu::sim::{BoSpec, ProcessSpec, SimKfd};
-use criu_gpu_plugin::backend::GpuBackend;
+use criu_gpu_core::backend::GpuBackend;
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
+use kfd_sim::{BoSpec, ProcessSpec, SimKfd};
 use support::*;
 
 /// 200 BOs from 4 KiB to 64 MiB over the process's GPUs (about 270 MiB of contents).
@@ -351,7 +351,7 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
     b.exit(Stage::Restore, 0);
 
     // No /dev/kfd at all: the backend sits the dump out.
-    let mut none = criu_gpu_plugin::amdgpu::AmdgpuBackend::with_device_factory(
+    let mut none = criu_gpu_core::amdgpu::AmdgpuBackend::with_device_factory(
         Box::new(|| Err(std::io::Error::from_raw_os_error(libc::ENOENT))),
         Default::default(),
     );
@@ -502,7 +502,7 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
     let c = ctx(&cfg, HostVersion::Dev, InventoryListing::Listed);
     assert_eq!(r.init(&c, Stage::Restore), Ok(true));
     r.restore_init().unwrap();
-    let take = |r: &mut criu_gpu_plugin::amdgpu::AmdgpuBackend, id: u32| {
+    let take = |r: &mut criu_gpu_core::amdgpu::AmdgpuBackend, id: u32| {
         let mut retry = false;
         let fd = r.restore_ext_file(id, Some(&mut retry)).unwrap();
         if retry {
@@ -600,7 +600,7 @@ fn packet_edge_spec(pid: u32) -> ProcessSpec {
 
 #[test]
 fn contents_go_through_sdma_with_each_family_packet_encoding() {
-    use criu_gpu_plugin::amdgpu::topology::Topology;
+    use criu_gpu_core::amdgpu::topology::Topology;
     let topo = fixture("2gpu");
     let t = Topology::from_sysfs(&topo).unwrap();
     // VI writes the byte count, Vega and Navi the count minus one (the C plugin writes the
@@ -637,7 +637,7 @@ fn contents_go_through_sdma_with_each_family_packet_encoding() {
 
 #[test]
 fn a_gpu_without_a_supported_sdma_engine_fails_the_dump_clearly() {
-    use criu_gpu_plugin::amdgpu::topology::Topology;
+    use criu_gpu_core::amdgpu::topology::Topology;
     let topo = fixture("1gpu");
     let t = Topology::from_sysfs(&topo).unwrap();
     let sim = SimKfd::from_topology_with_family(&t, kfd_sys::AMDGPU_FAMILY_SI);

@@ -8,13 +8,13 @@ mod support;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use criu_gpu_plugin::amdgpu::device::alloc_flags;
-use criu_gpu_plugin::amdgpu::image::{
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
 };
-use criu_gpu_plugin::amdgpu::sim::{Fault, Faults, ProcessSpec, SimKfd};
-use criu_gpu_plugin::backend::GpuBackend;
+use criu_gpu_core::backend::GpuBackend;
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
+use kfd_sim::{Fault, Faults, ProcessSpec, SimKfd};
 use support::*;
 
 fn spec(pid: u32) -> ProcessSpec {
@@ -586,9 +586,9 @@ fn a_missing_kfd_fails_restore_init_clearly() {
     let (_, images, _) = dumped_images(600);
     let topo = fixture("2gpu");
     let cfg = config(&topo, "");
-    let mut b = criu_gpu_plugin::amdgpu::AmdgpuBackend::with_device_factory(
+    let mut b = criu_gpu_core::amdgpu::AmdgpuBackend::with_device_factory(
         Box::new(|| Err(std::io::Error::from_raw_os_error(libc::ENOENT))),
-        criu_gpu_plugin::amdgpu::backend::BackendOptions {
+        criu_gpu_core::amdgpu::BackendOptions {
             images_dir: Some(images.path().to_path_buf()),
             ..Default::default()
         },

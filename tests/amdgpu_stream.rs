@@ -7,8 +7,8 @@ mod support;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
 use criu_plugin::HookError;
+use kfd_sim::{ProcessSpec, SimKfd};
 use support::*;
 
 #[test]

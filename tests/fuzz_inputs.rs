@@ -16,12 +16,10 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use amdgpu_support::{TempDir, config, dump, fixture, spawn};
-use criu_gpu_plugin::amdgpu::image::{
-    self, DmabufImage, KfdCheckpoint, ReadLimits, RenderNodeImage,
-};
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
-use criu_gpu_plugin::config::Config;
-use criu_gpu_plugin::cuda::metadata::CudaMetadata;
+use criu_gpu_core::amdgpu::image::{self, DmabufImage, KfdCheckpoint, ReadLimits, RenderNodeImage};
+use criu_gpu_core::config::Config;
+use criu_gpu_core::images::metadata::CudaMetadata;
+use kfd_sim::{ProcessSpec, SimKfd};
 
 thread_local! {
     /// The largest single allocation this thread made since the last reset (per thread: the
@@ -187,8 +185,7 @@ fn settings_files() {
         assert!(c.warnings.len() <= 9);
         let _ = c.get_bool("cuda.parallel", true);
         let _ = c.get_u64("cuda.lock-timeout-ms", 1);
-        let (_, errors) =
-            criu_gpu_plugin::amdgpu::settings::AmdgpuSettings::from_config_lenient(&c, &|_| None);
+        let (_, errors) = criu_gpu_core::amdgpu::AmdgpuSettings::from_config_lenient(&c, &|_| None);
         let _ = errors;
     });
 }

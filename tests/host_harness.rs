@@ -9,9 +9,8 @@
 //! that is not CRIU; `fake_plugin.c` is a stand-in plugin proving that the emulated host refuses
 //! what CRIU refuses.
 //!
-//! Cargo builds the package's library (cdylib and rlib in one rustc run, into
-//! `target/<profile>/deps/`) before its integration tests, so the cdylib next to the test
-//! executable is the one built from the tree under test (see [`plugin_path`]). Without a C
+//! The plugin is the release cdylib the package ships, which must be newer than the tree's
+//! sources (see [`plugin_path`]; `cargo build --release -p criu-gpu-plugin --lib`). Without a C
 //! compiler (`cc`) the tests say so and pass; without binutils the export test does.
 
 use std::collections::{BTreeSet, HashSet};
@@ -21,8 +20,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::plugin::GpuPlugin;
+use criu_gpu_core::GpuPlugin;
 use criu_plugin::{HookId, Plugin};
+
+#[path = "common/release_plugin.rs"]
+mod release_plugin;
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
@@ -151,34 +153,9 @@ impl Family {
 
 // ---- locating and building --------------------------------------------------------------
 
-/// The cdylib built for this test run.
-///
-/// The test executable is `target/<profile>/deps/host_harness-<hash>`. Cargo builds the
-/// package's library (one rustc run emitting the rlib and the cdylib, both into `deps/`) before
-/// the integration tests, but copies the cdylib up to `target/<profile>/` only for `cargo
-/// build`, not for `cargo test`: the copy up there may be missing or stale, so `deps/` comes
-/// first.
+/// The plugin under test: the release cdylib the package ships.
 fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe
-        .parent()
-        .expect("test executable lives in target/<profile>/deps");
-    let candidates = [
-        deps.join("libcriu_gpu_plugin.so"),
-        deps.parent()
-            .map(|p| p.join("libcriu_gpu_plugin.so"))
-            .unwrap_or_default(),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "libcriu_gpu_plugin.so is in neither of {candidates:?}: the package's crate-type \
-                 must list \"cdylib\""
-            )
-        })
+    release_plugin::release_plugin_path(Path::new(env!("CARGO_MANIFEST_DIR")))
 }
 
 fn tool_works(tool: &str) -> bool {

@@ -18,8 +18,8 @@ use std::path::Path;
 
 use amdgpu_support::swapped_gpu_topologies;
 use common::{CriuRun, E2e, wait_until};
-use criu_gpu_plugin::amdgpu::device::alloc_flags;
-use criu_gpu_plugin::amdgpu::sim::{Fault, Faults};
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use kfd_sim::{Fault, Faults};
 use kfd_supervisor::Role;
 use kfd_supervisor::answer::apertures_of;
 use kfd_supervisor::harness::{

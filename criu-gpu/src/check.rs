@@ -1,16 +1,15 @@
 //! `check`: would the checkpoint restore on this machine? The plugin's own restore preflight
-//! (`criu_gpu_plugin::cuda::preflight`, `criu_gpu_plugin::amdgpu::restore`) run against this
+//! (`criu_gpu_core::images::cuda_check`, `criu_gpu_core::images::amd_check`) run against this
 //! machine's driver, GPUs and free memory, listing the GPU map and every reason it would not.
 
 use std::path::Path;
 
-use criu_gpu_plugin::amdgpu::device::CriuLimits;
-use criu_gpu_plugin::amdgpu::restore as amd_restore;
-use criu_gpu_plugin::amdgpu::settings::AmdgpuSettings;
-use criu_gpu_plugin::amdgpu::topology::{Topology, present_render_minors};
-use criu_gpu_plugin::config::Config;
-use criu_gpu_plugin::cuda::metadata::{self, CudaMetadata};
-use criu_gpu_plugin::cuda::{CudaSettings, driver, gpus, preflight};
+use criu_gpu_core::config::Config;
+use criu_gpu_core::images::amd_check::{
+    self as amd_restore, AmdgpuSettings, CriuLimits, Topology, present_render_minors,
+};
+use criu_gpu_core::images::cuda_check::{self as preflight, CudaSettings};
+use criu_gpu_core::images::metadata::{self, CudaMetadata};
 
 use crate::inspect::Contents;
 
@@ -86,7 +85,7 @@ fn check_cuda(
     for p in &settings.problems {
         v.reasons.push(format!("a setting is bad: {p}"));
     }
-    let explicit = match gpus::parse_device_map(device_map.unwrap_or(&settings.device_map)) {
+    let explicit = match preflight::parse_device_map(device_map.unwrap_or(&settings.device_map)) {
         Ok(m) => m,
         Err(e) => {
             v.reasons.push(format!("device map: {e}"));
@@ -100,7 +99,7 @@ fn check_cuda(
         ));
         return;
     }
-    let version = match driver::load(&settings) {
+    let version = match preflight::load_driver(&settings) {
         Ok((_, version)) => version,
         Err(e) => {
             v.reasons
@@ -108,7 +107,7 @@ fn check_cuda(
             return;
         }
     };
-    let mut local = match gpus::read_gpus(&settings.nvidia_proc, &settings.nvidia_dev) {
+    let mut local = match preflight::read_gpus(&settings.nvidia_proc, &settings.nvidia_dev) {
         Ok(l) => l,
         Err(e) => {
             v.reasons
@@ -116,7 +115,7 @@ fn check_cuda(
             return;
         }
     };
-    let free = driver::fill_memory(&settings.nvml, &mut local);
+    let free = preflight::fill_memory(&settings.nvml, &mut local);
     if free.is_none() {
         v.notes
             .push("NVIDIA: free GPU memory unknown (NVML did not answer): not checked".into());
@@ -175,7 +174,7 @@ fn check_amd(c: &Contents, cfg: &Config, v: &mut Verdict) {
             // Already among the reasons, from the image reader.
             continue;
         };
-        let name = criu_gpu_plugin::amdgpu::image::kfd_file_name(*id);
+        let name = criu_gpu_core::images::amd::kfd_file_name(*id);
         if let Err(e) = amd_restore::check_image(img, &CriuLimits::default()) {
             v.reasons.push(format!("{name}: {e}"));
             continue;

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
-use criu_gpu_plugin::amdgpu::image::{self as amd, DMABUF_FILE_PREFIX, KFD_FILE_PREFIX};
-use criu_gpu_plugin::cuda::metadata;
+use criu_gpu_core::images::amd::{self as amd, DMABUF_FILE_PREFIX, KFD_FILE_PREFIX};
+use criu_gpu_core::images::metadata;
 
 use crate::archive::{self, Data, Entry, Packing, Want};
 

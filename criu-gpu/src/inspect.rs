@@ -1,11 +1,11 @@
 //! `inspect`: the GPU state a checkpoint holds, read with the plugin's own image readers
 //! (the NVIDIA metadata, the AMD KFD and render-node messages), as text and JSON.
 
-use criu_gpu_plugin::amdgpu::device::alloc_flags;
-use criu_gpu_plugin::amdgpu::image::{
+use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::images::amd::{
     self as amd, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
 };
-use criu_gpu_plugin::cuda::metadata::{self, CudaMetadata};
+use criu_gpu_core::images::metadata::{self, CudaMetadata};
 use serde_json::{Value, json};
 
 use crate::images::ImageSet;

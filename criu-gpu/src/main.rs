@@ -9,7 +9,6 @@ mod help;
 mod images;
 mod inspect;
 mod report;
-mod session;
 mod suspend;
 mod targets;
 
@@ -102,19 +101,19 @@ fn run(a: &Args) -> Result<i32, Failed> {
         }
         Command::Suspend { target, timeout } => {
             let pids = targets::resolve(target)?;
-            let s = session::Session::open(a.serial)?;
+            let s = criu_gpu_core::session::Session::open(a.serial)?;
             let r = suspend::suspend(&s, &pids, *timeout)?;
             Ok(emit_report(a, &r))
         }
         Command::Resume { target, device_map } => {
             let pids = targets::resolve(target)?;
-            let s = session::Session::open(a.serial)?;
+            let s = criu_gpu_core::session::Session::open(a.serial)?;
             let r = suspend::resume(&s, &pids, device_map.as_deref())?;
             Ok(emit_report(a, &r))
         }
         Command::Status { target } => {
             let pids = targets::resolve(target)?;
-            let s = session::Session::open(a.serial)?;
+            let s = criu_gpu_core::session::Session::open(a.serial)?;
             let (text, j) = suspend::status(&s, &pids);
             out(&if a.json { format!("{j}\n") } else { text });
             Ok(0)
@@ -129,7 +128,7 @@ fn run(a: &Args) -> Result<i32, Failed> {
         Command::Check { path, device_map } => {
             let set = images::open(path)?;
             let contents = inspect::read(&set);
-            let cfg = session::load_config()?;
+            let cfg = criu_gpu_core::session::load_config()?;
             let v = check::check(&contents, &cfg, device_map.as_deref());
             out(&if a.json {
                 format!("{}\n", v.json(&set.source))

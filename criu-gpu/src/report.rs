@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::session::Probe;
+use criu_gpu_core::session::Probe;
 
 /// One process the command acted on.
 #[derive(Clone, Debug)]

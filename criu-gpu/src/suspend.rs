@@ -5,14 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::cuda::batch::Timed;
-use criu_gpu_plugin::cuda::exclusive::{self, Claim, ClaimError};
-use criu_gpu_plugin::cuda::nvml::GpuMemory;
-use criu_gpu_plugin::cuda::{gpus, procfs};
+use criu_gpu_core::session::{self, Claim, ClaimError, Found, GpuMemory, Probe, Session, Timed};
 use cuda_ckpt_sys::{GpuUuid, ProcessState};
 
 use crate::report::{Outcome, Report, Skipped, mib};
-use crate::session::{Found, Probe, Session};
 use crate::{Failed, progress};
 
 /// Processes the tool changed, for a rollback: (pid, restore thread, and whether the tool
@@ -102,10 +98,10 @@ fn claim_all(pids: &[i32]) -> Result<Vec<Claim>, Failed> {
     let mut warned = false;
     for &pid in pids {
         // A process gone meanwhile has nothing to guard; the probe reports it gone.
-        let Some(start) = procfs::start_time(pid) else {
+        let Some(start) = session::start_time(pid) else {
             continue;
         };
-        match exclusive::claim(pid, start) {
+        match session::claim(pid, start) {
             Ok(c) => claims.push(c),
             Err(ClaimError::Busy) => busy.push(pid),
             Err(ClaimError::Unavailable(e)) if !warned => {
@@ -211,7 +207,7 @@ fn suspend_claimed(s: &Session, pids: &[i32], timeout: Duration) -> Result<Repor
     for p in &todo {
         report
             .processes
-            .push(Outcome::new(p, procfs::rss_bytes(p.pid)));
+            .push(Outcome::new(p, session::rss_bytes(p.pid)));
     }
     if todo.is_empty() {
         report.wall = started.elapsed();
@@ -261,7 +257,7 @@ fn suspend_claimed(s: &Session, pids: &[i32], timeout: Duration) -> Result<Repor
         o.took += took(&ckpt, o.pid);
         if ckpt.iter().any(|r| r.0 == o.pid && r.1.is_ok()) {
             o.after = "checkpointed".into();
-            o.bytes = Some(procfs::rss_bytes(o.pid).saturating_sub(o.rss_before));
+            o.bytes = Some(session::rss_bytes(o.pid).saturating_sub(o.rss_before));
         }
     }
     let failed = failures(&ckpt);
@@ -302,7 +298,7 @@ pub fn resume(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Fa
 fn resume_claimed(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report, Failed> {
     let started = Instant::now();
     let text = map.unwrap_or(&s.settings.device_map);
-    let pairs = gpus::parse_device_map(text).map_err(|e| {
+    let pairs = session::parse_device_map(text).map_err(|e| {
         Failed::new(format!(
             "--device-map: {e}; write OLD=NEW pairs of GPU UUIDs (as `nvidia-smi -L` prints them), separated by commas"
         ))
@@ -340,7 +336,7 @@ fn resume_claimed(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report
                 ));
                 report
                     .processes
-                    .push(Outcome::new(p, procfs::rss_bytes(p.pid)));
+                    .push(Outcome::new(p, session::rss_bytes(p.pid)));
             }
             None => {}
         }
@@ -359,7 +355,7 @@ fn resume_claimed(s: &Session, pids: &[i32], map: Option<&str>) -> Result<Report
         o.took += took(&results, o.pid);
         if results.iter().any(|r| r.0 == o.pid && r.1.is_ok()) {
             o.after = "running".into();
-            o.bytes = Some(o.rss_before.saturating_sub(procfs::rss_bytes(o.pid)));
+            o.bytes = Some(o.rss_before.saturating_sub(session::rss_bytes(o.pid)));
         }
     }
     let failed = failures(&results);

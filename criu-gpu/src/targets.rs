@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use criu_gpu_plugin::cuda::procfs;
+use criu_gpu_core::session;
 
 use crate::args::Target;
 
@@ -28,7 +28,7 @@ pub fn resolve(target: &Target) -> Result<Vec<i32>, String> {
                     "no process {pid} (check the pid with `ps -p {pid}`; in a container, give the host's pid)"
                 ));
             }
-            procfs::tree(*pid)
+            session::process_tree(*pid)
         }
         Target::Cgroup(path) => cgroup_pids(&cgroup_dir(path)?)?,
     };
@@ -93,13 +93,6 @@ pub fn cgroup_pids(dir: &Path) -> Result<Vec<i32>, String> {
     pids.sort_unstable();
     pids.dedup();
     Ok(pids)
-}
-
-/// The command name of `pid`, for listings.
-pub fn comm(pid: i32) -> String {
-    criu_plugin::files::read_regular(None, Path::new(&format!("/proc/{pid}/comm")), false, 256)
-        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use criu_gpu_plugin::amdgpu::image::{
+use criu_gpu_core::images::amd::{
     self as amd, BoEntry, DeviceEntry, ImageDir, KfdCheckpoint, PagesLayout,
 };
 use support::T;
@@ -228,7 +228,7 @@ fn amd_images(t: &T) -> PathBuf {
             BoEntry {
                 addr: 0x3000_0000,
                 size: 4096,
-                alloc_flags: criu_gpu_plugin::amdgpu::device::alloc_flags::DOORBELL,
+                alloc_flags: criu_gpu_core::amdgpu::device::alloc_flags::DOORBELL,
                 gpu_id: gpu,
                 ..BoEntry::default()
             },

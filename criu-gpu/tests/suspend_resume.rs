@@ -300,12 +300,12 @@ fn usage_errors_and_missing_targets_say_what_to_do() {
 /// the same command works, and criu-gpu leaves no claim behind.
 #[test]
 fn a_process_claimed_elsewhere_is_refused_and_left_alone() {
-    use criu_gpu_plugin::cuda::{exclusive, procfs};
+    use criu_gpu_core::session;
     let t = T::start("claimed");
     let w = t.workload("w", 1, 4);
     let root = w.root().to_string();
     let child = w.pids[1];
-    let hold = || exclusive::claim(child, procfs::start_time(child).unwrap()).unwrap();
+    let hold = || session::claim(child, session::start_time(child).unwrap()).unwrap();
 
     let claim = hold();
     let s = t.tool(&["suspend", &root], &[]);

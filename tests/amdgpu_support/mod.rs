@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use criu_gpu_plugin::amdgpu::AmdgpuBackend;
-use criu_gpu_plugin::amdgpu::backend::{BackendOptions, CopyRecord};
-use criu_gpu_plugin::amdgpu::device::KfdDevice;
-use criu_gpu_plugin::amdgpu::parallel::LocalFdStore;
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
-use criu_gpu_plugin::backend::{GpuBackend, InitContext};
-use criu_gpu_plugin::config::Config;
+use criu_gpu_core::amdgpu::AmdgpuBackend;
+use criu_gpu_core::amdgpu::LocalFdStore;
+use criu_gpu_core::amdgpu::device::KfdDevice;
+use criu_gpu_core::amdgpu::{BackendOptions, CopyObserver, CopyRecord};
+use criu_gpu_core::backend::{GpuBackend, InitContext};
+use criu_gpu_core::config::Config;
 use criu_plugin::{HookError, Host, HostVersion, InventoryListing, Stage};
+use kfd_sim::{CopyLog, ProcessSpec, SimKfd};
 
 pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -149,6 +149,16 @@ pub fn backend(sim: &SimKfd, images: &Path) -> AmdgpuBackend {
 
 /// A backend on `sim` with an image quota.
 pub fn backend_with(sim: &SimKfd, images: &Path, quota: Option<u64>) -> AmdgpuBackend {
+    backend_observed(sim, images, quota, None)
+}
+
+/// A backend on `sim` with an image quota, telling `copies` of its BO content copies.
+fn backend_observed(
+    sim: &SimKfd,
+    images: &Path,
+    quota: Option<u64>,
+    copies: Option<Arc<CopyLog>>,
+) -> AmdgpuBackend {
     init_log();
     let s = sim.clone();
     AmdgpuBackend::with_device_factory(
@@ -158,6 +168,7 @@ pub fn backend_with(sim: &SimKfd, images: &Path, quota: Option<u64>) -> AmdgpuBa
             image_quota: quota,
             use_process_env: false,
             fdstore: Some(Arc::new(LocalFdStore::default())),
+            copy_observer: copies.map(|c| c as Arc<dyn CopyObserver>),
         },
     )
 }
@@ -175,7 +186,7 @@ pub struct Dumped {
     pub pid: u32,
     pub kfd_id: u32,
     pub render_ids: Vec<(u32, u32)>,
-    pub vmas: Vec<criu_gpu_plugin::amdgpu::sim::SimVma>,
+    pub vmas: Vec<kfd_sim::SimVma>,
 }
 
 /// A process of the simulator with its KFD fd and the render fds it opened.
@@ -292,7 +303,8 @@ pub fn restore(
     cfg: &Config,
     render_first: bool,
 ) -> Vec<CopyRecord> {
-    let mut b = backend(sim, images);
+    let copies = Arc::new(CopyLog::default());
+    let mut b = backend_observed(sim, images, None, Some(copies.clone()));
     assert_eq!(
         b.init(
             &ctx(cfg, HostVersion::Dev, InventoryListing::Listed),
@@ -346,7 +358,7 @@ pub fn restore(
             .expect("RESUME_DEVICES_LATE");
     }
     b.exit(Stage::Restore, 0);
-    b.copies().to_vec()
+    copies.take()
 }
 
 /// Checks that process `pid` of `restored` is `pid` of `original`, resumed: same BOs

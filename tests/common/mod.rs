@@ -3,9 +3,10 @@
 //!
 //! - CRIU is `$CRIU_BIN`, else `<repo>/.criu/bin/criu` (made by `scripts/install-criu.sh`), else
 //!   `criu` on `PATH`. Without one the tests FAIL, unless `GPU_PLUGIN_SKIP_E2E=1`.
-//! - The plugin is the cdylib cargo built for this test run (found as `tests/host_harness.rs`
-//!   finds it), copied as `gpu_plugin.so` into a directory of its own: CRIU loads every `*.so`
-//!   of its `--libdir`, which must be an absolute path.
+//! - The plugin is the release cdylib, the one the package ships ([`release_plugin`]; build it
+//!   with `cargo build --release -p criu-gpu-plugin --lib`), copied as `gpu_plugin.so` into a
+//!   directory of its own: CRIU loads every `*.so` of its `--libdir`, which must be an
+//!   absolute path.
 //! - The test process is a child subreaper, and every workload is its direct child in a session
 //!   of its own. After a dump kills a tree, its tasks (the root, and the rest re-parented here)
 //!   are reaped until their pids are free, or `criu restore` could not recreate them ("Can't fork
@@ -18,6 +19,7 @@
 
 pub mod fake_cuda;
 mod fake_cuda_build;
+pub mod release_plugin;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -44,30 +46,9 @@ const ENVIRONMENT_ERRORS: &[&str] = &["rlimit: Can't setup RLIMIT_NOFILE"];
 
 // ---- locating -----------------------------------------------------------------------------
 
-/// The cdylib built for this test run: `target/<profile>/deps/libcriu_gpu_plugin.so`, next to
-/// the test executable (cargo builds the package's library before its integration tests, but
-/// copies the cdylib up to `target/<profile>/` only for `cargo build`, so `deps/` comes first).
+/// The plugin under test: the release cdylib the package ships ([`release_plugin`]).
 pub fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe
-        .parent()
-        .expect("test executable lives in target/<profile>/deps");
-    let candidates = [
-        deps.join("libcriu_gpu_plugin.so"),
-        deps.parent()
-            .map(|p| p.join("libcriu_gpu_plugin.so"))
-            .unwrap_or_default(),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "libcriu_gpu_plugin.so is in neither of {candidates:?}: the package's crate-type \
-                 must list \"cdylib\""
-            )
-        })
+    release_plugin::release_plugin_path(Path::new(MANIFEST_DIR))
 }
 
 fn skip_requested() -> bool {

@@ -11,8 +11,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use criu_gpu_plugin::amdgpu::device::{AmdgpuRender, HostMapping, KfdDevice};
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, SimKfd};
+use criu_gpu_core::amdgpu::device::{AmdgpuRender, HostMapping, KfdDevice};
+use kfd_sim::{ProcessSpec, SimKfd};
 use kfd_sys::*;
 
 use super::seccomp::{self, Answer, Notif};
@@ -500,7 +500,7 @@ impl Model {
                         }
                         v6_18::AMDGPU_INFO_GPUVM_FAULT => {
                             let mut f = v6_18::drm_amdgpu_info_gpuvm_fault::default();
-                            if let criu_gpu_plugin::amdgpu::device::VmFaultState::Faulted {
+                            if let criu_gpu_core::amdgpu::device::VmFaultState::Faulted {
                                 addr,
                                 status,
                             } = sim.vm_fault(r.sim.as_fd())?

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use criu_gpu_plugin::amdgpu::sim::{ProcessSpec, ProcessView, SimGpu, SimKfd};
+use kfd_sim::{ProcessSpec, ProcessView, SimGpu, SimKfd};
 
 use super::{DevNs, Inside, Model, Role, Supervisor, kfd_stand_in};
 use crate::common::{self, CriuRun, E2e, MANIFEST_DIR, cc, wait_until};
@@ -83,61 +83,25 @@ impl Machine {
     }
 }
 
-/// The release plugin (no simulator in it): `$KFD_SECCOMP_PLUGIN`, else
-/// `target/release/libcriu_gpu_plugin.so`, which must be newer than every source file of the
-/// plugin (`scripts/test.sh` builds it first). A missing or stale one fails the test, unless
+/// The release plugin (no simulator in it): `$KFD_SECCOMP_PLUGIN`, else the one every
+/// end-to-end suite loads ([`common::plugin_path`]). A missing one fails the test, unless
 /// `GPU_PLUGIN_SKIP_E2E=1`, as every end-to-end test does.
 pub fn release_plugin(test: &str) -> Option<PathBuf> {
-    let p = std::env::var_os("KFD_SECCOMP_PLUGIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(MANIFEST_DIR).join("target/release/libcriu_gpu_plugin.so"));
-    let skip = std::env::var_os("GPU_PLUGIN_SKIP_E2E").is_some_and(|v| v == "1");
-    if !p.is_file() {
-        if skip {
+    let p = match std::env::var_os("KFD_SECCOMP_PLUGIN") {
+        Some(p) => PathBuf::from(p),
+        None if std::env::var_os("GPU_PLUGIN_SKIP_E2E").is_some_and(|v| v == "1") => {
             eprintln!("SKIPPED {test}: GPU_PLUGIN_SKIP_E2E=1");
             return None;
         }
-        panic!(
-            "no {}: run `cargo build --release --lib` first (or set GPU_PLUGIN_SKIP_E2E=1)",
-            p.display()
-        );
-    }
-    if std::env::var_os("KFD_SECCOMP_PLUGIN").is_none() {
-        let built = std::fs::metadata(&p)
-            .and_then(|m| m.modified())
-            .expect("plugin mtime");
-        let newest = ["src", "criu-plugin/src", "kfd-sys/src"]
-            .iter()
-            .filter_map(|d| newest_mtime(&Path::new(MANIFEST_DIR).join(d)))
-            .max();
-        assert!(
-            newest.is_none_or(|n| n <= built),
-            "{} is older than the plugin's sources: run `cargo build --release --lib`",
-            p.display()
-        );
-    }
+        None => common::plugin_path(),
+    };
     let bytes = std::fs::read(&p).expect("plugin");
     assert!(
         !common::bytes_contain(&bytes, b"KFD simulator with"),
-        "{} is built with the kfd-sim feature; the release plugin is wanted",
+        "{} holds the KFD simulator; the release plugin is wanted",
         p.display()
     );
     Some(p)
-}
-
-/// The newest modification time of the files under `dir`.
-fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
-    let mut newest = None;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let Ok(m) = e.metadata() else { continue };
-        let t = if m.is_dir() {
-            newest_mtime(&e.path())
-        } else {
-            m.modified().ok()
-        };
-        newest = newest.max(t);
-    }
-    newest
 }
 
 /// A CRIU test's set-up: the test context, the plugin directory and the namespace.

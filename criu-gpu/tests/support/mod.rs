@@ -61,6 +61,8 @@ fn cc(name: &str, args: &[String]) -> PathBuf {
 
 #[path = "../../../tests/common/fake_cuda_build.rs"]
 mod fake_cuda_build;
+#[path = "../../../tests/common/release_plugin.rs"]
+mod release_plugin;
 
 /// The stand-in driver's files.
 pub use fake_cuda_build::FakeCudaBuild as FakeBuild;
@@ -451,17 +453,10 @@ pub fn criu_bin() -> PathBuf {
     PathBuf::from("criu")
 }
 
-/// A directory holding only the plugin built for this run, as `gpu_plugin.so`.
+/// A directory holding only the plugin, as `gpu_plugin.so`: the release cdylib the package
+/// ships (`tests/common/release_plugin.rs`).
 pub fn plugin_libdir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let deps = exe.parent().expect("deps dir");
-    let so = [
-        deps.join("libcriu_gpu_plugin.so"),
-        deps.join("../libcriu_gpu_plugin.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("libcriu_gpu_plugin.so built beside the tests");
+    let so = release_plugin::release_plugin_path(&repo());
     let dir = build_dir().join("libdir");
     std::fs::create_dir_all(&dir).expect("libdir");
     std::fs::copy(&so, dir.join("gpu_plugin.so")).expect("copy plugin");

@@ -1,6 +1,6 @@
 //! Regenerates the committed protobuf code:
 //!
-//! - `src/amdgpu/image/generated.rs`: prost messages of the AMD image schema
+//! - `core/src/amdgpu/image/generated.rs`: prost messages of the AMD image schema
 //!   (`proto/amdgpu.proto`), used by the plugin;
 //! - `tools/cri-client/src/runtime_v1.rs`: prost messages and the tonic gRPC clients of the
 //!   Kubernetes CRI (`proto/cri/api.proto`), used by the CRI end-to-end tests only.
@@ -85,7 +85,7 @@ fn run(root: &Path) -> Result<(), String> {
         false,
     )?;
     write(
-        &root.join("src/amdgpu/image/generated.rs"),
+        &root.join("core/src/amdgpu/image/generated.rs"),
         AMDGPU_HEADER,
         &amdgpu,
     )?;

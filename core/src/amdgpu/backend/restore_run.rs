@@ -1,0 +1,299 @@
+//! A restore run: the hooks of CRIU's main process (`RESTORE_INIT`, `POST_FORKING`,
+//! `RESUME_DEVICES_LATE`, `exit`) and of the restored tasks (`RESTORE_EXT_FILE`,
+//! `UPDATE_VMA_MAP`) over what [`super::super::restore`] does per file, with the state each
+//! task keeps and the parallel restore's outcome.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::fd::{AsFd, IntoRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+use criu_plugin::{HookError, HookResult, VmaUpdate};
+
+use super::super::contents;
+use super::super::device;
+use super::super::error::Error;
+use super::super::parallel::{Handover, QueueOutcome};
+use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
+use super::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
+
+/// The state of a restore run, in CRIU's main process and (as forked copies) in every
+/// restored task.
+pub(super) struct RestoreRun {
+    base: RunBase,
+    /// What the restore processes pass each other (set up before CRIU forks), when CRIU has
+    /// an fdstore.
+    handover: Option<Handover>,
+    /// Whether the image has dma-buf files (restored BOs are then published by key).
+    publish_dmabufs: bool,
+    /// How the parallel restore ended, once it did.
+    outcome: Option<QueueOutcome>,
+    /// Per-task state, by the task's pid.
+    tasks: HashMap<u32, TaskState>,
+    /// The `/dev/kfd` RESUME goes through, opened on first use.
+    resume_kfd: Option<OwnedFd>,
+}
+
+impl RestoreRun {
+    pub(super) fn new(
+        base: RunBase,
+        handover: Option<Handover>,
+        publish_dmabufs: bool,
+    ) -> RestoreRun {
+        RestoreRun {
+            base,
+            handover,
+            publish_dmabufs,
+            outcome: None,
+            tasks: HashMap::new(),
+            resume_kfd: None,
+        }
+    }
+
+    fn restore_ctx(&self) -> RestoreCtx<'_> {
+        RestoreCtx {
+            dev: self.base.dev.as_ref(),
+            settings: &self.base.settings,
+            images: &self.base.images,
+            limits: self.base.limits,
+            handover: self.handover.as_ref(),
+            publish_dmabufs: self.publish_dmabufs,
+        }
+    }
+
+    /// `RESTORE_INIT`: every KFD image readable and its GPUs mappable onto this machine,
+    /// before anything is forked.
+    pub(super) fn preflight(&mut self) -> HookResult {
+        let ids = self
+            .base
+            .images
+            .kfd_ids(MAX_KFD_IMAGES)
+            .map_err(|e| fail(e.context("restore preflight")))?;
+        if ids.is_empty() {
+            return Err(HookError::NotMine);
+        }
+        let ctx = self.restore_ctx();
+        for id in &ids {
+            let image = ctx
+                .images
+                .dir()
+                .and_then(|d| Ok(d.read_kfd(*id, &ctx.images.limits)?))
+                .map_err(|e| fail(e.context("restore preflight")))?;
+            restore::check_image(&image, &ctx.limits)
+                .and_then(|()| restore::compute_map(&ctx, &image))
+                .and_then(|_| contents::open_pages(ctx.images, *id, &image).map(drop))
+                .map_err(|e| fail(e.context(format!("restore preflight of KFD file {id}"))))?;
+        }
+        log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());
+        Ok(())
+    }
+
+    /// `RESTORE_EXT_FILE`, in the task that owns file `id`.
+    pub(super) fn restore_ext_file(
+        &mut self,
+        id: u32,
+        retry: Option<&mut bool>,
+    ) -> HookResult<RawFd> {
+        let me = self.base.dev.current_task();
+        let mut task = self.tasks.remove(&me).unwrap_or_default();
+        let r = self.restore_file_in(&mut task, id, retry);
+        self.tasks.insert(me, task);
+        r
+    }
+
+    fn restore_file_in(
+        &mut self,
+        task: &mut TaskState,
+        id: u32,
+        retry: Option<&mut bool>,
+    ) -> HookResult<RawFd> {
+        let ctx = self.restore_ctx();
+        let dir = ctx.images.dir().map_err(fail)?;
+        match dir.read_kfd(id, &ctx.images.limits) {
+            Ok(image) => {
+                let (fd, copied) = restore::restore_kfd(&ctx, task, id, &image)
+                    .map_err(|e| fail(e.context(format!("restoring KFD file {id}"))))?;
+                if let Some(stats) = copied {
+                    self.base.copied(id, CopyKind::RestoreInTask, stats);
+                }
+                return Ok(fd.into_raw_fd());
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(fail(Error::from(e))),
+        }
+        match dir.read_render_node(id, &ctx.images.limits) {
+            Ok(image) => {
+                let fd = restore::restore_render(&ctx, task, id, &image)
+                    .map_err(|e| fail(e.context(format!("restoring render node file {id}"))))?;
+                return Ok(fd.into_raw_fd());
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(fail(Error::from(e))),
+        }
+        match dir.read_dmabuf(id, &ctx.images.limits) {
+            Ok(image) => {
+                let can_retry = retry.is_some();
+                match restore::restore_dmabuf(&ctx, task, id, image.gem_handle, can_retry) {
+                    Ok(Some(fd)) => Ok(fd.into_raw_fd()),
+                    Ok(None) => {
+                        if let Some(r) = retry {
+                            *r = true;
+                        }
+                        Ok(0)
+                    }
+                    Err(e) => Err(fail(e)),
+                }
+            }
+            Err(e) if e.is_not_found() => Err(HookError::NotMine),
+            Err(e) => Err(fail(Error::from(e))),
+        }
+    }
+
+    /// `UPDATE_VMA_MAP`: the new mmap offset (and the render fd) of a KFD or render-node
+    /// mapping of the calling task.
+    pub(super) fn update_vma_map(
+        &mut self,
+        path: &CStr,
+        addr: u64,
+        old_pgoff: u64,
+    ) -> HookResult<VmaUpdate> {
+        let Some(kind) = restore::mapped_path(path) else {
+            return Err(HookError::NotMine);
+        };
+        let me = self.base.dev.current_task();
+        let found = self.tasks.get(&me).and_then(|t| {
+            t.remaps
+                .iter()
+                .find(|r| r.addr == addr && r.old_offset == old_pgoff)
+                .map(|r| (t, r))
+        });
+        let Some((task, r)) = found else {
+            if kind == MappedPath::Render {
+                log::warn!(
+                    "amdgpu: no restored BO for the mapping of {} at {addr:#x} (offset {old_pgoff:#x}); left as it was",
+                    path.to_string_lossy()
+                );
+            }
+            return Ok(VmaUpdate {
+                new_pgoff: old_pgoff,
+                plugin_fd: None,
+            });
+        };
+        let plugin_fd = match (kind, r.render_minor) {
+            (MappedPath::Render, Some(minor)) => {
+                let fd = restore::dup_for_criu(task, minor).map_err(fail)?;
+                Some(fd.into_raw_fd())
+            }
+            _ => None,
+        };
+        Ok(VmaUpdate {
+            new_pgoff: r.new_offset,
+            plugin_fd,
+        })
+    }
+
+    /// `POST_FORKING`: claims the parallel restore.
+    pub(super) fn post_forking(&mut self) -> HookResult {
+        if !self.handover.as_ref().is_some_and(Handover::parallel) {
+            return Err(HookError::NotMine);
+        }
+        // A thread serving the queue from here on would still run when CRIU enters the
+        // restored tree's mount namespace, which the kernel refuses to a multi-threaded
+        // process: the copies wait for RESUME_DEVICES_LATE.
+        Ok(())
+    }
+
+    /// `RESUME_DEVICES_LATE` of `pid`: the first call does the copies tasks handed over;
+    /// then RESUME.
+    pub(super) fn resume(&mut self, pid: i32) -> HookResult {
+        self.finish_worker();
+        if let Some(o) = &self.outcome {
+            if !o.failed.is_empty() {
+                // CRIU ignores this hook's errors, so the process would run on with missing
+                // GPU memory; its queues stay evicted instead.
+                log::error!(
+                    "amdgpu: BO contents of KFD file(s) {:?} could not be restored; pid {pid} is left with its GPU queues stopped",
+                    o.failed.iter().map(|f| f.0).collect::<Vec<_>>()
+                );
+                return Err(HookError::Errno(libc::EIO));
+            }
+        }
+        let dev = self.base.dev.as_ref();
+        let kfd = match self.resume_kfd.take() {
+            Some(fd) => fd,
+            None => dev
+                .open_kfd()
+                .map_err(|e| fail(Error::io(&e, "cannot open /dev/kfd")))?,
+        };
+        let kfd: &OwnedFd = self.resume_kfd.insert(kfd);
+        let started = Instant::now();
+        match device::resume(dev, kfd.as_fd(), pid as u32) {
+            Ok(()) => {
+                log::info!(
+                    "amdgpu: pid {pid}: GPU resumed in {:.3} s",
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                log::debug!("amdgpu: pid {pid} has no KFD process");
+                Err(HookError::NotMine)
+            }
+            Err(e) => Err(fail(Error::io(
+                &e,
+                format!("KFD RESUME of pid {pid} failed"),
+            ))),
+        }
+    }
+
+    /// `exit`: the copies a failed restore left, then the fdstore is cleared.
+    pub(super) fn finish(&mut self) {
+        self.finish_worker();
+        if let Some(h) = &self.handover {
+            h.clear();
+        }
+    }
+
+    /// Ends the parallel restore: serves every request the tasks handed over, here in CRIU's
+    /// main process (with the copy pipeline's threads, joined before it returns), logs what
+    /// was done and keeps the outcome.
+    fn finish_worker(&mut self) {
+        let Some(h) = &self.handover else {
+            return;
+        };
+        if !h.parallel() || self.outcome.is_some() {
+            return;
+        }
+        let started = Instant::now();
+        let served = h.serve_ready(
+            self.base.dev.as_ref(),
+            &self.base.settings,
+            &self.base.images,
+        );
+        for s in &served {
+            if let Ok(stats) = &s.result {
+                self.base.copied(s.file_id, CopyKind::RestoreInMain, *stats);
+            }
+            match &s.result {
+                Ok(st) => log::info!(
+                    "amdgpu: file {}: {} of BO contents restored by CRIU's main process in {:.3} s ({:.0} MiB/s)",
+                    s.file_id,
+                    device::Bytes(st.bytes),
+                    st.elapsed.as_secs_f64(),
+                    st.rate() / (1u64 << 20) as f64
+                ),
+                Err(e) => log::error!("amdgpu: file {}: {e}", s.file_id),
+            }
+        }
+        let o = h.outcome().unwrap_or_default();
+        if !served.is_empty() || !o.failed.is_empty() {
+            log::info!(
+                "amdgpu: parallel restore: {} file(s) done, {} failed; waited {:.3} s",
+                o.done,
+                o.failed.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        self.outcome = Some(o);
+    }
+}

@@ -1,0 +1,29 @@
+//! AMD GPUs through the KFD driver (`/dev/kfd`).
+//!
+//! Public: the backend with its options, the device seam ([`device`]: what the KFD simulator of
+//! the `kfd-sim` crate implements), the image format ([`image`]), the KFD topology
+//! ([`topology`]) and the SDMA copy engine ([`sdma`], which the simulator's SDMA model is
+//! tested against). The rest (dump, restore, contents, copy pipeline, parallel restore, image
+//! store, kernel ioctls) is the backend's own.
+
+pub(crate) mod backend;
+pub(crate) mod contents;
+pub(crate) mod copy;
+pub mod device;
+pub(crate) mod dump;
+pub(crate) mod error;
+pub mod image;
+pub(crate) mod kernel;
+pub(crate) mod parallel;
+pub(crate) mod restore;
+pub mod sdma;
+pub(crate) mod settings;
+pub(crate) mod store;
+pub mod topology;
+
+pub use backend::{
+    AmdgpuBackend, BackendOptions, CopyKind, CopyObserver, CopyRecord, DeviceFactory,
+};
+pub use copy::{CopyStats, StagingRegion, page_size};
+pub use parallel::{FdStore, LocalFdStore};
+pub use settings::AmdgpuSettings;

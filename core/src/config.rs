@@ -1,0 +1,561 @@
+//! The plugin's settings: a configuration file, environment overrides and CRIU 4.3's plugin
+//! options.
+//!
+//! Before CRIU 4.3 a container runtime cannot pass a plugin anything through CRIU's RPC, and
+//! Podman and CRI-O strip the environment of the runtime they start, so environment variables
+//! alone would not reach CRIU there. The plugin therefore reads its own file,
+//! `/etc/criu/gpu-plugin.conf` (another path through `CRIU_GPU_PLUGIN_CONFIG`), which every
+//! CRIU invocation on the host sees. Environment variables override the file where they do
+//! reach CRIU: a key `cuda.device-map` is overridden by `CRIU_GPU_CUDA_DEVICE_MAP`. From CRIU
+//! 4.3, plugin options override both: `--plugin-option gpu_plugin.KEY=VALUE` for every key
+//! below, from CRIU's command line, its configuration files or an RPC request (how a runtime
+//! hands over a GPU map per restore). The C cuda plugin's options are understood too, so a
+//! runtime set up for it works unchanged: `cuda_plugin.device-map` is `cuda.device-map`,
+//! `cuda_plugin.timeout` (seconds) is `cuda.lock-timeout-ms`, `cuda_plugin.backend` is
+//! `cuda.backend`. Other plugins' options are skipped; an unknown `gpu_plugin.*` name is warned
+//! about. Every value remembers where it came from, for errors and for the INFO line that lists
+//! the settings in force.
+//!
+//! Format: one `key = value` per line; `#` starts a comment; unknown keys are warned about and
+//! ignored so that newer files work with older plugins, and a repeated key keeps its last value,
+//! with a warning. The file is read with a size bound, without blocking, and only if regular.
+//!
+//! | key | meaning | default |
+//! |---|---|---|
+//! | `disable` | comma list of backends to switch off (`cuda`, `amdgpu`) | none |
+//! | `libcuda` | the CUDA driver library: a bare name (the loader's search, never the working directory) or an absolute path | `libcuda.so.1` |
+//! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
+//! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
+//! | `cuda.backend` | `auto` or `driver-api` (both: the driver's checkpoint API, in-process); `cuda-checkpoint` (the C plugin's external utility) is refused | `auto` |
+//! | `cuda.parallel` | checkpoint and restore all processes of the tree at once | true |
+//! | `cuda.nvidia-proc` | directory whose presence says an NVIDIA driver is loaded | `/proc/driver/nvidia/gpus` |
+//! | `nvml` | NVML library for GPU memory sizes (the free-memory check) | `libnvidia-ml.so.1` |
+//! | `amdgpu.topology` | KFD sysfs topology root | `/sys/class/kfd/kfd/topology` |
+//! | `amdgpu.max-buffer-size` | staging memory of BO copies, all threads together; `K`/`M`/`G`, `0x` (env `KFD_MAX_BUFFER_SIZE` too) | 256M |
+//! | `amdgpu.copy-threads` | BO copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
+//! | `amdgpu.chunk-size` | largest piece of a BO copied at once | 4M |
+//! | `amdgpu.parallel-restore` | restored tasks hand BO copies to CRIU's main process, done at `RESUME_DEVICES_LATE` (CRIU 4.2+) | false |
+//! | `amdgpu.kfd-fw-ver-check`, `-sdma-fw-ver-check`, `-caches-count-check`, `-num-gws-check`, `-vram-size-check`, `-numa-check`, `-capability-check` | the restore GPU compatibility checks (env `KFD_*_CHECK` too) | on |
+//!
+//! The `amdgpu.*` keys are read by [`crate::amdgpu::AmdgpuSettings`], which also applies their
+//! `CRIU_GPU_AMDGPU_*` environment overrides.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Default location of the configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/criu/gpu-plugin.conf";
+
+/// Environment variable naming another configuration file.
+pub const CONFIG_PATH_ENV: &str = "CRIU_GPU_PLUGIN_CONFIG";
+
+/// Longest configuration file read; anything beyond is an error, not a truncation.
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+
+const KNOWN_KEYS: &[&str] = &[
+    "disable",
+    "libcuda",
+    "cuda.device-map",
+    "cuda.lock-timeout-ms",
+    "cuda.backend",
+    "cuda.parallel",
+    "cuda.nvidia-proc",
+    "cuda.nvidia-dev",
+    "nvml",
+];
+
+/// The `amdgpu.*` keys [`crate::amdgpu::settings`] reads (its environment overrides are its own).
+const AMDGPU_KEYS: &[&str] = &[
+    "amdgpu.topology",
+    "amdgpu.max-buffer-size",
+    "amdgpu.copy-threads",
+    "amdgpu.chunk-size",
+    "amdgpu.parallel-restore",
+    "amdgpu.kfd-fw-ver-check",
+    "amdgpu.kfd-sdma-fw-ver-check",
+    "amdgpu.kfd-caches-count-check",
+    "amdgpu.kfd-num-gws-check",
+    "amdgpu.kfd-vram-size-check",
+    "amdgpu.kfd-numa-check",
+    "amdgpu.kfd-capability-check",
+];
+
+/// Problems of a settings file reported one by one; past this, only how many more.
+const MAX_WARNINGS: usize = 8;
+
+/// Where a setting's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A line of the settings file ([`Config::source`]).
+    File(usize),
+    /// An environment variable.
+    Env(String),
+    /// A CRIU plugin option, by name (`gpu_plugin.cuda.device-map`).
+    PluginOption(String),
+    /// Set by the program itself (tests and tools).
+    Program,
+}
+
+/// Parsed settings: raw strings by key, each with where it came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    values: BTreeMap<String, (String, Origin)>,
+    /// Where the file was read from, if one was.
+    pub source: Option<PathBuf>,
+    /// Problems found while reading (unknown keys, bad lines), logged by the caller; at most
+    /// eight and a count of the rest.
+    pub warnings: Vec<String>,
+    /// Facts worth a line at INFO (no file, an empty file, an environment value ignored).
+    pub notes: Vec<String>,
+    /// Why the settings file could not be read (the plugin then runs on defaults only to
+    /// refuse what needs a GPU), `None` when it was read or is absent.
+    pub unreadable: Option<String>,
+}
+
+/// Longest value shown in a log line; the rest is counted, not shown.
+pub const MAX_SHOWN_VALUE: usize = 256;
+
+/// `value` as log lines show it: at most [`MAX_SHOWN_VALUE`] bytes (cut at a character
+/// boundary), then `… (N bytes)`.
+pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_SHOWN_VALUE {
+        return value.into();
+    }
+    let mut end = MAX_SHOWN_VALUE;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &value[..end], value.len()).into()
+}
+
+/// The plugin-option namespace of this plugin (`--plugin-option gpu_plugin.KEY=VALUE`).
+pub const OPTION_NAMESPACE: &str = "gpu_plugin";
+
+/// The namespace of CRIU's C cuda plugin, whose options are understood too.
+pub const CUDA_PLUGIN_NAMESPACE: &str = "cuda_plugin";
+
+/// The environment variable that overrides `key`.
+pub fn env_name(key: &str) -> String {
+    let mut s = String::from("CRIU_GPU_");
+    for c in key.chars() {
+        s.push(match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        });
+    }
+    s
+}
+
+impl Config {
+    /// Parses configuration text.
+    pub fn parse(text: &str) -> Config {
+        let mut cfg = Config::default();
+        let mut problems = Vec::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        // Editors on some systems start a UTF-8 file with a byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                problems.push(format!("line {}: expected `key = value`, ignored", n + 1));
+                continue;
+            };
+            let (k, v) = (k.trim(), v.trim());
+            let known = KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k);
+            if !known {
+                problems.push(format!("line {}: unknown key {k:?}, ignored", n + 1));
+                continue;
+            }
+            if let Some(first) = seen.insert(k.to_string(), n + 1) {
+                problems.push(format!(
+                    "line {}: {k} set again (line {first} too); the later value is used",
+                    n + 1
+                ));
+            }
+            cfg.values
+                .insert(k.to_string(), (v.to_string(), Origin::File(n + 1)));
+        }
+        let more = problems.len().saturating_sub(MAX_WARNINGS);
+        problems.truncate(MAX_WARNINGS);
+        if more > 0 {
+            problems.push(format!("and {more} more lines with problems"));
+        }
+        cfg.warnings = problems;
+        cfg
+    }
+
+    /// Reads the file at `path` (missing is fine: empty settings), then applies overrides from
+    /// `env` (a lookup, so tests need not touch the process environment).
+    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+        // Never a blocking open: a FIFO in place of the file would hang every CRIU run.
+        let mut cfg = match criu_plugin::files::read_regular(None, path, false, MAX_CONFIG_BYTES) {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| format!("cannot read {}: it is not UTF-8 text", path.display()))?;
+                let mut c = Config::parse(&text);
+                if text.trim().is_empty() {
+                    c.notes
+                        .push(format!("{} is empty: defaults", path.display()));
+                }
+                c.source = Some(path.to_path_buf());
+                c
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut c = Config::default();
+                let dangling = std::fs::symlink_metadata(path).is_ok();
+                c.notes.push(format!(
+                    "no settings file {}{}: defaults",
+                    path.display(),
+                    if dangling {
+                        " (a symbolic link to nothing)"
+                    } else {
+                        ""
+                    }
+                ));
+                c
+            }
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        for key in KNOWN_KEYS {
+            let name = env_name(key);
+            if let Some(v) = env(&name) {
+                cfg.values
+                    .insert((*key).to_string(), (v, Origin::Env(name)));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Loads from the default place (or `CRIU_GPU_PLUGIN_CONFIG`) with the process environment.
+    pub fn from_process() -> Result<Config, String> {
+        let ignored = std::cell::RefCell::new(Vec::new());
+        let env = |k: &str| match std::env::var(k) {
+            Ok(v) => Some(v),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                ignored.borrow_mut().push(k.to_string());
+                None
+            }
+            Err(std::env::VarError::NotPresent) => None,
+        };
+        let path = env(CONFIG_PATH_ENV).unwrap_or_else(|| DEFAULT_CONFIG_PATH.to_string());
+        let mut cfg = Config::load(Path::new(&path), &env)?;
+        for k in ignored.into_inner() {
+            cfg.notes
+                .push(format!("environment variable {k} is not UTF-8: ignored"));
+        }
+        Ok(cfg)
+    }
+
+    /// Applies CRIU's plugin options over the file and the environment: this plugin's own
+    /// (`gpu_plugin.KEY`), and the C cuda plugin's that mean the same. A bare flag means
+    /// `true`. Problems are added to [`Config::warnings`].
+    pub fn apply_options(&mut self, options: &criu_plugin::options::Options) {
+        for w in &options.warnings {
+            self.warnings.push(format!("plugin options: {w}"));
+        }
+        for o in &options.all {
+            let given = format!("{}.{}", o.plugin, o.name);
+            let value = o.value.clone().unwrap_or_else(|| "true".to_string());
+            let key = match o.plugin.as_str() {
+                OPTION_NAMESPACE => {
+                    let k = o.name.as_str();
+                    if !(KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k)) {
+                        self.warnings.push(format!(
+                            "unknown plugin option {OPTION_NAMESPACE}.{k}, ignored"
+                        ));
+                        continue;
+                    }
+                    k.to_string()
+                }
+                CUDA_PLUGIN_NAMESPACE => match o.name.as_str() {
+                    "device-map" => "cuda.device-map".to_string(),
+                    "backend" => "cuda.backend".to_string(),
+                    "timeout" => {
+                        // Seconds there, milliseconds here; a value that is not a whole
+                        // number is kept as given, so that its error names it.
+                        let ms = value
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                            .and_then(|s| s.checked_mul(1000));
+                        let value = ms.map_or(value, |ms| ms.to_string());
+                        self.values.insert(
+                            "cuda.lock-timeout-ms".to_string(),
+                            (value, Origin::PluginOption(given)),
+                        );
+                        continue;
+                    }
+                    other => {
+                        self.notes.push(format!(
+                            "plugin option {CUDA_PLUGIN_NAMESPACE}.{other} means nothing to this plugin: ignored"
+                        ));
+                        continue;
+                    }
+                },
+                _ => continue,
+            };
+            self.values
+                .insert(key, (value, Origin::PluginOption(given)));
+        }
+    }
+
+    /// The raw value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(|(v, _)| v.as_str())
+    }
+
+    /// Where the value of `key` came from.
+    pub fn origin(&self, key: &str) -> Option<&Origin> {
+        self.values.get(key).map(|(_, o)| o)
+    }
+
+    /// The value of `key` if a plugin option set it (settings that apply environment variables
+    /// of their own let an option override those).
+    pub fn option_value(&self, key: &str) -> Option<&str> {
+        match self.values.get(key) {
+            Some((v, Origin::PluginOption(_))) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Where `key`'s value came from, in words (`line 3 of /etc/criu/gpu-plugin.conf`).
+    pub fn describe_origin(&self, key: &str) -> String {
+        match self.origin(key) {
+            Some(Origin::File(line)) => match &self.source {
+                Some(p) => format!("line {line} of {}", p.display()),
+                None => format!("line {line} of the settings"),
+            },
+            Some(Origin::Env(name)) => format!("environment {name}"),
+            Some(Origin::PluginOption(o)) => format!("plugin option {o}"),
+            Some(Origin::Program) => "set by the program".to_string(),
+            None => "default".to_string(),
+        }
+    }
+
+    /// One line naming every setting that is not at its default and where it came from, or
+    /// `None` when all are.
+    pub fn summary(&self) -> Option<String> {
+        if self.values.is_empty() {
+            return None;
+        }
+        let items: Vec<String> = self
+            .values
+            .iter()
+            .map(|(k, (v, _))| format!("{k}={} ({})", shown(v), self.describe_origin(k)))
+            .collect();
+        Some(items.join(", "))
+    }
+
+    /// Sets a value (tests and tools).
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.values
+            .insert(key.to_string(), (value.to_string(), Origin::Program));
+    }
+
+    /// `key = value (where from)`, for error messages.
+    fn quote(&self, key: &str, v: &str) -> String {
+        let v = shown(v);
+        match self.origin(key) {
+            Some(Origin::File(_)) | Some(Origin::Program) | None => format!("{key} = {v}"),
+            Some(_) => format!("{key} = {v} ({})", self.describe_origin(key)),
+        }
+    }
+
+    /// A boolean setting (`true/false`, `yes/no`, `1/0`, `on/off`).
+    pub fn get_bool(&self, key: &str, default: bool) -> Result<bool, String> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(format!("{}: expected true or false", self.quote(key, v))),
+            },
+        }
+    }
+
+    /// An unsigned number setting.
+    pub fn get_u64(&self, key: &str, default: u64) -> Result<u64, String> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("{}: expected a whole number", self.quote(key, v))),
+        }
+    }
+
+    /// Whether backend `name` was switched off with `disable`.
+    pub fn is_disabled(&self, name: &str) -> bool {
+        self.get("disable")
+            .map(|v| v.split(',').any(|b| b.trim() == name))
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keys_comments_and_warns_about_the_rest() {
+        let c = Config::parse(
+            "# comment\nlibcuda = /opt/x/libcuda.so.1  # trailing\n\nbogus\nfoo = 1\ncuda.parallel=no\n",
+        );
+        assert_eq!(c.get("libcuda"), Some("/opt/x/libcuda.so.1"));
+        assert_eq!(c.get_bool("cuda.parallel", true), Ok(false));
+        assert_eq!(c.warnings.len(), 2);
+        assert_eq!(c.get("foo"), None);
+    }
+
+    #[test]
+    fn misspelt_and_repeated_keys_a_bom_and_floods_are_reported_briefly() {
+        let c = Config::parse(
+            "\u{feff}cuda.parallel = no\namdgpu.copy-thread = 2\ncuda.parallel = yes\n",
+        );
+        assert_eq!(c.get_bool("cuda.parallel", false), Ok(true));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("unknown key \"amdgpu.copy-thread\""));
+        assert!(c.warnings[1].contains("cuda.parallel set again (line 1 too)"));
+        let flood = "bad line\n".repeat(5000);
+        let c = Config::parse(&flood);
+        assert_eq!(c.warnings.len(), MAX_WARNINGS + 1);
+        assert_eq!(
+            c.warnings[MAX_WARNINGS],
+            "and 4992 more lines with problems"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = std::env::temp_dir().join(format!("gpu-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("gpu-plugin.conf");
+        std::fs::write(&p, "cuda.device-map = A=B\ndisable = amdgpu\n").unwrap();
+        let env = |k: &str| (k == "CRIU_GPU_CUDA_DEVICE_MAP").then(|| "C=D".to_string());
+        let c = Config::load(&p, &env).unwrap();
+        assert_eq!(c.get("cuda.device-map"), Some("C=D"));
+        assert!(c.is_disabled("amdgpu") && !c.is_disabled("cuda"));
+        assert_eq!(c.source.as_deref(), Some(p.as_path()));
+        std::fs::write(&p, vec![b'#'; 70 * 1024]).unwrap();
+        assert!(
+            Config::load(&p, &|_| None)
+                .unwrap_err()
+                .contains("larger than")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn missing_file_is_empty_and_bad_values_are_errors() {
+        let c = Config::load(Path::new("/nonexistent/gpu.conf"), &|_| None).unwrap();
+        assert_eq!(
+            c.notes,
+            ["no settings file /nonexistent/gpu.conf: defaults"]
+        );
+        assert_eq!(
+            Config {
+                notes: Vec::new(),
+                ..c
+            },
+            Config::default()
+        );
+        let c = Config::parse("cuda.lock-timeout-ms = soon\ncuda.parallel = maybe\n");
+        assert!(c.get_u64("cuda.lock-timeout-ms", 1).is_err());
+        assert!(c.get_bool("cuda.parallel", true).is_err());
+        assert_eq!(env_name("cuda.device-map"), "CRIU_GPU_CUDA_DEVICE_MAP");
+    }
+
+    fn options(entries: &[&str]) -> criu_plugin::options::Options {
+        criu_plugin::options::parse_entries(entries.iter().map(|e| e.as_bytes()))
+    }
+
+    #[test]
+    fn plugin_options_override_environment_and_file_and_say_where_from() {
+        let dir = std::env::temp_dir().join(format!("gpu-cfg-opt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("gpu-plugin.conf");
+        std::fs::write(
+            &p,
+            "cuda.device-map = A=B\ncuda.parallel = no\namdgpu.copy-threads = 2\n",
+        )
+        .unwrap();
+        let env = |k: &str| (k == "CRIU_GPU_CUDA_DEVICE_MAP").then(|| "C=D".to_string());
+        let mut c = Config::load(&p, &env).unwrap();
+        c.apply_options(&options(&[
+            "--gpu_plugin.cuda.device-map=E=F",
+            "--gpu_plugin.cuda.device-map=G=H",
+            "--gpu_plugin.amdgpu.copy-threads=4",
+            "--gpu_plugin.cuda.paralel=yes",
+            "--amdgpu_plugin.whatever=1",
+            "--cuda_plugin.timeout=30",
+            "--cuda_plugin.backend=driver-api",
+            "--cuda_plugin.frobnicate",
+        ]));
+        // The last of a repeated option wins, over the environment and the file.
+        assert_eq!(c.get("cuda.device-map"), Some("G=H"));
+        assert_eq!(c.option_value("amdgpu.copy-threads"), Some("4"));
+        assert_eq!(c.option_value("cuda.parallel"), None);
+        assert_eq!(c.get_bool("cuda.parallel", true), Ok(false));
+        assert_eq!(c.get_u64("cuda.lock-timeout-ms", 1), Ok(30_000));
+        assert_eq!(c.get("cuda.backend"), Some("driver-api"));
+        assert_eq!(
+            c.warnings,
+            ["unknown plugin option gpu_plugin.cuda.paralel, ignored"]
+        );
+        assert_eq!(
+            c.notes,
+            ["plugin option cuda_plugin.frobnicate means nothing to this plugin: ignored"]
+        );
+        let line = c.summary().unwrap();
+        assert!(
+            line.contains("cuda.device-map=G=H (plugin option gpu_plugin.cuda.device-map)"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("cuda.parallel=no (line 2 of {})", p.display())),
+            "{line}"
+        );
+        assert!(
+            line.contains("cuda.lock-timeout-ms=30000 (plugin option cuda_plugin.timeout)"),
+            "{line}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn long_values_are_cut_in_log_lines() {
+        let mut c = Config::default();
+        c.set("cuda.device-map", &"é".repeat(30_000));
+        let line = c.summary().unwrap();
+        assert!(line.len() < 400, "{} bytes", line.len());
+        assert!(
+            line.contains("… (60000 bytes) (set by the program)"),
+            "{line}"
+        );
+        assert_eq!(shown("short"), "short");
+        let c = Config::parse(&format!("cuda.parallel = {}\n", "y".repeat(60_000)));
+        let e = c.get_bool("cuda.parallel", true).unwrap_err();
+        assert!(e.len() < 400 && e.contains("(60000 bytes)"), "{e}");
+    }
+
+    #[test]
+    fn bad_option_values_are_kept_for_an_error_that_names_them() {
+        let mut c = Config::default();
+        c.apply_options(&options(&[
+            "--cuda_plugin.timeout=soon",
+            "--gpu_plugin.cuda.parallel=maybe",
+        ]));
+        assert_eq!(
+            c.get_u64("cuda.lock-timeout-ms", 1).unwrap_err(),
+            "cuda.lock-timeout-ms = soon (plugin option cuda_plugin.timeout): expected a whole number"
+        );
+        assert!(
+            c.get_bool("cuda.parallel", true)
+                .unwrap_err()
+                .contains("(plugin option gpu_plugin.cuda.parallel)")
+        );
+        assert_eq!(Config::default().summary(), None);
+    }
+}

@@ -1,0 +1,279 @@
+//! A batch: one driver step (checkpoint, restore, put back) over many processes at once.
+//!
+//! Every batch runs the same way: CRIU's alarm suspended, each process's restore thread let
+//! run ([`RunningThreads`]), the step on worker threads (one per process when parallel), the
+//! restore threads stopped again, and one log line with the phase's figures.
+//!
+//! A restore the driver refuses for want of `cuInit` (persistence mode off) is redone from a
+//! helper process that calls it ([`restore_each`]): dump's put-back and restore share that.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use criu_plugin::symbols::AlarmSuspended;
+use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair};
+
+use super::helper::{self, RestoreJob};
+use super::restore_thread::RunningThreads;
+use super::worker;
+
+/// How long the helper process of one batch may run (the C plugin's default timeout).
+pub const HELPER_DEADLINE: Duration = Duration::from_secs(300);
+
+/// One process's result and the time its calls took.
+pub type Timed<E = DriverError> = (i32, Result<(), E>, Duration);
+
+/// Milliseconds, for log lines.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A batch being put together: the processes whose restore thread runs.
+pub struct Batch {
+    alarm: AlarmSuspended,
+    started: Instant,
+    threads: RunningThreads,
+    runnable: Vec<i32>,
+    serial_driver: Duration,
+    parallel: bool,
+}
+
+/// A batch that has run.
+pub struct Ran<E> {
+    /// Each process's result, in the order the processes were added.
+    pub results: Vec<Timed<E>>,
+    /// Restore threads that could not be stopped again, with why.
+    pub not_stopped: Vec<(i32, io::Error)>,
+    /// The figures of the phase.
+    pub phase: Phase,
+}
+
+/// A phase's figures. CRIU's alarm stays suspended until the phase is dropped.
+pub struct Phase {
+    _alarm: AlarmSuspended,
+    processes: usize,
+    wall: Duration,
+    in_driver: Duration,
+    parallel: bool,
+}
+
+impl Batch {
+    /// Starts a batch: CRIU's alarm is suspended and the clock starts.
+    pub fn new(parallel: bool) -> Batch {
+        Batch {
+            alarm: AlarmSuspended::new(),
+            started: Instant::now(),
+            threads: RunningThreads::new(),
+            runnable: Vec::new(),
+            serial_driver: Duration::ZERO,
+            parallel,
+        }
+    }
+
+    /// Lets `pid`'s restore thread `tid` run so that the step can be done on `pid`; a process
+    /// whose thread cannot run is left out.
+    pub fn add(&mut self, pid: i32, tid: i32) -> io::Result<()> {
+        self.threads.start(tid)?;
+        self.runnable.push(pid);
+        Ok(())
+    }
+
+    /// Asks the driver for `pid`'s restore thread on CRIU's thread; the time counts as driver
+    /// time of the phase.
+    pub fn restore_thread_id(&mut self, driver: &Driver, pid: i32) -> Result<i32, DriverError> {
+        let t = Instant::now();
+        let tid = driver.restore_thread_id(pid);
+        self.serial_driver += t.elapsed();
+        tid
+    }
+
+    /// Runs `step` over the processes added, then stops their restore threads again.
+    pub fn run<E>(mut self, step: impl FnOnce(&[i32], bool) -> Vec<Timed<E>>) -> Ran<E> {
+        let results = step(&self.runnable, self.parallel);
+        let not_stopped = self.threads.stop_all();
+        let wall = self.started.elapsed();
+        let in_driver = self.serial_driver
+            + if self.parallel {
+                results.iter().map(|r| r.2).max().unwrap_or_default()
+            } else {
+                results.iter().map(|r| r.2).sum()
+            };
+        Ran {
+            results,
+            not_stopped,
+            phase: Phase {
+                _alarm: self.alarm,
+                processes: self.runnable.len(),
+                wall,
+                in_driver,
+                parallel: self.parallel,
+            },
+        }
+    }
+}
+
+impl<E> Ran<E> {
+    /// Logs the restore threads that could not be stopped again.
+    pub fn log_not_stopped(&mut self) {
+        for (tid, e) in self.not_stopped.drain(..) {
+            log::error!("cuda: cannot stop restore thread {tid} again: {e}");
+        }
+    }
+}
+
+impl Phase {
+    /// Logs the phase's figures: wall time, the time in the driver (the longest call when the
+    /// calls ran at once), and what the plugin itself added (thread start, ptrace,
+    /// bookkeeping), in total and per process.
+    pub fn log(&self, what: &str) {
+        let own = self.wall.saturating_sub(self.in_driver);
+        log::info!(
+            "cuda: {what} phase: {} process(es) {}, {:.1} ms wall, {:.1} ms in the driver, plugin own time {:.3} ms ({:.3} ms per process)",
+            self.processes,
+            if self.parallel {
+                "at once"
+            } else {
+                "one after another"
+            },
+            ms(self.wall),
+            ms(self.in_driver),
+            ms(own),
+            ms(own) / self.processes.max(1) as f64
+        );
+    }
+}
+
+/// Runs `op` for every pid, on worker threads when `parallel`, and reports each result with the
+/// time it took. A worker that panics is reported as that pid's failure, never unwound further.
+pub fn run_each<E>(
+    pids: &[i32],
+    parallel: bool,
+    op: impl Fn(i32) -> Result<(), E> + Sync,
+) -> Vec<Timed<E>>
+where
+    E: Send + From<DriverError>,
+{
+    let timed = |pid: i32| {
+        let t = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid))).unwrap_or_else(
+            |_| {
+                Err(E::from(DriverError::InvalidArgument(format!(
+                    "internal error while handling pid {pid}"
+                ))))
+            },
+        );
+        (pid, r, t.elapsed())
+    };
+    if !parallel || pids.len() < 2 {
+        return pids.iter().map(|&pid| timed(pid)).collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = pids
+            .iter()
+            .map(|&pid| {
+                let timed = &timed;
+                std::thread::Builder::new()
+                    .name(format!("cuda-{pid}"))
+                    .spawn_scoped(s, move || {
+                        worker::block_sigalrm();
+                        timed(pid)
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(pids)
+            .map(|(h, &pid)| match h.map(|h| h.join()) {
+                Ok(Ok(r)) => r,
+                // No thread could be started (or it died outside `op`): do it here.
+                _ => timed(pid),
+            })
+            .collect()
+    })
+}
+
+/// Runs `op` for every pid in a helper process ([`helper::each_in_helper`]): a driver call
+/// that never returns, or waits for a task that died, costs a killed helper, never a CRIU that
+/// hangs. A helper that gives no answer fails every pid, saying why.
+pub fn each_in_helper(
+    driver: &Driver,
+    pids: &[i32],
+    parallel: bool,
+    op: impl Fn(i32) -> Result<(), DriverError> + Sync,
+) -> Vec<Timed> {
+    let t = Instant::now();
+    match helper::each_in_helper(driver, pids, parallel, false, HELPER_DEADLINE, op) {
+        Ok(v) => v,
+        Err(e) => pids
+            .iter()
+            .map(|&pid| {
+                let why = format!("the driver helper process gave no answer: {e}");
+                (pid, Err(DriverError::InvalidArgument(why)), t.elapsed())
+            })
+            .collect(),
+    }
+}
+
+/// Whether the driver refused a restore because the caller has not called `cuInit` (needed
+/// when persistence mode is off).
+fn needs_init(r: &Result<(), DriverError>) -> bool {
+    matches!(r, Err(DriverError::Cuda(e))
+        if e.code == CUresult::NOT_PERMITTED && e.call == "cuCheckpointProcessRestore")
+}
+
+/// Restores (and unlocks) every job: `here` does a job in a helper process; the jobs the driver
+/// refused for want of `cuInit` are redone from a helper process that calls it (`cuInit`
+/// starts threads, which must not stay in CRIU's process) and then checked with `check`.
+pub fn restore_each(
+    driver: &Driver,
+    jobs: &[RestoreJob],
+    pairs: &[GpuPair],
+    parallel: bool,
+    here: impl Fn(&RestoreJob) -> Result<(), DriverError> + Sync,
+    check: impl Fn(&RestoreJob) -> Result<(), DriverError>,
+) -> Vec<Timed> {
+    let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
+    let job = |pid: i32| jobs.iter().find(|j| j.pid == pid);
+    let mut results = each_in_helper(driver, &pids, parallel, |pid| match job(pid) {
+        Some(j) => here(j),
+        None => Ok(()),
+    });
+    let retry: Vec<RestoreJob> = results
+        .iter()
+        .filter(|(_, r, _)| needs_init(r))
+        .filter_map(|(pid, _, _)| job(*pid).copied())
+        .collect();
+    if retry.is_empty() {
+        return results;
+    }
+    log::info!(
+        "cuda: restore needs an initialised driver (persistence mode is off): restoring {} process(es) from a helper process that calls cuInit",
+        retry.len()
+    );
+    let t = Instant::now();
+    let redone = helper::restore_with_init(driver, &retry, pairs, parallel, HELPER_DEADLINE);
+    let helper_wall = t.elapsed();
+    for slot in results.iter_mut().filter(|(_, r, _)| needs_init(r)) {
+        let (pid, result, took) = slot;
+        *result = match &redone {
+            Ok(v) => match v.iter().find(|(p, _, _)| p == pid) {
+                Some((_, Ok(()), helper_took)) => {
+                    *took += *helper_took;
+                    job(*pid).map_or(Ok(()), &check)
+                }
+                Some((_, Err(e), helper_took)) => {
+                    *took += *helper_took;
+                    Err(e.clone())
+                }
+                None => Err(DriverError::InvalidArgument(
+                    "restore helper skipped it".into(),
+                )),
+            },
+            Err(e) => {
+                *took += helper_wall;
+                Err(DriverError::InvalidArgument(format!("restore helper: {e}")))
+            }
+        };
+    }
+    results
+}
