@@ -512,8 +512,11 @@ mod tests {
     }
 
     fn entries_packed(bytes: &[u8], packing: Packing) -> Result<Vec<(String, u64)>, String> {
+        // One file per call: the tests run in parallel threads of one process.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!(
-            "criu-gpu-archive-{}-{}",
+            "criu-gpu-archive-{}-{call}-{}",
             std::process::id(),
             packing.name()
         ));
