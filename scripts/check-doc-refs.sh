@@ -26,7 +26,9 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 cd "$REPO"
 exec python3 - "$@" <<'PY'
-import bisect, fnmatch, os, re, subprocess, sys
+import bisect, fnmatch, os, re, signal, subprocess, sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 files = subprocess.run(
     ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
