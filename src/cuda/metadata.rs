@@ -26,18 +26,19 @@
 //! - The trailer is the CRC-32 (IEEE 802.3, zlib's) of every byte before it, header included.
 //!   It is the last line.
 //! - A reader reads an image whose major is its own and whose minor is not newer than its own;
-//!   it refuses anything else, naming both versions. A new minor adds what a reader of an older
-//!   one would misread, so those refuse it; a new major changes what records mean.
+//!   it refuses anything else, naming both versions. A new minor adds to the format: readers of
+//!   the older minors refuse it rather than misread it, and it still reads them. A new major
+//!   changes what records mean.
 //! - Unknown record kinds are refused: a record this reader does not understand might be one that
 //!   decides whether the restore can work.
 //! - Decoding is bounded: the whole file is at most [`MAX_BYTES`], at most [`MAX_GPU_RECORDS`]
 //!   and [`MAX_PROCESS_RECORDS`] records are taken, and error messages quote at most 80
 //!   characters of a line.
 //!
-//! | version | header written            | what changed                                      |
-//! |---------|---------------------------|---------------------------------------------------|
-//! | 1.0     | `gpu-plugin-cuda 1`       | the first; no checksum                            |
-//! | 1.1     | `gpu-plugin-cuda 1.1`     | the `crc32` trailer (written since; 1.0 still read) |
+//! | version | header                                  | what changed                          |
+//! |---------|-----------------------------------------|---------------------------------------|
+//! | 1.0     | `gpu-plugin-cuda 1` (`1.0` also read)   | the first, no checksum                |
+//! | 1.1     | `gpu-plugin-cuda 1.1`                   | the `crc32` trailer; written now      |
 
 use std::fmt::Write as _;
 
