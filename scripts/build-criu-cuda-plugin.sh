@@ -4,8 +4,8 @@
 #
 #   scripts/build-criu-cuda-plugin.sh OUT.so [--check]
 #
-# Needs a git directory of CRIU's repository (bare is fine) in $CRIU_GIT_DIR (default: the
-# mirror path below). Only what the plugin includes is generated (compel's headers, config.h,
+# Needs a git directory of CRIU's repository (bare is fine) in $CRIU_GIT_DIR (required: there
+# is no default, the clone lives wherever this machine keeps it). Only what the plugin includes is generated (compel's headers, config.h,
 # version.h); CRIU itself is not built. The plugin calls CRIU's logging, inventory and compel
 # functions, which the criu binary exports, so it is built the way CRIU's Makefile builds it
 # (-shared -fPIC -nostartfiles, CRIU's include paths) and every CRIU symbol it needs is checked
@@ -20,11 +20,12 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 CRIU=${CRIU:-$REPO/.criu/bin/criu}
-CRIU_GIT_DIR=${CRIU_GIT_DIR:-/work/.mirror/checkpoint-restore+criu/repo}
+CRIU_GIT_DIR=${CRIU_GIT_DIR:-}
 say() { printf '[build-criu-cuda-plugin] %s\n' "$*"; }
 die() { printf '[build-criu-cuda-plugin] ERROR: %s\n' "$*" >&2; exit 1; }
 
-out=${1:?usage: $0 OUT.so [--check]}
+out=${1:?usage: CRIU_GIT_DIR=DIR $0 OUT.so [--check]}
+[ -n "$CRIU_GIT_DIR" ] || die "set CRIU_GIT_DIR to a git directory of CRIU's repository (github.com/checkpoint-restore/criu; a bare clone is fine)"
 check=${2:-}
 [ -x "$CRIU" ] || die "no CRIU at $CRIU (scripts/install-criu.sh)"
 version=$("$CRIU" --version | sed -n 's/^Version: *//p')

@@ -10,23 +10,25 @@
 #                                 (scripts/build-criu-cuda-plugin.sh), for the comparison runs
 #   .gpu-carry/bin/cuda-checkpoint NVIDIA's utility, which the C plugin runs from PATH
 #
-# Usage: scripts/gpu-carry.sh
-# Environment: CRIU_GIT_DIR (a git directory of CRIU's repository, bare is fine),
-#   CUDA_CHECKPOINT_GIT_DIR (one of NVIDIA's cuda-checkpoint repository, which ships the binary),
-#   CARRY (default <repo>/.gpu-carry), PLUGIN (default target/release/libcriu_gpu_plugin.so).
+# Usage: CRIU_GIT_DIR=DIR CUDA_CHECKPOINT_GIT_DIR=DIR scripts/gpu-carry.sh
+# Environment: CRIU_GIT_DIR (required: a git directory of CRIU's repository, bare is fine),
+#   CUDA_CHECKPOINT_GIT_DIR (required: one of NVIDIA's cuda-checkpoint repository, which ships
+#   the binary), CARRY (default <repo>/.gpu-carry), PLUGIN (default target/release/libcriu_gpu_plugin.so).
 # Prints the size of each carried path; the run tool carries at most 64 MiB in all.
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 cd "$REPO"
 CARRY=${CARRY:-$REPO/.gpu-carry}
 PLUGIN=${PLUGIN:-target/release/libcriu_gpu_plugin.so}
-CRIU_GIT_DIR=${CRIU_GIT_DIR:-/work/.mirror/checkpoint-restore+criu/repo}
-CUDA_CHECKPOINT_GIT_DIR=${CUDA_CHECKPOINT_GIT_DIR:-/work/.mirror/NVIDIA+cuda-checkpoint/repo}
+CRIU_GIT_DIR=${CRIU_GIT_DIR:-}
+CUDA_CHECKPOINT_GIT_DIR=${CUDA_CHECKPOINT_GIT_DIR:-}
 RUNC_VERSION=1.1.5
 LIMIT_MIB=64
 say() { printf '[gpu-carry] %s\n' "$*"; }
 die() { printf '[gpu-carry] ERROR: %s\n' "$*" >&2; exit 1; }
 
+[ -n "$CRIU_GIT_DIR" ] || die "set CRIU_GIT_DIR to a git directory of CRIU's repository (github.com/checkpoint-restore/criu; a bare clone is fine)"
+[ -n "$CUDA_CHECKPOINT_GIT_DIR" ] || die "set CUDA_CHECKPOINT_GIT_DIR to a git directory of NVIDIA's cuda-checkpoint repository (github.com/NVIDIA/cuda-checkpoint; a bare clone is fine)"
 [ -x .criu/bin/criu ] || scripts/install-criu.sh
 { command -v apt-get && command -v dpkg; } >/dev/null || die "apt-get and dpkg are needed (Debian 12)"
 for d in "$CRIU_GIT_DIR" "$CUDA_CHECKPOINT_GIT_DIR"; do

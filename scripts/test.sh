@@ -16,6 +16,8 @@ echo "[test] cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "[test] generated code is current"
 scripts/check-generated.sh
+echo "[test] code references in the docs resolve"
+scripts/check-doc-refs.sh
 echo "[test] the release plugin (every end-to-end suite runs real CRIU with it)"
 cargo build --release --locked -p criu-gpu-plugin --lib
 so=target/release/libcriu_gpu_plugin.so

@@ -293,6 +293,66 @@ fn two_processes_dump_and_restore_together() {
     assert_same_process(&sim, &sim2, b.pid);
 }
 
+/// A GPU without VRAM or GTT BOs still gets its pages file, the size header of 0 and nothing
+/// else, as CRIU's C plugin writes it (its restore opens the pages file of every GPU of the
+/// image and fails without one); an image without that file (this plugin's, before it wrote
+/// one) restores as well.
+#[test]
+fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_too() {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    // Contents on the first GPU only; the second has a userptr BO, which has none.
+    let mut spec = ProcessSpec::new(903, &[53109, 1266]).with_mixed_bos(12, 1 << 20);
+    for bo in &mut spec.bos {
+        if bo.flags & alloc_flags::USERPTR != 0 {
+            bo.gpu = 1;
+        } else {
+            bo.gpu = 0;
+        }
+    }
+    let p = spawn(&sim, &spec);
+    let images = TempDir::new("empty-pages");
+    let cfg = config(&topo, "");
+    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let id = dumped[0].kfd_id;
+    let k = read_kfd(images.path(), id);
+    assert!(
+        k.bos
+            .iter()
+            .any(|b| b.gpu_id == 1266 && b.alloc_flags & alloc_flags::USERPTR != 0)
+    );
+    assert_eq!(k.content_gpus().collect::<Vec<_>>(), [53109]);
+    assert_eq!(k.gpus().collect::<Vec<_>>().len(), 2);
+    let empty = images.path().join(image::kfd_pages_file_name(id, 1266));
+    assert_eq!(
+        std::fs::read(&empty).unwrap(),
+        0usize.to_ne_bytes(),
+        "the pages file of a GPU without contents is its size header of 0"
+    );
+    let full = images.path().join(image::kfd_pages_file_name(id, 53109));
+    let layout = PagesLayout::for_kfd_gpu(&k, 53109).unwrap();
+    assert!(layout.total() > 0);
+    assert_eq!(
+        std::fs::metadata(&full).unwrap().len(),
+        HEADER_LEN as u64 + layout.total()
+    );
+
+    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
+    restore(&sim2, &dumped, images.path(), &cfg, false);
+    assert_same_process(&sim, &sim2, p.pid);
+    assert_no_leaks(&sim2, 0, 0);
+
+    // Without the empty file, in the task and in CRIU's main process.
+    std::fs::remove_file(&empty).unwrap();
+    for (parallel, render_first) in [("false", true), ("true", false)] {
+        let sim3 = SimKfd::from_sysfs(&topo).unwrap();
+        let cfg3 = config(&topo, &format!("amdgpu.parallel-restore = {parallel}\n"));
+        restore(&sim3, &dumped, images.path(), &cfg3, render_first);
+        assert_same_process(&sim, &sim3, p.pid);
+        assert_no_leaks(&sim3, 0, 0);
+    }
+}
+
 #[test]
 fn hooks_answer_not_mine_for_what_is_not_amd() {
     let topo = fixture("1gpu");

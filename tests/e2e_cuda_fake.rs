@@ -1064,7 +1064,7 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
         .filter(|l| !l.starts_with("process "))
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(&md_path, no_records).unwrap();
+    std::fs::write(&md_path, resealed_metadata(&no_records)).unwrap();
     let r = f.criu(
         &["restore", "-d", "-L", &lib, "-v4"],
         &images,
@@ -1082,7 +1082,7 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
             _ => format!("{l}\n"),
         })
         .collect();
-    std::fs::write(&md_path, stranger).unwrap();
+    std::fs::write(&md_path, resealed_metadata(&stranger)).unwrap();
     let r = f.criu(
         &["restore", "-d", "-L", &lib, "-v4"],
         &images,
@@ -1112,7 +1112,7 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
             None => format!("{l}\n"),
         })
         .collect();
-    std::fs::write(&md_path, wrapping).unwrap();
+    std::fs::write(&md_path, resealed_metadata(&wrapping)).unwrap();
     let r = f.criu(
         &["restore", "-d", "-L", &lib, "-v4"],
         &images,

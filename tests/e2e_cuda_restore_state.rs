@@ -2,8 +2,9 @@
 //! whatever the image says: real CRIU, the plugin built from this tree, the stand-in CUDA driver
 //! (see `tests/e2e_cuda_fake.rs` for the harness). Each image below is edited after a good dump:
 //! a missing process record, a record saying `locked` or `checkpointed`, an inventory that does
-//! not list `cuda_plugin`. Each restore ends with every process running with its GPU state, or
-//! fails with nothing left behind, and a second restore from the mended images then works.
+//! not list `cuda_plugin`, a metadata file damaged or of the older format 1.0. Each restore
+//! ends with every process running with its GPU state, or fails with nothing left behind, and a
+//! second restore from the mended images then works.
 //!
 //! CRIU comes from `$CRIU_BIN`; these tests need root and `cc` (or `GPU_PLUGIN_SKIP_E2E=1`).
 
@@ -61,8 +62,13 @@ impl Dumped {
         )
     }
 
+    /// Writes `text` as the image's metadata, its checksum made anew.
     fn write_md(&self, text: &str) {
-        std::fs::write(self.images.join("gpu-plugin-cuda.img"), text).expect("write metadata");
+        std::fs::write(
+            self.images.join("gpu-plugin-cuda.img"),
+            resealed_metadata(text),
+        )
+        .expect("write metadata");
     }
 
     /// The metadata with `edit` applied to the record of `pid` (`None` drops it).
@@ -165,6 +171,39 @@ fn records_saying_locked_or_checkpointed_still_end_running() {
             d.f.e.kill_and_reap(&d.w.pids);
         }
     }
+}
+
+/// The metadata's checksum refuses an image edited behind the plugin's back before anything is
+/// restored, and an image of format 1.0 (what the plugin wrote before the format had a minor
+/// version and a checksum) still restores.
+#[test]
+fn a_damaged_metadata_file_is_refused_and_one_of_format_1_0_restores() {
+    let Some(d) = dump_tree("cuda-md-format") else {
+        return;
+    };
+    assert!(
+        d.md.starts_with("gpu-plugin-cuda 1.1\n") && d.md.contains("\ncrc32 "),
+        "{}",
+        d.md
+    );
+    let marks = d.w.marks();
+    let edited = d.md.replacen(" running ", " locked ", 1);
+    assert_ne!(edited, d.md);
+    std::fs::write(d.images.join("gpu-plugin-cuda.img"), edited).unwrap();
+    let r = d.restore("r1", &[]);
+    d.assert_failed_clean(&r, "gpu-plugin-cuda.img is damaged or was edited");
+    assert_nothing_restored(&r, &d.w.pids);
+    assert!(
+        d.f.calls("r1.calls").0.is_empty(),
+        "driver calls after a refused image"
+    );
+
+    let old = metadata_of_format_1_0(&d.md);
+    std::fs::write(d.images.join("gpu-plugin-cuda.img"), &old).unwrap();
+    let r = d.restore("r2", &[]);
+    r.assert_no_plugin_errors();
+    d.assert_running(&r, "r2");
+    d.w.assert_continues(&marks);
 }
 
 /// An inventory that does not list `cuda_plugin` keeps the plugin away from its metadata (here

@@ -192,11 +192,15 @@ fn settings_files() {
 
 #[test]
 fn cuda_metadata() {
-    let seeds = vec![
+    let mut seeds = vec![
         b"gpu-plugin-cuda 1\ndriver 13000 580.159.04\ngpu GPU-b585ed72-f703-359b-5d2c-7c490dad1115 85899345920 0000:00:06.0 NVIDIA H200\nprocess 1 7 running 1073741824\nprocess 2 9 locked 0\n".to_vec(),
         b"gpu-plugin-cuda 1\ndriver 12080 -\nprocess 100 101 checkpointed 5\n".to_vec(),
     ];
+    // The current format (1.1, with its checksum) of the first.
+    let current = CudaMetadata::decode(std::str::from_utf8(&seeds[0]).unwrap()).unwrap();
+    seeds.push(current.encode().into_bytes());
     fuzz("gpu-plugin-cuda.img", &seeds, |b| {
+        let _ = CudaMetadata::decode_bytes(b);
         let _ = CudaMetadata::decode(&String::from_utf8_lossy(b));
     });
 }

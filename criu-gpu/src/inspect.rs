@@ -43,11 +43,10 @@ pub fn read(set: &ImageSet) -> Contents {
         // The inventory's plugin list holds the names as plain strings.
         lists_cuda: inventory.is_some_and(|b| contains(b, b"cuda_plugin")),
         lists_amdgpu: inventory.is_some_and(|b| contains(b, b"amdgpu_plugin")),
-        cuda: set.files.get(metadata::FILE_NAME).map(|b| {
-            std::str::from_utf8(b)
-                .map_err(|_| format!("{} is not text", metadata::FILE_NAME))
-                .and_then(CudaMetadata::decode)
-        }),
+        cuda: set
+            .files
+            .get(metadata::FILE_NAME)
+            .map(|b| CudaMetadata::decode_bytes(b).map_err(|e| e.to_string())),
         kfd: Vec::new(),
         render: Vec::new(),
         errors: Vec::new(),

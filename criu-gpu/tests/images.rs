@@ -11,6 +11,7 @@ use std::process::Command;
 use criu_gpu_core::images::amd::{
     self as amd, BoEntry, DeviceEntry, ImageDir, KfdCheckpoint, PagesLayout,
 };
+use criu_gpu_core::images::metadata::CudaMetadata;
 use support::T;
 
 /// Dumps a CUDA tree of 2 processes with real CRIU and the plugin; returns the image dir.
@@ -120,17 +121,12 @@ fn a_cuda_checkpoint_is_inspected_and_checked_from_a_directory_and_archives() {
     for e in std::fs::read_dir(&images).unwrap().flatten() {
         std::fs::copy(e.path(), big.join(e.file_name())).unwrap();
     }
-    let md = std::fs::read_to_string(big.join("gpu-plugin-cuda.img")).unwrap();
-    let md: String = md
-        .lines()
-        .map(|l| match l.strip_prefix("process ") {
-            Some(rest) => {
-                let f: Vec<&str> = rest.split(' ').collect();
-                format!("process {} {} {} {}\n", f[0], f[1], f[2], 2u64 << 30)
-            }
-            None => format!("{l}\n"),
-        })
-        .collect();
+    let md = std::fs::read(big.join("gpu-plugin-cuda.img")).unwrap();
+    let mut md = CudaMetadata::decode_bytes(&md).unwrap();
+    for p in &mut md.processes {
+        p.host_bytes = 2 << 30;
+    }
+    let md = md.encode();
     std::fs::write(big.join("gpu-plugin-cuda.img"), md).unwrap();
     let c = t.tool(
         &["check", big.to_str().unwrap()],

@@ -70,9 +70,6 @@ pub use error::{CudaError, DriverError, cuda_errno};
 pub use ffi::{CUprocessState, CUresult};
 pub use uuid::{GpuPair, GpuUuid, ParseUuidError};
 
-/// Alias: some callers call it the CUDA driver.
-pub type CudaDriver = Driver;
-
 /// First driver version (CUDA 12.8) with the `cuCheckpointProcess*` driver API.
 pub const MIN_CHECKPOINT_VERSION: i32 = 12080;
 /// First driver version (CUDA 13.0) that accepts GPU pairs on restore.

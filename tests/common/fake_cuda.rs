@@ -523,3 +523,33 @@ pub fn assert_nothing_restored(run: &CriuRun, pids: &[i32]) {
         assert!(!super::exists(p), "pid {p} exists after the failed restore");
     }
 }
+
+/// `text`, an image's `gpu-plugin-cuda.img` that a test edited, with its `crc32` trailer made
+/// anew (the format is documented in `src/cuda/metadata.rs`): the restore then reads the edited
+/// records instead of refusing a damaged file. Written here from the documented format, not
+/// with the plugin's own encoder, so that the two are checked against each other.
+pub fn resealed_metadata(text: &str) -> String {
+    let records: String = text
+        .lines()
+        .filter(|l| !l.starts_with("crc32 "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    format!(
+        "{records}crc32 {:08x}\n",
+        crc32fast::hash(records.as_bytes())
+    )
+}
+
+/// `text`, an image's `gpu-plugin-cuda.img` of the current format, as the plugin wrote it in
+/// format 1.0: the header `gpu-plugin-cuda 1`, no checksum.
+pub fn metadata_of_format_1_0(text: &str) -> String {
+    let body = text
+        .strip_prefix("gpu-plugin-cuda 1.1\n")
+        .expect("format 1.1");
+    let records: String = body
+        .lines()
+        .filter(|l| !l.starts_with("crc32 "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    format!("gpu-plugin-cuda 1\n{records}")
+}

@@ -1,6 +1,9 @@
 //! BO contents between the GPUs and the pages files, both ways: one pages file per GPU
-//! with contents (`amdgpu-pages-ID-GPU.img`), read or written through each GPU's SDMA engine
-//! ([`super::sdma`]) and the copy pipeline ([`super::copy`]).
+//! (`amdgpu-pages-ID-GPU.img`), read or written through each GPU's SDMA engine
+//! ([`super::sdma`]) and the copy pipeline ([`super::copy`]). A dump writes a file for every
+//! GPU of the image, as CRIU's C plugin does (its restore opens each); one for a GPU without
+//! BO contents is its size header of 0. A restore opens the files of the GPUs with contents
+//! only, so that images without the empty files (this plugin's, before it wrote them) restore.
 //!
 //! Dump ([`Contents::save`]) and restore ([`Contents::load`]) set the pipeline up the same
 //! way: the BOs imported into the engines, the staging plan, pieces interleaved over the
@@ -25,27 +28,29 @@ enum Files<'a> {
     Load(&'a (dyn Fn(&Piece, &mut [u8]) -> Result<()> + Sync)),
 }
 
-/// The layout of each pages file of `image`: (user gpu id, layout), in device order.
-fn kfd_pages(image: &KfdCheckpoint) -> Result<Vec<(u32, PagesLayout)>> {
-    image
-        .content_gpus()
-        .map(|gpu| {
-            PagesLayout::for_kfd_gpu(image, gpu)
-                .map(|layout| (gpu, layout))
-                .map_err(|e| device_error(libc::EINVAL, format!("pages of GPU {gpu:#x}: {e}")))
-        })
-        .collect()
+/// The layout of the pages file of each GPU of `gpus`: (user gpu id, layout), in device order.
+fn kfd_pages(
+    image: &KfdCheckpoint,
+    gpus: impl Iterator<Item = u32>,
+) -> Result<Vec<(u32, PagesLayout)>> {
+    gpus.map(|gpu| {
+        PagesLayout::for_kfd_gpu(image, gpu)
+            .map(|layout| (gpu, layout))
+            .map_err(|e| device_error(libc::EINVAL, format!("pages of GPU {gpu:#x}: {e}")))
+    })
+    .collect()
 }
 
-/// Opens one file per layout with `open`; returns the files and, per BO of `image`, the
-/// index of the file holding it.
+/// Opens the file of each GPU of `gpus` with `open`; returns the files and, per BO of
+/// `image`, the index of the file holding it.
 fn open_files<F>(
     image: &KfdCheckpoint,
+    gpus: impl Iterator<Item = u32>,
     mut open: impl FnMut(u32, PagesLayout) -> Result<F>,
 ) -> Result<(Vec<F>, Vec<usize>)> {
     let mut files = Vec::new();
     let mut file_of = vec![usize::MAX; image.bos.len()];
-    for (gpu, layout) in kfd_pages(image)? {
+    for (gpu, layout) in kfd_pages(image, gpus)? {
         for span in layout.spans() {
             file_of[span.bo] = files.len();
         }
@@ -61,7 +66,7 @@ pub fn open_pages(
     id: u32,
     image: &KfdCheckpoint,
 ) -> Result<(Vec<PagesReader>, Vec<usize>)> {
-    open_files(image, |gpu, layout| {
+    open_files(image, image.content_gpus(), |gpu, layout| {
         Ok(images.dir()?.open_kfd_pages(id, gpu, layout)?)
     })
 }
@@ -86,9 +91,9 @@ pub struct Contents<'a> {
 }
 
 impl Contents<'_> {
-    /// Dump: copies the BOs into one pages file per GPU.
+    /// Dump: copies the BOs into one pages file per GPU, every GPU of the image.
     pub fn save(&self) -> Result<CopyStats> {
-        let (writers, writer_of) = open_files(self.image, |gpu, layout| {
+        let (writers, writer_of) = open_files(self.image, self.image.gpus(), |gpu, layout| {
             self.images.create_pages(self.id, gpu, layout)
         })?;
         let stats = self.transfer(

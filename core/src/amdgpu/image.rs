@@ -13,7 +13,7 @@
 //! | `amdgpu-kfd-ID.img` | one `criu_kfd` message ([`KfdCheckpoint`]) |
 //! | `amdgpu-renderD-ID.img` | one `criu_render_node` message ([`RenderNodeImage`]) |
 //! | `amdgpu-dmabuf_ID.img` (underscore) | one `criu_dmabuf_node` message ([`DmabufImage`]) |
-//! | `amdgpu-pages-ID-GPU.img` | raw contents of the VRAM/GTT KFD BOs of one GPU |
+//! | `amdgpu-pages-ID-GPU.img` | raw contents of the VRAM/GTT KFD BOs of one GPU (every GPU of the image: one without such BOs has the header of 0 alone) |
 //! | `amdgpu-drm-pages-ID-MINOR-IDX.img` | raw contents of one render-node BO |
 //!
 //! `GPU` is the *user* (image) gpu_id in lower-case hex, zero-padded to at least

@@ -141,7 +141,7 @@ pub struct Reservation {
     n_fds: usize,
 }
 
-/// A request taken by the worker.
+/// A request taken by the server (CRIU's main process).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// Queue slot.
@@ -224,7 +224,7 @@ impl RestoreQueue {
         })
     }
 
-    /// Publishes a reserved request and wakes the worker.
+    /// Publishes a reserved request and wakes a waiting server.
     pub fn publish(
         &self,
         r: Reservation,
@@ -314,7 +314,7 @@ impl RestoreQueue {
         futex_wait(&self.h().wake, seq, timeout);
     }
 
-    /// Tells the worker to stop once no ready request is left.
+    /// Tells a waiting server to stop once no ready request is left.
     #[cfg(test)]
     pub fn quit(&self) {
         let h = self.h();
@@ -329,7 +329,7 @@ impl RestoreQueue {
         self.h().quit.load(Ordering::Acquire) != 0
     }
 
-    /// How the requests ended (after the worker stopped).
+    /// How the requests ended (once they were served).
     pub fn outcome(&self) -> QueueOutcome {
         let h = self.h();
         let n = (h.next_slot.load(Ordering::Acquire) as usize).min(MAX_REQUESTS);
@@ -749,7 +749,7 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_wakes_for_work_and_for_quit() {
+    fn a_waiting_server_wakes_for_work_and_for_quit() {
         let q = RestoreQueue::create().unwrap();
         std::thread::scope(|s| {
             let h = s.spawn(|| {

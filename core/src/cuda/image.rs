@@ -45,10 +45,10 @@ pub fn read_metadata() -> Result<Option<CudaMetadata>, Failure> {
             ));
         }
     };
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     Read::by_ref(&mut f)
         .take(metadata::MAX_BYTES + 1)
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .map_err(|e| {
             Failure::new(
                 FailureKind::Image,
@@ -56,9 +56,9 @@ pub fn read_metadata() -> Result<Option<CudaMetadata>, Failure> {
                 format!("cannot read {}: {e}", metadata::FILE_NAME),
             )
         })?;
-    CudaMetadata::decode(&text)
+    CudaMetadata::decode_bytes(&bytes)
         .map(Some)
-        .map_err(|e| Failure::new(FailureKind::Image, libc::EINVAL, e))
+        .map_err(|e| Failure::new(FailureKind::Image, libc::EINVAL, e.to_string()))
 }
 
 /// Writes the metadata `md` makes into the image directory.

@@ -2,18 +2,43 @@
 //! restored so that a restore that cannot fit stops early with a clear reason.
 //!
 //! The GPU memory itself is not here: the driver's checkpoint moves it into each process's own
-//! memory, which CRIU writes into its ordinary page images. This file is small, plain text, one
-//! record per line, and read with a size bound:
+//! memory, which CRIU writes into its ordinary page images.
+//!
+//! # Format
+//!
+//! UTF-8 text, one record per `\n`-terminated line, [`MAX_BYTES`] at most:
 //!
 //! ```text
-//! gpu-plugin-cuda 1
-//! driver <cuDriverGetVersion> <kernel driver release or ->
-//! gpu <GPU-uuid> <memory bytes> <bus> <model, rest of line>
-//! process <pid in its own pid namespace> <restore tid at dump> <state found: running|locked|checkpointed> <host bytes moved>
+//! +-------------------------------------------------------------+
+//! | header    gpu-plugin-cuda <major>.<minor>                   |
+//! +-------------------------------------------------------------+
+//! | records   driver <cuDriverGetVersion> <kernel release or -> |
+//! |           gpu <GPU-uuid> <memory bytes> <bus> <model...>    |  one per GPU of the machine
+//! |           process <pid> <restore tid> <state> <host bytes>  |  one per CUDA process
+//! +-------------------------------------------------------------+
+//! | trailer   crc32 <8 lowercase hex digits>                    |  from 1.1 on
+//! +-------------------------------------------------------------+
 //! ```
 //!
-//! Version 1 readers refuse other versions. Unknown record kinds are refused too: a record this
-//! reader does not understand might be one that decides whether the restore can work.
+//! - `pid` is the process's pid in its own pid namespace, `state` is how the dump found it
+//!   (`running`, `locked` or `checkpointed`), `host bytes` what its checkpoint moved into its
+//!   memory. `model` is the rest of its line.
+//! - The trailer is the CRC-32 (IEEE 802.3, zlib's) of every byte before it, header included.
+//!   It is the last line.
+//! - A reader reads an image whose major is its own and whose minor is not newer than its own;
+//!   it refuses anything else, naming both versions. A new minor adds to the format: readers of
+//!   the older minors refuse it rather than misread it, and it still reads them. A new major
+//!   changes what records mean.
+//! - Unknown record kinds are refused: a record this reader does not understand might be one that
+//!   decides whether the restore can work.
+//! - Decoding is bounded: the whole file is at most [`MAX_BYTES`], at most [`MAX_GPU_RECORDS`]
+//!   and [`MAX_PROCESS_RECORDS`] records are taken, and error messages quote at most 80
+//!   characters of a line.
+//!
+//! | version | header                                  | what changed                          |
+//! |---------|-----------------------------------------|---------------------------------------|
+//! | 1.0     | `gpu-plugin-cuda 1` (`1.0` also read)   | the first, no checksum                |
+//! | 1.1     | `gpu-plugin-cuda 1.1`                   | the `crc32` trailer; written now      |
 
 use std::fmt::Write as _;
 
@@ -25,8 +50,149 @@ use super::gpus::Gpu;
 pub const FILE_NAME: &str = "gpu-plugin-cuda.img";
 /// Largest file accepted (a few records per GPU and process; 1 MiB is far beyond any tree).
 pub const MAX_BYTES: u64 = 1 << 20;
+/// Most `gpu` records taken (a machine has a few dozen GPUs at most).
+pub const MAX_GPU_RECORDS: usize = 1024;
+/// Most `process` records taken (far more CUDA processes than GPUs could hold contexts for).
+pub const MAX_PROCESS_RECORDS: usize = 1 << 15;
 const MAGIC: &str = "gpu-plugin-cuda";
-const VERSION: u32 = 1;
+const CHECKSUM: &str = "crc32";
+
+/// A version of the format: `major.minor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FormatVersion {
+    /// Changes when records change meaning: a reader reads only its own major.
+    pub major: u32,
+    /// Changes when something is added: a reader reads its own minor and older ones.
+    pub minor: u32,
+}
+
+impl FormatVersion {
+    /// What this plugin writes, and the newest it reads.
+    pub const CURRENT: FormatVersion = FormatVersion { major: 1, minor: 1 };
+    /// The first version: written `gpu-plugin-cuda 1`, no checksum.
+    pub const V1_0: FormatVersion = FormatVersion { major: 1, minor: 0 };
+
+    /// Whether an image of this version carries the checksum trailer.
+    fn has_checksum(self) -> bool {
+        self >= FormatVersion { major: 1, minor: 1 }
+    }
+
+    /// Whether a reader of [`FormatVersion::CURRENT`] reads it.
+    pub fn readable(self) -> bool {
+        self.major == Self::CURRENT.major && self.minor <= Self::CURRENT.minor
+    }
+
+    /// `1` (1.0 is written as it was first), `1.1`, or `M.N`.
+    fn parse(s: &str) -> Option<FormatVersion> {
+        let number = |n: &str| {
+            // No sign, no spaces, no leading zeros: one spelling per version.
+            let plain = !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && (n == "0" || !n.starts_with('0'));
+            plain.then(|| n.parse::<u32>().ok()).flatten()
+        };
+        match s.split_once('.') {
+            None => Some(FormatVersion {
+                major: number(s)?,
+                minor: 0,
+            }),
+            Some((major, minor)) => Some(FormatVersion {
+                major: number(major)?,
+                minor: number(minor)?,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Why an image's metadata cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    /// More than [`MAX_BYTES`].
+    #[error("{FILE_NAME} is larger than {MAX_BYTES} bytes")]
+    TooLarge,
+    /// Not UTF-8.
+    #[error("{FILE_NAME} is not text")]
+    NotText,
+    /// The first line is not ours.
+    #[error("{FILE_NAME} does not start with `{MAGIC}`")]
+    NoMagic,
+    /// The first line is ours but its version cannot be read (shown as written, shortened).
+    #[error(
+        "{FILE_NAME} has format {found:?} (first line {first_line:?}); this plugin reads versions {major}.0 to {current}, written \"{MAGIC} <major>.<minor>\"",
+        major = FormatVersion::CURRENT.major,
+        current = FormatVersion::CURRENT
+    )]
+    BadHeader {
+        /// The version as written.
+        found: String,
+        /// The whole first line.
+        first_line: String,
+    },
+    /// Another major, or a newer minor.
+    #[error(
+        "{FILE_NAME} has format {found:?} ({version}), which this plugin does not read: it reads versions {major}.0 to {current}{why}",
+        major = FormatVersion::CURRENT.major,
+        current = FormatVersion::CURRENT,
+        why = if version.major == FormatVersion::CURRENT.major {
+            " (the image was written by a newer plugin)"
+        } else {
+            ""
+        }
+    )]
+    Unsupported {
+        /// The version as written.
+        found: String,
+        /// The version read from it.
+        version: FormatVersion,
+    },
+    /// A version with a checksum whose last line is not one.
+    #[error(
+        "{FILE_NAME} (format {version}) does not end with its `{CHECKSUM}` line: truncated? (last line {last_line:?})"
+    )]
+    NoChecksum {
+        /// The image's version.
+        version: FormatVersion,
+        /// Its last line, shortened.
+        last_line: String,
+    },
+    /// The contents do not sum to the recorded checksum.
+    #[error(
+        "{FILE_NAME} is damaged or was edited: its {CHECKSUM} is {recorded:08x}, its contents sum to {computed:08x}"
+    )]
+    ChecksumMismatch {
+        /// What the trailer records.
+        recorded: u32,
+        /// What the bytes before it sum to.
+        computed: u32,
+    },
+    /// A record this reader refuses.
+    #[error("{FILE_NAME} line {line}: {what}: {text:?}")]
+    BadRecord {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        what: &'static str,
+        /// The line, shortened.
+        text: String,
+    },
+    /// More records of a kind than any machine has.
+    #[error("{FILE_NAME} has more than {limit} {kind} records")]
+    TooManyRecords {
+        /// `gpu` or `process`.
+        kind: &'static str,
+        /// The bound.
+        limit: usize,
+    },
+    /// No `driver` record.
+    #[error("{FILE_NAME} has no driver record")]
+    NoDriver,
+}
 
 /// How the plugin found a process at dump; decides what restore gives back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,10 +260,37 @@ fn short(s: &str) -> String {
     }
 }
 
+/// The records of a checksummed `text` (everything before its trailer), once the trailer is
+/// found and matches.
+fn checked_records(text: &str, version: FormatVersion) -> Result<&str, MetadataError> {
+    let unterminated = text.strip_suffix('\n').unwrap_or(text);
+    let Some(end) = unterminated.rfind('\n') else {
+        return Err(MetadataError::NoChecksum {
+            version,
+            last_line: short(unterminated),
+        });
+    };
+    let (records, last) = (&text[..=end], &unterminated[end + 1..]);
+    let recorded = last
+        .strip_prefix(CHECKSUM)
+        .and_then(|l| l.strip_prefix(' '))
+        .filter(|h| h.len() == 8 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| MetadataError::NoChecksum {
+            version,
+            last_line: short(last),
+        })?;
+    let computed = crc32fast::hash(records.as_bytes());
+    if recorded != computed {
+        return Err(MetadataError::ChecksumMismatch { recorded, computed });
+    }
+    Ok(records)
+}
+
 impl CudaMetadata {
-    /// The file's text.
+    /// The file's text, in [`FormatVersion::CURRENT`].
     pub fn encode(&self) -> String {
-        let mut s = format!("{MAGIC} {VERSION}\n");
+        let mut s = format!("{MAGIC} {}\n", FormatVersion::CURRENT);
         let _ = writeln!(
             s,
             "driver {} {}",
@@ -117,27 +310,52 @@ impl CudaMetadata {
                 p.host_bytes
             );
         }
+        let sum = crc32fast::hash(s.as_bytes());
+        let _ = writeln!(s, "{CHECKSUM} {sum:08x}");
         s
     }
 
+    /// Parses the file as read, refusing anything unexpected.
+    pub fn decode_bytes(bytes: &[u8]) -> Result<CudaMetadata, MetadataError> {
+        if bytes.len() as u64 > MAX_BYTES {
+            return Err(MetadataError::TooLarge);
+        }
+        CudaMetadata::decode(std::str::from_utf8(bytes).map_err(|_| MetadataError::NotText)?)
+    }
+
     /// Parses the file's text, refusing anything unexpected.
-    pub fn decode(text: &str) -> Result<CudaMetadata, String> {
+    pub fn decode(text: &str) -> Result<CudaMetadata, MetadataError> {
+        Ok(CudaMetadata::decode_versioned(text)?.0)
+    }
+
+    /// Parses the file's text; also says which version of the format it was.
+    pub fn decode_versioned(text: &str) -> Result<(CudaMetadata, FormatVersion), MetadataError> {
         if text.len() as u64 > MAX_BYTES {
-            return Err(format!("{FILE_NAME} is larger than {MAX_BYTES} bytes"));
+            return Err(MetadataError::TooLarge);
         }
-        let mut lines = text.lines().enumerate();
-        match lines.next() {
-            Some((_, l)) if l == format!("{MAGIC} {VERSION}") => {}
-            Some((_, l)) if l.starts_with(MAGIC) => {
-                // The header as written, so that a stray space or character shows.
-                return Err(format!(
-                    "{FILE_NAME} has format {:?} (first line {:?}); this plugin reads version {VERSION}, written exactly \"{MAGIC} {VERSION}\"",
-                    short(l.trim_start_matches(MAGIC).trim()),
-                    short(l)
-                ));
-            }
-            _ => return Err(format!("{FILE_NAME} does not start with `{MAGIC}`")),
+        let first = text.lines().next().unwrap_or("");
+        let Some(written) = first.strip_prefix(MAGIC) else {
+            return Err(MetadataError::NoMagic);
+        };
+        let version = written
+            .strip_prefix(' ')
+            .and_then(FormatVersion::parse)
+            .ok_or_else(|| MetadataError::BadHeader {
+                // As written, so that a stray space or character shows.
+                found: short(written.trim()),
+                first_line: short(first),
+            })?;
+        if !version.readable() {
+            return Err(MetadataError::Unsupported {
+                found: short(written.trim()),
+                version,
+            });
         }
+        let records = if version.has_checksum() {
+            checked_records(text, version)?
+        } else {
+            text
+        };
         let mut md = CudaMetadata {
             driver_version: 0,
             driver_release: None,
@@ -145,8 +363,12 @@ impl CudaMetadata {
             processes: Vec::new(),
         };
         let mut seen_driver = false;
-        for (n, line) in lines {
-            let bad = |what: &str| format!("{FILE_NAME} line {}: {what}: {:?}", n + 1, short(line));
+        for (n, line) in records.lines().enumerate().skip(1) {
+            let bad = |what: &'static str| MetadataError::BadRecord {
+                line: n + 1,
+                what,
+                text: short(line),
+            };
             let mut f = line.splitn(5, ' ');
             match f.next() {
                 Some("driver") => {
@@ -158,6 +380,12 @@ impl CudaMetadata {
                     seen_driver = true;
                 }
                 Some("gpu") => {
+                    if md.gpus.len() == MAX_GPU_RECORDS {
+                        return Err(MetadataError::TooManyRecords {
+                            kind: "gpu",
+                            limit: MAX_GPU_RECORDS,
+                        });
+                    }
                     let uuid: GpuUuid = f
                         .next()
                         .and_then(|v| v.parse().ok())
@@ -177,6 +405,12 @@ impl CudaMetadata {
                     });
                 }
                 Some("process") => {
+                    if md.processes.len() == MAX_PROCESS_RECORDS {
+                        return Err(MetadataError::TooManyRecords {
+                            kind: "process",
+                            limit: MAX_PROCESS_RECORDS,
+                        });
+                    }
                     let mut num = || f.next().and_then(|v| v.parse::<i64>().ok());
                     let pid = num().filter(|p| *p > 0 && *p <= i32::MAX as i64);
                     let tid = num().filter(|p| *p > 0 && *p <= i32::MAX as i64);
@@ -202,9 +436,9 @@ impl CudaMetadata {
             }
         }
         if !seen_driver {
-            return Err(format!("{FILE_NAME} has no driver record"));
+            return Err(MetadataError::NoDriver);
         }
-        Ok(md)
+        Ok((md, version))
     }
 }
 
@@ -232,9 +466,19 @@ mod tests {
         }
     }
 
+    /// `records` (header included) with the checksum trailer of version 1.1.
+    fn sealed(records: &str) -> String {
+        format!(
+            "{records}crc32 {:08x}\n",
+            crc32fast::hash(records.as_bytes())
+        )
+    }
+
     #[test]
     fn a_header_with_a_stray_space_is_shown_as_written() {
         let e = CudaMetadata::decode("gpu-plugin-cuda 1 \n").unwrap_err();
+        assert!(matches!(e, MetadataError::BadHeader { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("(first line \"gpu-plugin-cuda 1 \")"), "{e}");
     }
 
@@ -242,8 +486,152 @@ mod tests {
     fn round_trip() {
         let md = sample();
         let text = md.encode();
-        assert!(text.starts_with("gpu-plugin-cuda 1\ndriver 13000 580.159.04\ngpu GPU-abab"));
-        assert_eq!(CudaMetadata::decode(&text).unwrap(), md);
+        assert!(
+            text.starts_with("gpu-plugin-cuda 1.1\ndriver 13000 580.159.04\ngpu GPU-abab"),
+            "{text}"
+        );
+        let (records, trailer) = text.trim_end().rsplit_once('\n').unwrap();
+        assert_eq!(
+            trailer,
+            format!(
+                "crc32 {:08x}",
+                crc32fast::hash(format!("{records}\n").as_bytes())
+            )
+        );
+        assert_eq!(
+            CudaMetadata::decode_versioned(&text).unwrap(),
+            (md, FormatVersion::CURRENT)
+        );
+    }
+
+    /// What the plugin wrote before the format had a minor version and a checksum.
+    #[test]
+    fn an_image_of_format_1_0_is_still_read() {
+        let old = include_str!("testdata/gpu-plugin-cuda-1.0.img");
+        assert!(old.starts_with("gpu-plugin-cuda 1\n") && !old.contains("crc32"));
+        let (md, version) = CudaMetadata::decode_versioned(old).unwrap();
+        assert_eq!(version, FormatVersion::V1_0);
+        assert_eq!(version.to_string(), "1.0");
+        assert_eq!(md.driver_version, 13000);
+        assert_eq!(md.driver_release.as_deref(), Some("580.159.04"));
+        let gpus: Vec<String> = md.gpus.iter().map(|g| g.uuid.to_string()).collect();
+        assert_eq!(
+            gpus,
+            [
+                "GPU-b585ed72-f703-359b-5d2c-7c490dad1115",
+                "GPU-53f5f911-9265-6b0a-9031-cbb5cd45a092"
+            ]
+        );
+        assert!(md.gpus.iter().all(|g| g.model == "NVIDIA H200"));
+        let processes: Vec<(i32, i32, FoundState, u64)> = md
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.restore_tid, p.found, p.host_bytes))
+            .collect();
+        assert_eq!(
+            processes,
+            [
+                (1, 7, FoundState::Running, 1 << 30),
+                (2, 9, FoundState::Locked, 0),
+                (15, 16, FoundState::Checkpointed, 8 << 20),
+            ]
+        );
+        // Written again, it is the current format with the same records.
+        let again = md.encode();
+        assert!(again.starts_with("gpu-plugin-cuda 1.1\n"));
+        assert_eq!(CudaMetadata::decode(&again).unwrap(), md);
+        assert_eq!(
+            again
+                .strip_prefix("gpu-plugin-cuda 1.1\n")
+                .unwrap()
+                .rsplit_once("crc32")
+                .unwrap()
+                .0,
+            old.strip_prefix("gpu-plugin-cuda 1\n").unwrap()
+        );
+    }
+
+    #[test]
+    fn versions_are_read_by_major_and_minor() {
+        let records = "driver 1 -\n";
+        let read = |header: &str| {
+            let body = format!("gpu-plugin-cuda {header}\n{records}");
+            CudaMetadata::decode_versioned(&sealed(&body))
+                .or_else(|_| CudaMetadata::decode_versioned(&body))
+                .map(|(_, v)| v)
+        };
+        assert_eq!(read("1"), Ok(FormatVersion::V1_0));
+        assert_eq!(read("1.0"), Ok(FormatVersion::V1_0));
+        assert_eq!(read("1.1"), Ok(FormatVersion::CURRENT));
+        for (header, want) in [
+            ("1.2", "newer plugin"),
+            ("2", "format \"2\""),
+            ("2.0", "reads versions 1.0 to 1.1"),
+            ("0.9", "does not read"),
+            ("1.01", "has format \"1.01\""),
+            ("+1", "has format \"+1\""),
+            ("1.", "has format \"1.\""),
+            ("", "has format \"\""),
+            ("99999999999", "has format"),
+        ] {
+            let e = read(header).unwrap_err();
+            assert!(e.to_string().contains(want), "{header:?}: {e}");
+        }
+        assert!(!read("0.9").unwrap_err().to_string().contains("newer"));
+    }
+
+    #[test]
+    fn a_damaged_or_truncated_image_is_refused_by_its_checksum() {
+        let good = sample().encode();
+        assert!(CudaMetadata::decode(&good).is_ok());
+        // Any one byte changed in the records.
+        for at in "gpu-plugin-cuda 1.1\n".len()..good.rfind("crc32").unwrap() - 1 {
+            let mut bad = good.clone().into_bytes();
+            bad[at] = if bad[at] == b'1' { b'2' } else { b'1' };
+            let Ok(bad) = String::from_utf8(bad) else {
+                continue;
+            };
+            assert!(CudaMetadata::decode(&bad).is_err(), "byte {at}: {bad}");
+        }
+        // A process record edited into one that still parses.
+        let edited = good.replace("process 1234 1240 running", "process 1234 1240 locked");
+        assert!(
+            matches!(
+                CudaMetadata::decode(&edited),
+                Err(MetadataError::ChecksumMismatch { .. })
+            ),
+            "{edited}"
+        );
+        let cut = &good[..good.rfind("crc32").unwrap()];
+        let e = CudaMetadata::decode(cut).unwrap_err();
+        assert!(matches!(e, MetadataError::NoChecksum { .. }), "{e:?}");
+        assert!(e.to_string().contains("truncated?"), "{e}");
+        for bad_trailer in [
+            "crc32 ABCDEF12",
+            "crc32 1234567",
+            "crc32 +1234567",
+            "crc32  12345678",
+        ] {
+            let text = format!("{cut}{bad_trailer}\n");
+            assert!(
+                matches!(
+                    CudaMetadata::decode(&text),
+                    Err(MetadataError::NoChecksum { .. })
+                ),
+                "{text}"
+            );
+        }
+        let after = format!("{good}process 5 6 running 0\n");
+        assert!(matches!(
+            CudaMetadata::decode(&after),
+            Err(MetadataError::NoChecksum { .. })
+        ));
+        assert!(matches!(
+            CudaMetadata::decode("gpu-plugin-cuda 1.1\n"),
+            Err(MetadataError::NoChecksum { .. })
+        ));
+        // Without its last newline it is still whole.
+        assert!(CudaMetadata::decode(good.trim_end()).is_ok());
     }
 
     #[test]
@@ -255,6 +643,10 @@ mod tests {
             ("gpu-plugin-cuda 1\n", "no driver record"),
             ("gpu-plugin-cuda 1\ndriver x -\n", "bad driver version"),
             ("gpu-plugin-cuda 1\ndriver 1 -\nwat\n", "unknown record"),
+            (
+                "gpu-plugin-cuda 1\ndriver 1 -\ncrc32 00000000\n",
+                "unknown record",
+            ),
             (
                 "gpu-plugin-cuda 1\ndriver 1 -\ngpu GPU-1 2 b m\n",
                 "bad GPU UUID",
@@ -273,10 +665,65 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            let err = CudaMetadata::decode(text).unwrap_err();
+            let err = CudaMetadata::decode(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");
+            if let Some(records) = text.strip_prefix("gpu-plugin-cuda 1\n") {
+                // The same refusal in the current format.
+                let sealed = sealed(&format!("gpu-plugin-cuda 1.1\n{records}"));
+                let err = CudaMetadata::decode(&sealed).unwrap_err().to_string();
+                assert!(err.contains(want), "{sealed:?}: {err}");
+            }
         }
+        let e = CudaMetadata::decode("gpu-plugin-cuda 1\ndriver 1 -\nwat\n").unwrap_err();
+        assert_eq!(
+            e,
+            MetadataError::BadRecord {
+                line: 3,
+                what: "unknown record",
+                text: "wat".into()
+            }
+        );
+        let long = format!("gpu-plugin-cuda 1\ndriver 1 -\n{}\n", "x".repeat(10_000));
+        assert!(CudaMetadata::decode(&long).unwrap_err().to_string().len() < 300);
         let huge = good.repeat((MAX_BYTES as usize / good.len()) + 2);
-        assert!(CudaMetadata::decode(&huge).unwrap_err().contains("larger"));
+        assert_eq!(CudaMetadata::decode(&huge), Err(MetadataError::TooLarge));
+        assert_eq!(
+            CudaMetadata::decode_bytes(huge.as_bytes()),
+            Err(MetadataError::TooLarge)
+        );
+        assert_eq!(
+            CudaMetadata::decode_bytes(b"gpu-plugin-cuda 1\ndriver 1 \xff\n"),
+            Err(MetadataError::NotText)
+        );
+    }
+
+    #[test]
+    fn records_are_bounded() {
+        let gpu = "gpu GPU-b585ed72-f703-359b-5d2c-7c490dad1115 1 b m\n";
+        let mut text = String::from("gpu-plugin-cuda 1\ndriver 1 -\n");
+        text.push_str(&gpu.repeat(MAX_GPU_RECORDS));
+        assert_eq!(
+            CudaMetadata::decode(&text).unwrap().gpus.len(),
+            MAX_GPU_RECORDS
+        );
+        text.push_str(gpu);
+        let e = CudaMetadata::decode(&text).unwrap_err();
+        assert_eq!(
+            e,
+            MetadataError::TooManyRecords {
+                kind: "gpu",
+                limit: MAX_GPU_RECORDS
+            }
+        );
+        let mut text = String::from("gpu-plugin-cuda 1\ndriver 1 -\n");
+        text.push_str(&"process 1 1 running 0\n".repeat(MAX_PROCESS_RECORDS + 1));
+        assert!(text.len() as u64 <= MAX_BYTES);
+        assert!(matches!(
+            CudaMetadata::decode(&text),
+            Err(MetadataError::TooManyRecords {
+                kind: "process",
+                ..
+            })
+        ));
     }
 }

@@ -206,7 +206,7 @@ impl RestoreRun {
     /// `RESUME_DEVICES_LATE` of `pid`: the first call does the copies tasks handed over;
     /// then RESUME.
     pub(super) fn resume(&mut self, pid: i32) -> HookResult {
-        self.finish_worker();
+        self.serve_handed_over_copies();
         if let Some(o) = &self.outcome {
             if !o.failed.is_empty() {
                 // CRIU ignores this hook's errors, so the process would run on with missing
@@ -248,7 +248,7 @@ impl RestoreRun {
 
     /// `exit`: the copies a failed restore left, then the fdstore is cleared.
     pub(super) fn finish(&mut self) {
-        self.finish_worker();
+        self.serve_handed_over_copies();
         if let Some(h) = &self.handover {
             h.clear();
         }
@@ -257,7 +257,7 @@ impl RestoreRun {
     /// Ends the parallel restore: serves every request the tasks handed over, here in CRIU's
     /// main process (with the copy pipeline's threads, joined before it returns), logs what
     /// was done and keeps the outcome.
-    fn finish_worker(&mut self) {
+    fn serve_handed_over_copies(&mut self) {
         let Some(h) = &self.handover else {
             return;
         };

@@ -213,13 +213,21 @@ impl KfdCheckpoint {
             .map(|(i, b)| (i, b.size))
     }
 
-    /// The GPUs with a pages file (at least one BO with contents), by user gpu_id, in
-    /// device order.
-    pub fn content_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+    /// Every GPU of the image, by user gpu_id, in device order. A dump writes a pages file
+    /// for each, an empty one (its size header of 0) for a GPU without BO contents: CRIU's C
+    /// plugin opens the pages file of every GPU at restore.
+    pub fn gpus(&self) -> impl Iterator<Item = u32> + '_ {
         self.devices
             .iter()
             .filter(|d| d.gpu_id != 0)
             .map(|d| d.gpu_id)
+    }
+
+    /// The GPUs whose pages file holds contents (at least one BO with contents), by user
+    /// gpu_id, in device order: the files a restore needs (images of this plugin from before
+    /// it wrote empty ones have no file for the other GPUs).
+    pub fn content_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.gpus()
             .filter(|&gpu| self.bos.iter().any(|b| b.gpu_id == gpu && b.has_contents()))
     }
 
