@@ -5,7 +5,7 @@
 # /etc/criu/gpu-plugin.conf (a conffile), the manual pages criu-gpu-plugin(7) and criu-gpu(8),
 # the copyright file and changelog.Debian.gz. Sources: packaging/.
 #
-# Needs only cargo, dpkg-deb, binutils (objdump, objcopy) and gzip, no debhelper: on a Debian 12
+# Needs only cargo, dpkg-deb, binutils (objdump) and gzip, no debhelper: on a Debian 12
 # machine set up by scripts/setup.sh all are there; binutils is installed with apt-get if
 # missing.
 # If lintian is installed it is run and its report printed; it never fails the build.
@@ -70,14 +70,11 @@ rm -f "$OUT/${PKG}"_*_"$ARCH".deb
 umask 022
 mkdir -p "$stage/DEBIAN"
 
-# The plugin, stripped as Debian policy asks of shared objects (the dynamic symbol table,
-# CR_PLUGIN_DESC included, stays); 0644: dlopen needs no execute bit.
-install -d "$stage/usr/lib/criu"
-objcopy --strip-unneeded --remove-section=.comment --remove-section=.note \
-    "$so" "$stage/usr/lib/criu/gpu_plugin.so"
-chmod 0644 "$stage/usr/lib/criu/gpu_plugin.so"
-install -d "$stage/usr/bin"
-objcopy --strip-unneeded --remove-section=.comment --remove-section=.note "$tool" "$stage/usr/bin/criu-gpu"
+# The plugin and the tool as the build made them (the release profile strips them, as Debian
+# policy asks): the plugin shipped is the file the end-to-end suites loaded; 0644: dlopen
+# needs no execute bit.
+install -D -m 0644 "$so" "$stage/usr/lib/criu/gpu_plugin.so"
+install -D -m 0755 "$tool" "$stage/usr/bin/criu-gpu"
 chmod 0755 "$stage/usr/bin/criu-gpu"
 
 install -D -m 0644 "$SRC/gpu-plugin.conf" "$stage/etc/criu/gpu-plugin.conf"
