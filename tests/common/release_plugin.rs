@@ -1,8 +1,9 @@
 //! The plugin the end-to-end suites load: the release cdylib, `target/release/libcriu_gpu_plugin.so`,
-//! the very file `scripts/package-deb.sh` strips and ships (`scripts/test.sh` builds it before
-//! the tests and checks that it is byte for byte what the package's build makes). The tests'
-//! own build never touches it: the tests link the core library and the simulator, not the
-//! plugin, so no feature of theirs can change the plugin under test.
+//! the very file `scripts/package-deb.sh` ships (the release profile strips it).
+//! `scripts/test.sh` builds it before the tests and checks that it is byte for byte what the
+//! package's build makes; `scripts/test-deb.sh` checks the installed file is this one. The
+//! tests' own build never touches it: the tests link the core library and the simulator, not
+//! the plugin, so no feature of theirs can change the plugin under test.
 //!
 //! Included by path from every suite that loads the plugin (here, `tests/host_harness.rs` and
 //! criu-gpu's tests); `repo` is the workspace root.
