@@ -265,32 +265,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Blocks the asynchronous signals CRIU handles on its main thread (SIGALRM for `--timeout`,
-/// SIGCHLD during restore, termination signals) in the calling worker thread, so that they
-/// are delivered to CRIU's thread as it expects.
-pub fn block_async_signals() {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill it, and
-    // pthread_sigmask only changes the calling thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [
-            libc::SIGALRM,
-            libc::SIGCHLD,
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-            libc::SIGPIPE,
-        ] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-}
-
 struct Shared<'a, E> {
     pieces: &'a [Piece],
     next: AtomicUsize,
@@ -410,25 +384,24 @@ where
             }
         }
     };
-    std::thread::scope(|s| {
+    // Workers start with CRIU's signals blocked and are joined before this returns; a
+    // worker's panic comes back as an error.
+    let workers = criu_plugin::threads::scope(|w| {
         let mut bufs = bufs.into_iter();
         // The calling thread works too.
         let mine = bufs.next().expect("at least one buffer");
         for (n, buf) in bufs.enumerate() {
             let work = &work;
-            let spawned = std::thread::Builder::new()
-                .name(format!("amdgpu-copy{n}"))
-                .spawn_scoped(s, move || {
-                    block_async_signals();
-                    work(buf)
-                });
-            if let Err(e) = spawned {
+            if let Err(e) = w.spawn(format!("amdgpu-copy{n}"), move || work(buf)) {
                 // Fewer threads: the others and this one still do every piece.
                 log::debug!("amdgpu: copy thread not started: {e}");
             }
         }
         work(mine);
     });
+    if let Err(panic) = workers {
+        return Err(E::from(io::Error::from(panic)));
+    }
     if let Some(e) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
@@ -511,6 +484,29 @@ mod tests {
         for (s, d) in src.iter().zip(&dst) {
             assert_eq!(s, &*lock(d));
         }
+    }
+
+    #[test]
+    fn a_copy_thread_that_panics_fails_the_copy_without_unwinding() {
+        let pieces = plan((0..64).map(|i| (i, 8192)), 4096);
+        let r = run::<io::Error, (), _, _, _>(
+            &pieces,
+            4,
+            4096,
+            |_| Ok(()),
+            |_, _, _| {
+                let me = std::thread::current();
+                if me.name().is_some_and(|n| n.starts_with("amdgpu-copy")) {
+                    panic!("copy thread lost its buffer");
+                }
+                // The calling thread leaves pieces to the copy threads.
+                std::thread::sleep(Duration::from_millis(2));
+                Ok(())
+            },
+            |_, _, _| Ok(()),
+        );
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("copy thread lost its buffer"), "{e}");
     }
 
     #[test]

@@ -38,8 +38,9 @@ pub struct PutBack<'a> {
 impl Duty for PutBack<'_> {
     fn rescue(&mut self, watched: Vec<Watched>) {
         let driver = self.driver;
-        // Outside CRIU threads are free: every process at once.
-        std::thread::scope(|s| {
+        // Every process at once, on workers as inside CRIU (the guardian's own thread takes
+        // its signals).
+        let done = criu_plugin::threads::scope(|s| {
             for w in &watched {
                 let put_back_one = move || {
                     let unlock = w.action & UNLOCK != 0;
@@ -60,12 +61,15 @@ impl Duty for PutBack<'_> {
                     }
                 };
                 // No thread to be had: this one does it, after the others.
-                if let Err(e) = std::thread::Builder::new().spawn_scoped(s, put_back_one) {
+                if let Err(e) = s.spawn(format!("put-back-{}", w.pid), put_back_one) {
                     log::debug!("guardian: no thread for pid {} ({e})", w.pid);
                     put_back_one();
                 }
             }
         });
+        if let Err(panic) = done {
+            log::error!("guardian: {panic}");
+        }
     }
 }
 
