@@ -22,7 +22,8 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
+
+use memmap2::{MmapMut, MmapOptions};
 
 use super::error::{Error, device_error};
 use kfd_sys::{
@@ -187,12 +188,8 @@ pub struct GemCensus {
 /// Memory of this process mapped from a file (a GEM BO through its render node, or a
 /// simulator's memfd); unmapped when dropped.
 pub struct HostMapping {
-    ptr: NonNull<u8>,
-    len: usize,
+    map: MmapMut,
 }
-
-// SAFETY: a shared file mapping; the owner writes it through `&mut self` only.
-unsafe impl Send for HostMapping {}
 
 impl HostMapping {
     /// Maps `len` bytes of `fd` at `offset`, shared and read-write.
@@ -206,43 +203,34 @@ impl HostMapping {
         if len == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a new mapping chosen by the kernel; the caller vouches for fd and range.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                off,
-            )
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new shared read-write mapping chosen by the kernel; the caller vouches for
+        // fd and range. The length is given, so the file (a device node) is not asked its size.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_mut(fd.as_raw_fd())?
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
-        Ok(HostMapping { ptr, len })
+        Ok(HostMapping { map })
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Whether the mapping is empty (never: mappings have at least one byte).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.map.is_empty()
     }
 
     /// Writes `dwords` little-endian from the start of the mapping.
     pub fn write_dwords(&mut self, dwords: &[u32]) -> io::Result<()> {
-        if dwords.len() * 4 > self.len {
+        if dwords.len() * 4 > self.map.len() {
             return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
         }
-        let base = self.ptr.as_ptr();
+        let base = self.map.as_mut_ptr();
         for (i, d) in dwords.iter().enumerate() {
             // SAFETY: `i * 4 + 4 <= len` (checked above), inside the live mapping, which
             // `&mut self` borrows exclusively. Volatile: the device reads it, not Rust.
@@ -256,16 +244,14 @@ impl HostMapping {
     }
 }
 
-impl Drop for HostMapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
 impl fmt::Debug for HostMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HostMapping({:p}, {})", self.ptr, self.len)
+        write!(
+            f,
+            "HostMapping({:p}, {})",
+            self.map.as_ptr(),
+            self.map.len()
+        )
     }
 }
 

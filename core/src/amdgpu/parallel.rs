@@ -177,6 +177,8 @@ impl RestoreQueue {
     /// Maps a new queue. Must happen before CRIU forks the tasks that use it.
     pub fn create() -> io::Result<RestoreQueue> {
         let len = std::mem::size_of::<Header>();
+        // Mapped by hand, not with memmap2: its anonymous mappings are private (MAP_PRIVATE),
+        // and this one must stay shared with the tasks CRIU forks after it is made.
         // SAFETY: an anonymous shared mapping; no fd or existing memory involved.
         let p = unsafe {
             libc::mmap(
@@ -381,6 +383,7 @@ unsafe impl Sync for KeyTable {}
 impl KeyTable {
     /// Maps a new, empty table.
     pub fn create() -> io::Result<KeyTable> {
+        // Shared across CRIU's forks, so mapped by hand as the queue is (RestoreQueue::create).
         // SAFETY: an anonymous shared mapping; no fd or existing memory involved.
         let p = unsafe {
             libc::mmap(
