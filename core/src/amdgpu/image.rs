@@ -129,9 +129,9 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
 
 /// The KFD BO `alloc_flags` bits that say whether a BO's contents are in a pages file
 /// (VRAM, GTT), under the kernel's names.
-pub use super::device::alloc_flags::{
-    GTT as KFD_ALLOC_MEM_FLAGS_GTT, VRAM as KFD_ALLOC_MEM_FLAGS_VRAM,
-};
+pub const KFD_ALLOC_MEM_FLAGS_VRAM: u32 = super::device::AllocFlags::VRAM.bits();
+/// See [`KFD_ALLOC_MEM_FLAGS_VRAM`].
+pub const KFD_ALLOC_MEM_FLAGS_GTT: u32 = super::device::AllocFlags::GTT.bits();
 /// `kfd_bo_entry.handle` value the C plugin writes for "no GEM handle".
 pub const NO_GEM_HANDLE: u32 = u32::MAX;
 

@@ -166,7 +166,12 @@ impl RestoreRun {
             && tree_ok
             && let (Some(g), Some(start)) = (&self.guardian, procfs::start_time(pid))
         {
-            let _ = g.watch(pid, start, super::guardian::END_IF_STUCK, None);
+            let _ = g.watch(
+                pid,
+                start,
+                super::guardian::Action::END_IF_STUCK.bits(),
+                None,
+            );
         }
         answer
     }
