@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criu_gpu_core::amdgpu::device::{KfdDevice, alloc_flags};
+use criu_gpu_core::amdgpu::device::{AllocFlags, KfdDevice};
 use criu_gpu_core::amdgpu::{AmdgpuBackend, BackendOptions, CopyObserver};
 use criu_gpu_core::backend::{GpuBackend, InitContext};
 use criu_gpu_core::config::Config;
@@ -230,7 +230,7 @@ fn main() {
         .map(|i| BoSpec {
             gpu: i % 2,
             size: bo_size,
-            flags: alloc_flags::VRAM | alloc_flags::WRITABLE,
+            flags: (AllocFlags::VRAM | AllocFlags::WRITABLE).bits(),
         })
         .collect();
     let kfd = sim.spawn(&spec).unwrap();

@@ -8,7 +8,7 @@ mod support;
 use std::os::fd::AsRawFd;
 
 use criu_gpu_core::amdgpu::CopyKind;
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, PagesLayout, ReadLimits, open_image_dir,
 };
@@ -28,9 +28,9 @@ fn big_spec(pid: u32, gpus: &[u32]) -> ProcessSpec {
             _ => 4096u64 << (i % 9),
         };
         let flags = match i % 5 {
-            0 | 1 | 3 => alloc_flags::VRAM | alloc_flags::WRITABLE,
-            2 => alloc_flags::GTT | alloc_flags::WRITABLE,
-            _ => alloc_flags::USERPTR | alloc_flags::WRITABLE,
+            0 | 1 | 3 => (AllocFlags::VRAM | AllocFlags::WRITABLE).bits(),
+            2 => (AllocFlags::GTT | AllocFlags::WRITABLE).bits(),
+            _ => (AllocFlags::USERPTR | AllocFlags::WRITABLE).bits(),
         };
         spec.bos.push(BoSpec {
             gpu: i % gpus.len(),
@@ -174,7 +174,7 @@ fn one_gpu_restores_onto_a_gpu_with_another_id() {
     let doorbell = v
         .bos
         .iter()
-        .find(|b| b.2 & alloc_flags::DOORBELL != 0)
+        .find(|b| AllocFlags::of(b.2).intersects(AllocFlags::DOORBELL))
         .unwrap();
     assert_eq!((doorbell.4 >> 46) & 0xffff, 4242);
 }
@@ -304,7 +304,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
     // Contents on the first GPU only; the second has a userptr BO, which has none.
     let mut spec = ProcessSpec::new(903, &[53109, 1266]).with_mixed_bos(12, 1 << 20);
     for bo in &mut spec.bos {
-        if bo.flags & alloc_flags::USERPTR != 0 {
+        if AllocFlags::of(bo.flags).intersects(AllocFlags::USERPTR) {
             bo.gpu = 1;
         } else {
             bo.gpu = 0;
@@ -319,7 +319,8 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
     assert!(
         k.bos
             .iter()
-            .any(|b| b.gpu_id == 1266 && b.alloc_flags & alloc_flags::USERPTR != 0)
+            .any(|b| b.gpu_id == 1266
+                && AllocFlags::of(b.alloc_flags).intersects(AllocFlags::USERPTR))
     );
     assert_eq!(k.content_gpus().collect::<Vec<_>>(), [53109]);
     assert_eq!(k.gpus().collect::<Vec<_>>().len(), 2);
@@ -497,7 +498,7 @@ fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
         .unwrap()
         .bos
         .iter()
-        .filter(|b| b.2 & alloc_flags::WITH_CONTENTS != 0)
+        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
         .nth(nth)
         .unwrap()
         .0
@@ -648,11 +649,12 @@ fn packet_edge_spec(pid: u32) -> ProcessSpec {
         spec.bos.push(BoSpec {
             gpu: i % 2,
             size,
-            flags: if i % 3 == 2 {
-                alloc_flags::GTT
+            flags: (if i % 3 == 2 {
+                AllocFlags::GTT
             } else {
-                alloc_flags::VRAM
-            } | alloc_flags::WRITABLE,
+                AllocFlags::VRAM
+            } | AllocFlags::WRITABLE)
+                .bits(),
         });
     }
     spec

@@ -8,7 +8,7 @@ mod support;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
 };
@@ -59,7 +59,7 @@ fn bo_addr(sim: &SimKfd, pid: u32, nth_with_contents: usize) -> u64 {
         .unwrap()
         .bos
         .iter()
-        .filter(|b| b.2 & alloc_flags::WITH_CONTENTS != 0)
+        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
         .nth(nth_with_contents)
         .unwrap()
         .0

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use amdgpu_support::swapped_gpu_topologies;
 use common::{CriuRun, E2e, wait_until};
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use kfd_sim::{Fault, Faults};
 use kfd_supervisor::Role;
 use kfd_supervisor::answer::apertures_of;
@@ -378,7 +378,7 @@ fn a_failed_dump_leaves_the_queues_running() {
         .and_then(|v| {
             v.bos
                 .iter()
-                .find(|b| b.2 & alloc_flags::VRAM != 0)
+                .find(|b| AllocFlags::of(b.2).intersects(AllocFlags::VRAM))
                 .map(|b| b.0)
         })
         .expect("a VRAM BO");
@@ -452,9 +452,8 @@ fn assert_bos_on_every_gpu(m: &Machine, pid: i32) {
     let v = m.process(pid).expect("dumped process");
     for g in &m.gpus {
         assert!(
-            v.bos
-                .iter()
-                .any(|b| b.3 == g.gpu_id && b.2 & (alloc_flags::VRAM | alloc_flags::GTT) != 0),
+            v.bos.iter().any(|b| b.3 == g.gpu_id
+                && AllocFlags::of(b.2).intersects(AllocFlags::VRAM | AllocFlags::GTT)),
             "no BO with contents on GPU {:#x}: {v:?}",
             g.gpu_id
         );

@@ -1,7 +1,7 @@
 //! `inspect`: the GPU state a checkpoint holds, read with the plugin's own image readers
 //! (the NVIDIA metadata, the AMD KFD and render-node messages), as text and JSON.
 
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::images::amd::{
     self as amd, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
 };
@@ -113,18 +113,18 @@ fn check_pages(set: &ImageSet, id: u32, img: &KfdCheckpoint, errors: &mut Vec<St
 /// BOs by kind: (kind, count, bytes).
 fn bo_kinds(img: &KfdCheckpoint) -> Vec<(&'static str, usize, u64)> {
     let kinds = [
-        ("VRAM", alloc_flags::VRAM),
-        ("GTT", alloc_flags::GTT),
-        ("userptr", alloc_flags::USERPTR),
-        ("doorbell", alloc_flags::DOORBELL),
-        ("MMIO", alloc_flags::MMIO_REMAP),
+        ("VRAM", AllocFlags::VRAM),
+        ("GTT", AllocFlags::GTT),
+        ("userptr", AllocFlags::USERPTR),
+        ("doorbell", AllocFlags::DOORBELL),
+        ("MMIO", AllocFlags::MMIO_REMAP),
     ];
     let mut out: Vec<(&'static str, usize, u64)> = kinds.iter().map(|k| (k.0, 0, 0)).collect();
     out.push(("other", 0, 0));
     for b in &img.bos {
         let i = kinds
             .iter()
-            .position(|k| b.alloc_flags & k.1 != 0)
+            .position(|k| AllocFlags::of(b.alloc_flags).intersects(k.1))
             .unwrap_or(kinds.len());
         out[i].1 += 1;
         out[i].2 = out[i].2.saturating_add(b.size);

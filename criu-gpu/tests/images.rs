@@ -224,7 +224,7 @@ fn amd_images(t: &T) -> PathBuf {
             BoEntry {
                 addr: 0x3000_0000,
                 size: 4096,
-                alloc_flags: criu_gpu_core::amdgpu::device::alloc_flags::DOORBELL,
+                alloc_flags: criu_gpu_core::amdgpu::device::AllocFlags::DOORBELL.bits(),
                 gpu_id: gpu,
                 ..BoEntry::default()
             },

@@ -20,8 +20,15 @@
 //! process a lock another thread held at the moment of the copy would stay held in the child.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 
 /// Why a child gave no reply.
 #[derive(Debug)]
@@ -54,15 +61,15 @@ impl std::fmt::Display for ChildError {
 impl std::error::Error for ChildError {}
 
 /// Signals CRIU handles in its own process; the child must never run CRIU's handlers.
-const BLOCKED_IN_CHILD: [libc::c_int; 8] = [
-    libc::SIGCHLD,
-    libc::SIGALRM,
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGPIPE,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
+const BLOCKED_IN_CHILD: [Signal; 8] = [
+    Signal::SIGCHLD,
+    Signal::SIGALRM,
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGPIPE,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
 ];
 
 /// How long a killed child may take to be reaped before it is left to the init process.
@@ -75,13 +82,7 @@ pub fn run(
     max_reply: usize,
     work: impl FnOnce() -> Vec<u8>,
 ) -> Result<Vec<u8>, ChildError> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 writes two fds into the valid array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(ChildError::Spawn(io::Error::last_os_error()));
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ChildError::Spawn(e.into()))?;
     let parent = std::process::id() as libc::pid_t;
     // CRIU's signals stay blocked from before the copy until the child has its own mask: a
     // signal in between would run CRIU's handler in the child.
@@ -180,36 +181,25 @@ pub(crate) unsafe fn fork_quietly() -> io::Result<Forked> {
 }
 
 /// Blocks [`BLOCKED_IN_CHILD`] in the calling thread; returns the mask before.
-fn block_criu_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data initialised by sigemptyset; pthread_sigmask changes only
-    // the calling thread's mask and writes the old one into `old`.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in BLOCKED_IN_CHILD {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        old
-    }
+fn block_criu_signals() -> SigSet {
+    let set: SigSet = BLOCKED_IN_CHILD.into_iter().collect();
+    // Only EINVAL (a bad `how`) can fail; the mask before is then the mask now.
+    set.thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .unwrap_or_else(|_| SigSet::thread_get_mask().unwrap_or_else(|_| SigSet::empty()))
 }
 
-fn restore_mask(old: &libc::sigset_t) {
-    // SAFETY: `old` is a mask pthread_sigmask returned.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+pub(crate) fn restore_mask(old: &SigSet) {
+    let _ = old.thread_set_mask();
 }
 
 /// The child (CRIU's signals already blocked): die with the parent, run the work, write
 /// `[len: u64 LE][bytes]`, `_exit`.
 fn child_main(wr: OwnedFd, parent: libc::pid_t, work: impl FnOnce() -> Vec<u8>) -> ! {
-    // SAFETY: prctl and getppid only concern this (child) process; _exit ends it at once.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        // The parent died before the death signal was armed.
-        if libc::getppid() != parent {
-            libc::_exit(4);
-        }
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // The parent died before the death signal was armed.
+    if nix::unistd::getppid().as_raw() != parent {
+        // SAFETY: _exit ends the child at once, without running any of CRIU's exit handlers.
+        unsafe { libc::_exit(4) };
     }
     let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(bytes) => {
@@ -225,15 +215,11 @@ fn child_main(wr: OwnedFd, parent: libc::pid_t, work: impl FnOnce() -> Vec<u8>) 
 
 fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
-        // SAFETY: writes from a valid slice to an fd this process owns.
-        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return false;
+        match nix::unistd::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => continue,
+            Err(_) => return false,
         }
-        buf = &buf[n as usize..];
     }
     true
 }
@@ -263,61 +249,59 @@ fn read_reply(
         if left.is_zero() {
             return Err(ChildError::TimedOut(deadline));
         }
-        let mut pfd = libc::pollfd {
-            fd: rd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(ChildError::Spawn(io::Error::last_os_error()));
+        match poll_in(rd.as_fd(), left) {
+            Ok(true) => {}
+            Ok(false) | Err(Errno::EINTR) => continue,
+            Err(e) => return Err(ChildError::Spawn(e.into())),
         }
-        if r == 0 {
-            continue;
+        match nix::unistd::read(rd, &mut chunk) {
+            Ok(0) => return Ok(None),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(ChildError::Spawn(e.into())),
         }
-        // SAFETY: reads into a valid stack buffer from an fd this process owns.
-        let n = unsafe { libc::read(rd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
-        if n < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(ChildError::Spawn(io::Error::last_os_error()));
-        }
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n as usize]);
     }
 }
 
-/// Waits up to `limit` for the child to end; `None` if it has not.
-fn reap(pid: libc::pid_t, pidfd: Option<&OwnedFd>, limit: Duration) -> Option<libc::c_int> {
+/// Whether `fd` turns readable within `wait` (at least 1 ms): a pipe with data or at EOF, a
+/// pidfd whose process has ended.
+pub(crate) fn poll_in(fd: std::os::fd::BorrowedFd<'_>, wait: Duration) -> nix::Result<bool> {
+    let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let mut pfd = [PollFd::new(fd, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+    Ok(nix::poll::poll(&mut pfd, timeout)? > 0)
+}
+
+/// `waitpid(pid, WNOHANG | __WALL)` (`__WALL` because the child sends no `SIGCHLD`): how the
+/// child ended, `Ok(None)` while it runs.
+pub(crate) fn try_reap(pid: libc::pid_t) -> nix::Result<Option<String>> {
+    let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+    match nix::sys::wait::waitpid(Pid::from_raw(pid), Some(flags)) {
+        Ok(WaitStatus::Exited(_, code)) => Ok(Some(format!("exited with status {code}"))),
+        Ok(WaitStatus::Signaled(_, sig, _)) => {
+            Ok(Some(format!("was killed by signal {}", sig as i32)))
+        }
+        // A stop is no end (none is reported without WUNTRACED or a tracer).
+        Ok(_) => Ok(None),
+        // With these flags the kernel has no EINVAL to give: nix says so when the child was
+        // reaped but ended by a signal it has no name for (a real-time one).
+        Err(Errno::EINVAL) => Ok(Some("was killed by a real-time signal".to_string())),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits up to `limit` for the child to end; how it ended, `None` if it has not.
+fn reap(pid: libc::pid_t, pidfd: Option<&OwnedFd>, limit: Duration) -> Option<String> {
     let started = Instant::now();
     let mut pause = Duration::from_micros(50);
     if let Some(fd) = pidfd {
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = limit.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd; a pidfd turns readable when its process has ended.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        let _ = poll_in(fd.as_fd(), limit);
     }
     loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child by pid; __WALL because it sends no SIGCHLD.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG | libc::__WALL) };
-        if r == pid {
-            return Some(status);
-        }
-        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return None;
+        match try_reap(pid) {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) | Err(Errno::EINTR) => {}
+            Err(_) => return None,
         }
         if started.elapsed() >= limit {
             return None;
@@ -328,20 +312,15 @@ fn reap(pid: libc::pid_t, pidfd: Option<&OwnedFd>, limit: Duration) -> Option<li
 }
 
 fn kill_and_reap(pid: libc::pid_t, pidfd: Option<&OwnedFd>) {
-    // SAFETY: signals our own child, which has not been reaped yet (its pid is still ours).
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // Our own child, not reaped yet: its pid is still its own.
+    let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
     // A child stuck in the kernel dies when it leaves it; if that takes longer, it stays a
     // process of its own (never a thread of CRIU's) and is reaped by init once CRIU exits.
     let _ = reap(pid, pidfd, REAP_GRACE);
 }
 
-fn describe(status: Option<libc::c_int>) -> String {
-    match status {
-        None => "did not end".to_string(),
-        Some(s) if libc::WIFEXITED(s) => format!("exited with status {}", libc::WEXITSTATUS(s)),
-        Some(s) if libc::WIFSIGNALED(s) => format!("was killed by signal {}", libc::WTERMSIG(s)),
-        Some(s) => format!("ended with wait status {s:#x}"),
-    }
+fn describe(status: Option<String>) -> String {
+    status.unwrap_or_else(|| "did not end".to_string())
 }
 
 /// Number of threads of the calling process (entries of `/proc/self/task`); `None` if unknown.

@@ -5,6 +5,9 @@ use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::sys::resource::{Resource, getrlimit};
+
 use crate::CriuSymbols;
 
 /// Lowest fd number the plugin may use for fds it keeps open in restored task `pid` (its pid
@@ -18,15 +21,9 @@ pub fn first_free_fd(pid: u32) -> c_int {
     if crate::symbols::lookup(c"find_unused_fd_pid").is_some() {
         log::warn!("CRIU knows no fds of pid {pid}; placing plugin fds high");
     }
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into `rl`.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-        rl.rlim_cur.min(1 << 20) as c_int
-    } else {
-        1024
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => soft.min(1 << 20) as c_int,
+        Err(_) => 1024,
     };
     (soft / 2).clamp(3, 4096)
 }
@@ -37,11 +34,7 @@ pub fn place_fd(fd: OwnedFd, min: c_int) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() >= min {
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD_CLOEXEC duplicates a live fd; the result is new and owned by us.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `n` was just created by fcntl.
+    let n = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(min))?;
+    // SAFETY: `n` was just created by fcntl, for us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }

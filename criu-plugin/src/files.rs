@@ -8,9 +8,12 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use nix::fcntl::{AT_FDCWD, OFlag};
+use nix::sys::stat::Mode;
 
 /// Opens `path` (relative to `dir`, or to the working directory when `None`) for reading,
 /// without blocking and only if it is a regular file. `nofollow` refuses a symbolic link as
@@ -22,19 +25,13 @@ pub fn open_regular(
 ) -> io::Result<std::fs::File> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    let mut flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
     if nofollow {
-        flags |= libc::O_NOFOLLOW;
+        flags |= OFlag::O_NOFOLLOW;
     }
-    let dirfd: RawFd = dir.map_or(libc::AT_FDCWD, |d| std::os::fd::AsRawFd::as_raw_fd(&d));
-    // SAFETY: openat with a valid directory fd (or AT_FDCWD) and a NUL-terminated path.
-    let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    check_regular(file, path)
+    let dirfd = dir.unwrap_or(AT_FDCWD);
+    let fd = nix::fcntl::openat(dirfd, c.as_c_str(), flags, Mode::empty())?;
+    check_regular(std::fs::File::from(fd), path)
 }
 
 /// Creates (or empties) `name` in `dir` for writing, mode 0600, without blocking and never
@@ -46,25 +43,9 @@ pub fn create_regular(dir: BorrowedFd<'_>, name: &Path) -> io::Result<std::fs::F
     let c = CString::new(name.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let flags =
-        libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOFOLLOW;
-    // SAFETY: openat with a valid directory fd, a NUL-terminated path and the mode passed as
-    // the variadic `mode_t` openat expects.
-    let fd = unsafe {
-        libc::openat(
-            std::os::fd::AsRawFd::as_raw_fd(&dir),
-            c.as_ptr(),
-            flags,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let file = check_regular(
-        std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }),
-        name,
-    )?;
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW;
+    let fd = nix::fcntl::openat(dir, c.as_c_str(), flags, Mode::from_bits_truncate(0o600))?;
+    let file = check_regular(std::fs::File::from(fd), name)?;
     use std::os::unix::fs::MetadataExt;
     if file.metadata()?.nlink() > 1 {
         return Err(io::Error::new(
@@ -173,9 +154,7 @@ mod tests {
     fn fifos_directories_and_big_files_are_refused_at_once() {
         let d = tmp("kinds");
         let fifo = d.join("fifo");
-        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
         let e = read_regular(None, &fifo, false, 10).unwrap_err();
         assert!(e.to_string().contains("a FIFO"), "{e}");
         assert!(is_not_regular(&e));
@@ -212,9 +191,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", d.join("link")).unwrap();
         let e = create_regular(dirfd, Path::new("link")).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
-        let c = CString::new(d.join("fifo").as_os_str().as_bytes()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
         // A FIFO without a reader: O_NONBLOCK makes the open fail at once instead of waiting.
         assert!(create_regular(dirfd, Path::new("fifo")).is_err());
         // An old file keeps neither its contents nor a looser mode.

@@ -41,8 +41,19 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+};
+use nix::sys::stat::{Mode, SFlag};
+use nix::unistd::Pid;
 
 /// What a plugin's guardian does; it runs in the guardian's process, never in CRIU's.
 pub trait Duty {
@@ -87,7 +98,7 @@ pub struct Watched {
 impl Watched {
     /// Whether the process is still alive (and so still the process that was watched).
     pub fn alive(&self) -> bool {
-        !readable(self.pidfd.as_raw_fd(), 0)
+        !readable(self.pidfd.as_fd(), 0)
     }
 
     /// The pidfd that holds this process.
@@ -149,22 +160,12 @@ impl Guardian {
     pub fn spawn(duty: impl Duty) -> io::Result<Guardian> {
         let criu = std::process::id() as libc::pid_t;
         let criu_fd = pidfd(criu)?;
-        let mut pair = [0 as libc::c_int; 2];
-        // SAFETY: socketpair writes two fds into the valid array.
-        if unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                pair.as_mut_ptr(),
-            )
-        } != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both fds were just created and are owned by nobody else.
-        let (ours, theirs) =
-            unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let (ours, theirs) = nix::sys::socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
         let saved = block_all_signals();
         // SAFETY: the calling process is single-threaded (module docs); the child never
         // returns from `guardian_main`.
@@ -202,7 +203,7 @@ impl Guardian {
     pub fn alive(&self) -> bool {
         self.pidfd
             .as_ref()
-            .is_some_and(|fd| !readable(fd.as_raw_fd(), 0))
+            .is_some_and(|fd| !readable(fd.as_fd(), 0))
     }
 
     /// Asks the guardian to look after `pid` (started at `start`, see [`Watched`]) with
@@ -229,9 +230,10 @@ impl Guardian {
         let sent = self.send(&encode(RELEASE, 0, 0, 0), None);
         let started = Instant::now();
         let ended = sent.is_ok()
-            && self.pidfd.as_ref().is_some_and(|fd| {
-                readable(fd.as_raw_fd(), RELEASE_WAIT.as_millis() as libc::c_int)
-            });
+            && self
+                .pidfd
+                .as_ref()
+                .is_some_and(|fd| readable(fd.as_fd(), RELEASE_WAIT.as_millis() as i32));
         if !ended {
             // A guardian that did not hear its release must not act later: killed.
             log::warn!(
@@ -244,20 +246,18 @@ impl Guardian {
                 Some(fd) => {
                     let _ = pidfd_send_signal(fd, libc::SIGKILL);
                 }
-                // SAFETY: our own child, not reaped yet, so its pid is still its own.
-                None => unsafe {
-                    libc::kill(self.pid, libc::SIGKILL);
-                },
+                // Our own child, not reaped yet, so its pid is still its own.
+                None => {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+                }
             }
         }
         loop {
-            let mut status = 0;
-            // SAFETY: waits for our own child by pid; __WALL since it sends no exit signal.
-            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG | libc::__WALL) };
-            if r == self.pid
-                || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
-            {
-                return;
+            // __WALL since it sends no exit signal.
+            match crate::child::try_reap(self.pid) {
+                Ok(Some(_)) => return,
+                Ok(None) | Err(Errno::EINTR) => {}
+                Err(_) => return,
             }
             if started.elapsed() >= 2 * RELEASE_WAIT {
                 // Killed but not gone yet: reaped by init once CRIU exits.
@@ -282,102 +282,55 @@ impl Drop for Guardian {
 }
 
 fn send_msg(sock: RawFd, msg: &[u8; MSG_LEN], fd: Option<RawFd>) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: msg.as_ptr() as *mut libc::c_void,
-        iov_len: MSG_LEN,
-    };
-    // Room for one descriptor, aligned as cmsghdr needs.
-    let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; the fields set below point to live buffers.
-    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-    hdr.msg_iov = &mut iov;
-    hdr.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: CMSG_SPACE and CMSG_LEN only compute sizes.
-        let (space, len) = unsafe {
-            (
-                libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32),
-                libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32),
-            )
-        };
-        hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = space as usize;
-        // SAFETY: the control buffer (32 bytes) holds one cmsghdr with one fd (CMSG_SPACE of
-        // an int is 24 bytes on 64-bit Linux); CMSG_FIRSTHDR points into it.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&hdr);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = len as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-        }
-    }
+    let iov = [IoSlice::new(msg)];
+    let fds = fd.map(|fd| [fd]);
+    let cmsgs: Vec<ControlMessage<'_>> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    // Never blocks: a guardian that stopped reading (stopped by SIGSTOP, say) must not stop
+    // CRIU too.
+    let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
     loop {
-        // SAFETY: sends one message from the buffers above on a socket we hold. Never blocks:
-        // a guardian that stopped reading (stopped by SIGSTOP, say) must not stop CRIU too.
-        let n = unsafe { libc::sendmsg(sock, &hdr, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-        if n == MSG_LEN as isize {
-            return Ok(());
+        match nix::sys::socket::sendmsg::<()>(sock, &iov, &cmsgs, flags, None) {
+            Ok(MSG_LEN) => return Ok(()),
+            Ok(_) => return Err(io::Error::other("short message")),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        let e = io::Error::last_os_error();
-        if n < 0 && e.raw_os_error() == Some(libc::EINTR) {
-            continue;
-        }
-        return Err(if n < 0 {
-            e
-        } else {
-            io::Error::other("short message")
-        });
     }
 }
 
 /// One message read by the guardian: `None` at EOF; messages of another size are skipped.
 fn recv_msg(sock: RawFd) -> io::Result<Option<([u8; MSG_LEN], Option<OwnedFd>)>> {
     let mut msg = [0u8; MSG_LEN];
-    let mut iov = libc::iovec {
-        iov_base: msg.as_mut_ptr().cast(),
-        iov_len: MSG_LEN,
-    };
-    let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; the fields set below point to live buffers.
-    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-    hdr.msg_iov = &mut iov;
-    hdr.msg_iovlen = 1;
-    hdr.msg_control = control.as_mut_ptr().cast();
-    hdr.msg_controllen = std::mem::size_of_val(&control);
-    let n = loop {
-        // SAFETY: receives into the buffers above; MSG_CMSG_CLOEXEC marks a received fd so.
-        let n =
-            unsafe { libc::recvmsg(sock, &mut hdr, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+    // Room for a few descriptors: one is kept, any other is closed.
+    let mut control = nix::cmsg_space!([RawFd; 4]);
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+    let (n, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut msg)];
+        match nix::sys::socket::recvmsg::<()>(sock, &mut iov, Some(&mut control), flags) {
+            Ok(r) => {
+                let mut fds: Vec<RawFd> = Vec::new();
+                for c in r.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(mut got) = c {
+                        fds.append(&mut got);
+                    }
+                }
+                break (r.bytes, fds);
+            }
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        break n;
     };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mut fds = fds.into_iter().map(|raw| {
+        // SAFETY: the kernel installed each received descriptor in this process for us.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    });
+    // The first is kept; the others close as they drop.
+    let fd = fds.next();
+    drop(fds);
     if n == 0 {
         return Ok(None);
     }
-    let mut fd = None;
-    // SAFETY: walks the control messages the kernel wrote into `control`, within
-    // msg_controllen; an SCM_RIGHTS message holds at least one fd, now ours.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&hdr);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-                if fd.is_none() {
-                    fd = Some(OwnedFd::from_raw_fd(raw));
-                } else {
-                    libc::close(raw);
-                }
-            }
-            c = libc::CMSG_NXTHDR(&hdr, c);
-        }
-    }
-    if n as usize != MSG_LEN {
+    if n != MSG_LEN {
         return Ok(Some(([0u8; MSG_LEN], None)));
     }
     Ok(Some((msg, fd)))
@@ -408,8 +361,8 @@ fn guard(
     peer_inode: Option<u64>,
     mut duty: impl Duty,
 ) {
-    // SAFETY: setsid only concerns this new process, which leads no group, so it succeeds.
-    unsafe { libc::setsid() };
+    // This new process leads no group, so it succeeds.
+    let _ = nix::unistd::setsid();
     let (sock, criu_fd) = keep_only(sock, criu_fd);
     log::debug!("guardian: watching CRIU (pid {criu})");
     duty.begin(peer_inode.unwrap_or(0));
@@ -418,24 +371,16 @@ fn guard(
     let mut released = false;
     let mut next_look = Instant::now();
     loop {
-        let wait = every.map_or(-1, |e| {
+        let wait = every.map_or(PollTimeout::NONE, |e| {
             let left = next_look.saturating_duration_since(Instant::now());
-            left.min(e).as_millis() as libc::c_int
+            PollTimeout::try_from(left.min(e)).unwrap_or(PollTimeout::MAX)
         });
         let mut pfds = [
-            libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: criu_fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(criu_fd.as_fd(), PollFlags::POLLIN),
         ];
-        // SAFETY: two valid pollfds.
-        unsafe { libc::poll(pfds.as_mut_ptr(), 2, wait) };
+        let _ = nix::poll::poll(&mut pfds, wait);
+        let criu_said = pfds[1].revents().is_some_and(|r| !r.is_empty());
         // Every message sent before CRIU ended is read before CRIU's end is acted on.
         let mut eof = false;
         loop {
@@ -461,13 +406,13 @@ fn guard(
         if released {
             return;
         }
-        let criu_ended = pfds[1].revents != 0 || readable(criu_fd.as_raw_fd(), 0);
+        let criu_ended = criu_said || readable(criu_fd.as_fd(), 0);
         if criu_ended {
             break;
         }
         if eof {
             // Every sender is gone but CRIU lives (it dropped us): wait for its end alone.
-            wait_for_end(criu_fd.as_raw_fd(), &mut duty, &mut watched, criu, every);
+            wait_for_end(criu_fd.as_fd(), &mut duty, &mut watched, criu, every);
             break;
         }
         if let Some(e) = every
@@ -498,14 +443,14 @@ fn guard(
 
 /// After every sender has closed the socket: only CRIU's end (or nothing) remains to wait for.
 fn wait_for_end(
-    criu_fd: RawFd,
+    criu_fd: BorrowedFd<'_>,
     duty: &mut impl Duty,
     watched: &mut BTreeMap<i32, Watched>,
     criu: i32,
     every: Option<Duration>,
 ) {
     loop {
-        let ms = every.map_or(-1, |e| e.as_millis() as libc::c_int);
+        let ms = every.map_or(-1, |e| e.as_millis() as i32);
         if readable(criu_fd, ms) {
             return;
         }
@@ -576,47 +521,48 @@ fn keep_only(sock: OwnedFd, criu_fd: OwnedFd) -> (OwnedFd, OwnedFd) {
             }
         }
     }
-    // SAFETY: /dev/null with a NUL-terminated path.
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    for fd in fds {
-        if keep.contains(&fd) || fd == null {
+    let null = nix::fcntl::open(
+        c"/dev/null",
+        OFlag::O_RDWR | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok();
+    let null_raw = null.as_ref().map(|n| n.as_raw_fd());
+    for raw in fds {
+        if keep.contains(&raw) || Some(raw) == null_raw {
             continue;
         }
-        // SAFETY: stat is plain data filled by fstat; a closed fd just fails.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-        let kind = st.st_mode & libc::S_IFMT;
+        // SAFETY: this new process owns every descriptor it inherited, and nothing in it uses
+        // them but this loop (one that is no longer open just fails the calls below).
+        let mut fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let kind = nix::sys::stat::fstat(&fd)
+            .ok()
+            .map(|st| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()));
         // A terminal is a character device a user waits on (ssh -t): not kept.
-        // SAFETY: isatty only inspects the descriptor.
-        let tty = unsafe { libc::isatty(fd) } == 1;
-        let harmless = ok && !tty && (kind == libc::S_IFCHR || kind == libc::S_IFREG);
+        let tty = nix::unistd::isatty(&fd).unwrap_or(false);
+        let harmless = !tty && matches!(kind, Some(SFlag::S_IFCHR | SFlag::S_IFREG));
         if harmless {
+            // Left open, as inherited.
+            let _ = fd.into_raw_fd();
             continue;
         }
         // /dev/null in its place, not a hole: a library of CRIU's that still counts on the
         // number (libcuda's, say) then reaches nothing, rather than whatever is opened next.
-        if null >= 0 {
-            // SAFETY: dup2 of our own /dev/null over an inherited descriptor nobody here uses.
-            unsafe { libc::dup2(null, fd) };
-        } else {
-            // SAFETY: as above, closed instead when /dev/null cannot be opened.
-            unsafe { libc::close(fd) };
+        // Closed instead when /dev/null cannot be opened (the drop).
+        if let Some(null) = &null
+            && nix::unistd::dup2(null, &mut fd).is_ok()
+        {
+            let _ = fd.into_raw_fd();
         }
     }
-    if null >= 0 {
-        // SAFETY: closes our own /dev/null descriptor (the standard ones are duplicates).
-        unsafe { libc::close(null) };
-    }
+    // Our own /dev/null descriptor closes here (the ones put in place are duplicates).
+    drop(null);
     (sock, criu_fd)
 }
 
 /// The inode of the socket (or any file) behind `fd`.
 fn inode(fd: &OwnedFd) -> Option<u64> {
-    // SAFETY: stat is plain data filled by fstat for an fd we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
+    nix::sys::stat::fstat(fd).ok().map(|st| st.st_ino)
 }
 
 /// Whether process `pid` holds a descriptor of the socket with inode `ino` (at most 4,096 of
@@ -648,7 +594,7 @@ pub fn start_time(pid: i32) -> Option<u64> {
 
 /// Whether the process of pidfd `fd` has ended.
 pub fn ended(fd: &OwnedFd) -> bool {
-    readable(fd.as_raw_fd(), 0)
+    readable(fd.as_fd(), 0)
 }
 
 /// A pidfd of process `pid` (`pidfd_open(2)`, close-on-exec).
@@ -686,39 +632,28 @@ fn pidfd_send_signal(fd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `fd` is readable within `ms` milliseconds (a pidfd: its process has ended).
-fn readable(fd: RawFd, ms: libc::c_int) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Whether `fd` is readable within `ms` milliseconds, `-1` for no limit (a pidfd: its
+/// process has ended).
+fn readable(fd: BorrowedFd<'_>, ms: i32) -> bool {
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
     loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+        let mut pfd = [PollFd::new(fd, PollFlags::POLLIN)];
+        match nix::poll::poll(&mut pfd, timeout) {
+            Err(Errno::EINTR) => continue,
+            r => return r.is_ok_and(|n| n > 0),
         }
-        return r > 0;
     }
 }
 
 /// Blocks every signal that can be blocked in the calling thread; returns the mask before.
-fn block_all_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data initialised by sigfillset; pthread_sigmask changes only
-    // the calling thread's mask and writes the old one into `old`.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        old
-    }
+fn block_all_signals() -> SigSet {
+    SigSet::all()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .unwrap_or_else(|_| SigSet::thread_get_mask().unwrap_or_else(|_| SigSet::empty()))
 }
 
-fn restore_mask(old: &libc::sigset_t) {
-    // SAFETY: `old` is a mask pthread_sigmask returned.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+fn restore_mask(old: &SigSet) {
+    crate::child::restore_mask(old)
 }
 
 #[cfg(test)]

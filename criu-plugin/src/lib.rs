@@ -21,6 +21,8 @@
 //!   refused, not waited on) and read with a bound;
 //! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
 //!   run time and bounded;
+//! - [`threads`]: worker threads for a hook, joined before it returns, with every
+//!   asynchronous signal blocked and panics returned as errors;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
 //! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
 //!   contain panics and map errors to negative errno, and [`export_plugin!`].
@@ -44,6 +46,7 @@ pub mod plugin;
 pub mod pstree;
 pub mod stream;
 pub mod symbols;
+pub mod threads;
 
 pub use abi::{HookId, PluginDesc, Stage};
 pub use failure::{Failure, FailureKind};

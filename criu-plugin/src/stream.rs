@@ -10,8 +10,11 @@
 //! releases, so it is not read. Instead the connection is found: a socket among this
 //! process's file descriptors whose peer is bound to one of those two names.
 
-use std::ffi::CStr;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+
+use nix::sys::socket::UnixAddr;
 
 /// Basename of the streamer's socket CRIU connects to when dumping.
 pub const CAPTURE_SOCKET: &str = "streamer-capture.sock";
@@ -29,30 +32,12 @@ pub enum ImageStream {
 
 /// The path a connected UNIX socket's peer is bound to, if `fd` is one.
 fn peer_path(fd: libc::c_int) -> Option<PathBuf> {
-    // SAFETY: sockaddr_un is plain data; getpeername writes at most `len` bytes into it and
-    // fails harmlessly on fds that are not sockets.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: `addr` and `len` are valid for writing; `fd` is only queried.
-    let r = unsafe { libc::getpeername(fd, (&raw mut addr).cast(), &mut len) };
-    if r != 0 || i32::from(addr.sun_family) != libc::AF_UNIX {
-        return None;
-    }
-    let path_len = (len as usize).checked_sub(std::mem::size_of::<libc::sa_family_t>())?;
-    let raw: Vec<u8> = addr.sun_path[..path_len.min(addr.sun_path.len())]
-        .iter()
-        .map(|&c| c as u8)
-        .collect();
-    // Abstract sockets start with a NUL and have no file name.
-    if raw.first().is_none_or(|&b| b == 0) {
-        return None;
-    }
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    let mut z = raw[..end].to_vec();
-    z.push(0);
-    let s = CStr::from_bytes_with_nul(&z).ok()?;
-    use std::os::unix::ffi::OsStrExt;
-    Some(PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())))
+    // Fails harmlessly on fds that are not sockets, and on sockets of another family.
+    let addr: UnixAddr = nix::sys::socket::getpeername(fd).ok()?;
+    // Abstract and unnamed sockets have no file name; a path ends at its first NUL.
+    let path = addr.path()?.as_os_str().as_bytes();
+    let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
+    (end > 0).then(|| PathBuf::from(OsStr::from_bytes(&path[..end])))
 }
 
 /// Finds CRIU's connection to an image streamer among this process's fds.

@@ -341,16 +341,15 @@ mod tests {
     #[test]
     fn alarm_remaining_reads_the_real_timer() {
         assert_eq!(alarm_remaining(), None);
-        // SAFETY: alarm only arms this process's timer; it is cancelled right after.
-        unsafe { libc::alarm(30) };
+        // Cancelled right after.
+        nix::unistd::alarm::set(30);
         let left = alarm_remaining().expect("alarm armed");
         {
             let _paused = AlarmSuspended::new();
             assert_eq!(alarm_remaining(), None);
         }
         let back = alarm_remaining().expect("alarm re-armed");
-        // SAFETY: cancels the alarm armed above.
-        unsafe { libc::alarm(0) };
+        nix::unistd::alarm::cancel();
         assert!(left.as_secs() >= 28 && left.as_secs() <= 30, "{left:?}");
         assert!(back.as_secs() >= 27 && back <= left, "{back:?}");
     }

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::{BoMem, FileObj, SIM_KFD_MAJOR, SdmaStats, SimEvent, SimKfd, SimQueue, einval, err};
-use criu_gpu_core::amdgpu::device::{DRM_MAJOR, KFD_MMAP_TYPE_EVENTS, alloc_flags};
+use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, KFD_MMAP_TYPE_EVENTS};
 
 /// What a simulated process looks like (a snapshot).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,14 +107,16 @@ impl SimKfd {
         };
         let mut out = Vec::new();
         for b in &p.bos {
-            if b.flags & alloc_flags::WITH_CONTENTS != 0 {
+            if AllocFlags::of(b.flags).intersects(AllocFlags::WITH_CONTENTS) {
                 let minor = self.gpu(b.actual_gpu).map(|g| g.render_minor).unwrap_or(0);
                 out.push(SimVma {
                     path: format!("/dev/dri/renderD{minor}"),
                     addr: b.addr,
                     pgoff: b.offset,
                 });
-            } else if b.flags & (alloc_flags::DOORBELL | alloc_flags::MMIO_REMAP) != 0 {
+            } else if AllocFlags::of(b.flags)
+                .intersects(AllocFlags::DOORBELL | AllocFlags::MMIO_REMAP)
+            {
                 out.push(SimVma {
                     path: "/dev/kfd".into(),
                     addr: b.addr,
@@ -165,7 +167,7 @@ impl SimKfd {
                 bo.offset
             ));
         }
-        if bo.flags & alloc_flags::WITH_CONTENTS != 0 {
+        if AllocFlags::of(bo.flags).intersects(AllocFlags::WITH_CONTENTS) {
             let fd = fd.ok_or_else(|| format!("render mapping at {addr:#x} without an fd"))?;
             let (n, obj) = self
                 .file(&st, fd.as_raw_fd())

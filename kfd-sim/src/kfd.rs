@@ -23,7 +23,7 @@ use super::{
     BoMem, FileObj, PAGE, Process, SIM_KFD_MAJOR, SIM_KFD_VERSION, SIM_PRIV_VERSION, SimEvent,
     SimKfd, SimQueue, State, einval, err,
 };
-use criu_gpu_core::amdgpu::device::{DRM_MAJOR, FileIdentity, KfdDevice, alloc_flags};
+use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, FileIdentity, KfdDevice};
 
 /// The caller's device buckets, BO buckets and private data of a CHECKPOINT or RESTORE.
 ///
@@ -303,7 +303,7 @@ impl SimKfd {
                 return Err(einval());
             }
             ranges.push((b.addr, b.size));
-            if b.alloc_flags & alloc_flags::VRAM != 0 {
+            if AllocFlags::of(b.alloc_flags).intersects(AllocFlags::VRAM) {
                 let used = vram_used.entry(pdd.actual_gpu_id).or_default();
                 *used = used.saturating_add(b.size);
                 let vram = self
@@ -314,7 +314,9 @@ impl SimKfd {
                     return Err(err(libc::ENOMEM));
                 }
             }
-            if b.alloc_flags & alloc_flags::WITH_CONTENTS != 0 && b.size > (1 << 40) {
+            if AllocFlags::of(b.alloc_flags).intersects(AllocFlags::WITH_CONTENTS)
+                && b.size > (1 << 40)
+            {
                 return Err(err(libc::ENOMEM));
             }
             new_bos.push((
@@ -382,13 +384,13 @@ impl SimKfd {
                 new_bos.into_iter().zip(bos.iter_mut())
             {
                 let offset = device_mmap_offset(flags, pdd.actual_gpu_id).unwrap_or_else(|| {
-                    if flags & alloc_flags::WITH_CONTENTS != 0 {
+                    if AllocFlags::of(flags).intersects(AllocFlags::WITH_CONTENTS) {
                         st.alloc_mmap_offset(size)
                     } else {
                         0
                     }
                 });
-                let mem = if flags & alloc_flags::WITH_CONTENTS != 0 {
+                let mem = if AllocFlags::of(flags).intersects(AllocFlags::WITH_CONTENTS) {
                     let m = Arc::new(self.bo_mem(addr, size)?);
                     b.dmabuf_fd = created.install(self, st, m.clone(), pdd.actual_gpu_id)?;
                     Some(m)

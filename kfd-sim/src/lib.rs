@@ -70,7 +70,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::topology::Topology;
 
 mod copies;
@@ -226,9 +226,9 @@ impl ProcessSpec {
         for i in 0..count {
             let size = PAGE << (i as u32 % steps);
             let flags = match i % 4 {
-                0 | 1 => alloc_flags::VRAM | alloc_flags::WRITABLE,
-                2 => alloc_flags::GTT | alloc_flags::WRITABLE,
-                _ => alloc_flags::USERPTR | alloc_flags::WRITABLE,
+                0 | 1 => (AllocFlags::VRAM | AllocFlags::WRITABLE).bits(),
+                2 => (AllocFlags::GTT | AllocFlags::WRITABLE).bits(),
+                _ => (AllocFlags::USERPTR | AllocFlags::WRITABLE).bits(),
             };
             self.bos.push(BoSpec {
                 gpu: i % self.gpus.len().max(1),

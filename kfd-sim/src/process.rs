@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::{FileObj, PAGE, ProcessSpec, SIM_PRIV_VERSION, SimKfd, State, einval, err, memfd};
 use criu_gpu_core::amdgpu::device::{
-    KFD_MMAP_GPU_ID_SHIFT, KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_MMIO, alloc_flags,
+    AllocFlags, KFD_MMAP_GPU_ID_SHIFT, KFD_MMAP_TYPE_DOORBELL, KFD_MMAP_TYPE_MMIO,
 };
 
 pub(super) const PRIV_MAGIC: u32 = 0x5346_444b; // "KDFS"
@@ -225,9 +225,9 @@ fn fill_pattern(mem: &BoMem, seed: u64) -> io::Result<()> {
 /// `None` for other BOs, whose offsets come from [`State::alloc_mmap_offset`].
 pub(super) fn device_mmap_offset(flags: u32, actual_gpu_id: u32) -> Option<u64> {
     let gpu = u64::from(actual_gpu_id) << KFD_MMAP_GPU_ID_SHIFT;
-    if flags & alloc_flags::DOORBELL != 0 {
+    if AllocFlags::of(flags).intersects(AllocFlags::DOORBELL) {
         Some(KFD_MMAP_TYPE_DOORBELL | gpu)
-    } else if flags & alloc_flags::MMIO_REMAP != 0 {
+    } else if AllocFlags::of(flags).intersects(AllocFlags::MMIO_REMAP) {
         Some(KFD_MMAP_TYPE_MMIO | gpu)
     } else {
         None
@@ -274,7 +274,7 @@ impl SimKfd {
             addr += size.div_ceil(1 << 21) * (1 << 21) + (1 << 21);
             let offset = device_mmap_offset(flags, pdd.actual_gpu_id)
                 .unwrap_or_else(|| st.alloc_mmap_offset(size));
-            let mem = if flags & alloc_flags::WITH_CONTENTS != 0 {
+            let mem = if AllocFlags::of(flags).intersects(AllocFlags::WITH_CONTENTS) {
                 let m = self.bo_mem(bo_addr, size)?;
                 fill_pattern(&m, spec.seed ^ bo_addr)?;
                 Some(Arc::new(m))
@@ -289,7 +289,7 @@ impl SimKfd {
                 user_gpu: pdd.user_gpu_id,
                 idr_handle: idr,
                 offset,
-                user_addr: if flags & alloc_flags::USERPTR != 0 {
+                user_addr: if AllocFlags::of(flags).intersects(AllocFlags::USERPTR) {
                     bo_addr
                 } else {
                     0
@@ -304,13 +304,13 @@ impl SimKfd {
             bos.push(add(
                 &mut st,
                 PAGE * 2,
-                alloc_flags::DOORBELL | alloc_flags::WRITABLE,
+                (AllocFlags::DOORBELL | AllocFlags::WRITABLE).bits(),
                 pdd,
             )?);
             bos.push(add(
                 &mut st,
                 PAGE,
-                alloc_flags::MMIO_REMAP | alloc_flags::WRITABLE,
+                (AllocFlags::MMIO_REMAP | AllocFlags::WRITABLE).bits(),
                 pdd,
             )?);
         }

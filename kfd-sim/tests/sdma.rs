@@ -5,7 +5,7 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::os::fd::{AsFd, OwnedFd};
 
 use criu_gpu_core::amdgpu::StagingRegion;
-use criu_gpu_core::amdgpu::device::alloc_flags;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::sdma::SdmaEngines;
 use kfd_sim::{BoSpec, ProcessSpec, SimGpu, SimKfd};
 use kfd_sys::AMDGPU_FAMILY_AI;
@@ -50,14 +50,14 @@ fn machine(family: u32) -> (SimKfd, OwnedFd, Vec<u8>) {
     spec.bos.push(BoSpec {
         gpu: 0,
         size: BO_SIZE,
-        flags: alloc_flags::VRAM | alloc_flags::WRITABLE,
+        flags: (AllocFlags::VRAM | AllocFlags::WRITABLE).bits(),
     });
     drop(sim.spawn(&spec).unwrap());
     let v = sim.process(7).unwrap();
     let addr = v
         .bos
         .iter()
-        .find(|b| b.2 & alloc_flags::VRAM != 0)
+        .find(|b| AllocFlags::of(b.2).intersects(AllocFlags::VRAM))
         .unwrap()
         .0;
     let pattern: Vec<u8> = (0..BO_SIZE).map(|i| (i * 7 + i / 4099) as u8).collect();

@@ -21,7 +21,8 @@
 //! returned.
 
 use std::io;
-use std::ptr::NonNull;
+
+use memmap2::{Advice, MmapMut, MmapOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -183,7 +184,8 @@ impl StagingRegion {
 /// freed), the lane marks it kept and it is never unmapped. Not inherited by children, so a
 /// fork of CRIU's during a copy neither copies nor waits on these pages.
 struct Staging {
-    ptr: NonNull<u8>,
+    /// The mapping; taken (and leaked) on drop when kept.
+    map: Option<MmapMut>,
     /// Usable bytes after `STAGING_DATA_OFFSET`.
     len: usize,
     /// Bytes mapped.
@@ -192,9 +194,6 @@ struct Staging {
     keep: Arc<AtomicBool>,
 }
 
-// SAFETY: the mapping is owned memory; only the thread holding the `Staging` touches it.
-unsafe impl Send for Staging {}
-
 impl Staging {
     fn new(len: usize) -> io::Result<Staging> {
         let mapped = len
@@ -202,37 +201,28 @@ impl Staging {
             .checked_add(STAGING_DATA_OFFSET)
             .and_then(|n| n.checked_next_multiple_of(page_size()))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a new private anonymous mapping chosen by the kernel; it is zero-filled,
-        // so every byte handed out later is initialised.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        // SAFETY: advice on the mapping just made; failure only means children would inherit
-        // it, which is harmless for correctness.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), mapped, libc::MADV_DONTFORK) };
+        // A private anonymous mapping (zero-filled, page aligned) of exactly `mapped` bytes.
+        let map = MmapOptions::new().len(mapped).map_anon()?;
+        // Failure only means children would inherit it, which is harmless for correctness.
+        let _ = map.advise(Advice::DontFork);
         Ok(Staging {
-            ptr,
+            map: Some(map),
             len,
             mapped,
             keep: Arc::new(AtomicBool::new(false)),
         })
     }
 
+    /// The first byte, for the device (which writes through it: hence `mut`).
+    fn base(&self) -> *mut u8 {
+        self.map
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |m| m.as_ptr().cast_mut())
+    }
+
     fn region(&self) -> StagingRegion {
         StagingRegion {
-            base: self.ptr.as_ptr(),
+            base: self.base(),
             len: self.mapped,
             keep: Arc::clone(&self.keep),
         }
@@ -240,9 +230,8 @@ impl Staging {
 
     fn slice(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.len, "piece larger than its staging buffer");
-        // SAFETY: the mapping holds `STAGING_DATA_OFFSET + self.len` initialised bytes and is
-        // exclusively owned by this `Staging`, borrowed mutably here.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(STAGING_DATA_OFFSET), len) }
+        let map = self.map.as_mut().expect("mapped until dropped");
+        &mut map[STAGING_DATA_OFFSET..STAGING_DATA_OFFSET + len]
     }
 }
 
@@ -252,43 +241,16 @@ impl Drop for Staging {
             log::warn!(
                 "amdgpu: {} bytes of staging memory at {:p} stay mapped: a GPU copy that did not complete may still write them",
                 self.mapped,
-                self.ptr
+                self.base()
             );
-            return;
+            std::mem::forget(self.map.take());
         }
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        // Otherwise unmapped as `map` drops.
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Blocks the asynchronous signals CRIU handles on its main thread (SIGALRM for `--timeout`,
-/// SIGCHLD during restore, termination signals) in the calling worker thread, so that they
-/// are delivered to CRIU's thread as it expects.
-pub fn block_async_signals() {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill it, and
-    // pthread_sigmask only changes the calling thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [
-            libc::SIGALRM,
-            libc::SIGCHLD,
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-            libc::SIGPIPE,
-        ] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
 }
 
 struct Shared<'a, E> {
@@ -410,25 +372,24 @@ where
             }
         }
     };
-    std::thread::scope(|s| {
+    // Workers start with CRIU's signals blocked and are joined before this returns; a
+    // worker's panic comes back as an error.
+    let workers = criu_plugin::threads::scope(|w| {
         let mut bufs = bufs.into_iter();
         // The calling thread works too.
         let mine = bufs.next().expect("at least one buffer");
         for (n, buf) in bufs.enumerate() {
             let work = &work;
-            let spawned = std::thread::Builder::new()
-                .name(format!("amdgpu-copy{n}"))
-                .spawn_scoped(s, move || {
-                    block_async_signals();
-                    work(buf)
-                });
-            if let Err(e) = spawned {
+            if let Err(e) = w.spawn(format!("amdgpu-copy{n}"), move || work(buf)) {
                 // Fewer threads: the others and this one still do every piece.
                 log::debug!("amdgpu: copy thread not started: {e}");
             }
         }
         work(mine);
     });
+    if let Err(panic) = workers {
+        return Err(E::from(io::Error::from(panic)));
+    }
     if let Some(e) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
@@ -511,6 +472,29 @@ mod tests {
         for (s, d) in src.iter().zip(&dst) {
             assert_eq!(s, &*lock(d));
         }
+    }
+
+    #[test]
+    fn a_copy_thread_that_panics_fails_the_copy_without_unwinding() {
+        let pieces = plan((0..64).map(|i| (i, 8192)), 4096);
+        let r = run::<io::Error, (), _, _, _>(
+            &pieces,
+            4,
+            4096,
+            |_| Ok(()),
+            |_, _, _| {
+                let me = std::thread::current();
+                if me.name().is_some_and(|n| n.starts_with("amdgpu-copy")) {
+                    panic!("copy thread lost its buffer");
+                }
+                // The calling thread leaves pieces to the copy threads.
+                std::thread::sleep(Duration::from_millis(2));
+                Ok(())
+            },
+            |_, _, _| Ok(()),
+        );
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("copy thread lost its buffer"), "{e}");
     }
 
     #[test]

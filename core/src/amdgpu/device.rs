@@ -22,7 +22,8 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
+
+use memmap2::{MmapMut, MmapOptions};
 
 use super::error::{Error, device_error};
 use kfd_sys::{
@@ -48,24 +49,52 @@ pub const KFD_MMAP_TYPE_MMIO: u64 = 0;
 /// Shift of the gpu id inside a KFD mmap offset (`KFD_MMAP_GPU_ID_SHIFT`).
 pub const KFD_MMAP_GPU_ID_SHIFT: u32 = 46;
 
-/// KFD BO allocation flags (`KFD_IOC_ALLOC_MEM_FLAGS_*`) the backend looks at.
-pub mod alloc_flags {
-    /// VRAM.
-    pub const VRAM: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
-    /// GTT (system memory mapped for the GPU).
-    pub const GTT: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT;
-    /// User memory registered with the GPU.
-    pub const USERPTR: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
-    /// A doorbell page.
-    pub const DOORBELL: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL;
-    /// The MMIO remap page.
-    pub const MMIO_REMAP: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
-    /// Writable by the GPU.
-    pub const WRITABLE: u32 = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
-    /// BOs whose contents the plugin copies (VRAM or GTT).
-    pub const WITH_CONTENTS: u32 = VRAM | GTT;
-    /// BOs the process maps for CPU access and whose mmap offset changes at restore.
-    pub const REMAPPED: u32 = VRAM | GTT | DOORBELL | MMIO_REMAP;
+bitflags::bitflags! {
+    /// KFD BO allocation flags (`KFD_IOC_ALLOC_MEM_FLAGS_*`, the `alloc_flags` word of the
+    /// kernel and of the image), named where the backend looks at them; the kernel's other bits
+    /// are kept as they are.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AllocFlags: u32 {
+        /// VRAM.
+        const VRAM = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
+        /// GTT (system memory mapped for the GPU).
+        const GTT = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT;
+        /// User memory registered with the GPU.
+        const USERPTR = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
+        /// A doorbell page.
+        const DOORBELL = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL;
+        /// The MMIO remap page.
+        const MMIO_REMAP = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
+        /// Writable by the GPU.
+        const WRITABLE = kfd_sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
+        /// BOs whose contents the plugin copies (VRAM or GTT).
+        const WITH_CONTENTS = Self::VRAM.bits() | Self::GTT.bits();
+        /// BOs the process maps for CPU access and whose mmap offset changes at restore.
+        const REMAPPED = Self::WITH_CONTENTS.bits() | Self::DOORBELL.bits() | Self::MMIO_REMAP.bits();
+        // Every other bit of the kernel's word.
+        const _ = !0;
+    }
+}
+
+impl AllocFlags {
+    /// The flags of an `alloc_flags` word, every bit kept.
+    pub const fn of(word: u32) -> AllocFlags {
+        AllocFlags::from_bits_retain(word)
+    }
+
+    /// A short name for the kind of BO these flags make, for messages.
+    pub fn kind(self) -> &'static str {
+        [
+            (AllocFlags::VRAM, "VRAM"),
+            (AllocFlags::GTT, "GTT"),
+            (AllocFlags::USERPTR, "userptr"),
+            (AllocFlags::DOORBELL, "doorbell"),
+            (AllocFlags::MMIO_REMAP, "MMIO"),
+        ]
+        .into_iter()
+        .find_map(|(f, name)| self.intersects(f).then_some(name))
+        .unwrap_or("other")
+    }
 }
 
 /// A BO as error messages name it: kind, index, size, address and GPU.
@@ -81,19 +110,7 @@ pub fn describe_bo(bo: &super::image::BoEntry, index: usize) -> String {
 
 /// A short name for a BO's kind, for messages.
 pub fn bo_kind(flags: u32) -> &'static str {
-    if flags & alloc_flags::VRAM != 0 {
-        "VRAM"
-    } else if flags & alloc_flags::GTT != 0 {
-        "GTT"
-    } else if flags & alloc_flags::USERPTR != 0 {
-        "userptr"
-    } else if flags & alloc_flags::DOORBELL != 0 {
-        "doorbell"
-    } else if flags & alloc_flags::MMIO_REMAP != 0 {
-        "MMIO"
-    } else {
-        "other"
-    }
+    AllocFlags::of(flags).kind()
 }
 
 /// What `fstat` and `/proc/self/fd` say about a file descriptor.
@@ -187,12 +204,8 @@ pub struct GemCensus {
 /// Memory of this process mapped from a file (a GEM BO through its render node, or a
 /// simulator's memfd); unmapped when dropped.
 pub struct HostMapping {
-    ptr: NonNull<u8>,
-    len: usize,
+    map: MmapMut,
 }
-
-// SAFETY: a shared file mapping; the owner writes it through `&mut self` only.
-unsafe impl Send for HostMapping {}
 
 impl HostMapping {
     /// Maps `len` bytes of `fd` at `offset`, shared and read-write.
@@ -206,43 +219,34 @@ impl HostMapping {
         if len == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a new mapping chosen by the kernel; the caller vouches for fd and range.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                off,
-            )
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new shared read-write mapping chosen by the kernel; the caller vouches for
+        // fd and range. The length is given, so the file (a device node) is not asked its size.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_mut(fd.as_raw_fd())?
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
-        Ok(HostMapping { ptr, len })
+        Ok(HostMapping { map })
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Whether the mapping is empty (never: mappings have at least one byte).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.map.is_empty()
     }
 
     /// Writes `dwords` little-endian from the start of the mapping.
     pub fn write_dwords(&mut self, dwords: &[u32]) -> io::Result<()> {
-        if dwords.len() * 4 > self.len {
+        if dwords.len() * 4 > self.map.len() {
             return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
         }
-        let base = self.ptr.as_ptr();
+        let base = self.map.as_mut_ptr();
         for (i, d) in dwords.iter().enumerate() {
             // SAFETY: `i * 4 + 4 <= len` (checked above), inside the live mapping, which
             // `&mut self` borrows exclusively. Volatile: the device reads it, not Rust.
@@ -256,16 +260,14 @@ impl HostMapping {
     }
 }
 
-impl Drop for HostMapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
 impl fmt::Debug for HostMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HostMapping({:p}, {})", self.ptr, self.len)
+        write!(
+            f,
+            "HostMapping({:p}, {})",
+            self.map.as_ptr(),
+            self.map.len()
+        )
     }
 }
 

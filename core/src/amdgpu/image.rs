@@ -99,7 +99,7 @@ use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -129,9 +129,9 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
 
 /// The KFD BO `alloc_flags` bits that say whether a BO's contents are in a pages file
 /// (VRAM, GTT), under the kernel's names.
-pub use super::device::alloc_flags::{
-    GTT as KFD_ALLOC_MEM_FLAGS_GTT, VRAM as KFD_ALLOC_MEM_FLAGS_VRAM,
-};
+pub const KFD_ALLOC_MEM_FLAGS_VRAM: u32 = super::device::AllocFlags::VRAM.bits();
+/// See [`KFD_ALLOC_MEM_FLAGS_VRAM`].
+pub const KFD_ALLOC_MEM_FLAGS_GTT: u32 = super::device::AllocFlags::GTT.bits();
 /// `kfd_bo_entry.handle` value the C plugin writes for "no GEM handle".
 pub const NO_GEM_HANDLE: u32 = u32::MAX;
 
@@ -556,20 +556,13 @@ fn single_bo_layout(file: &str, bo_index: u32, size: u64) -> Result<PagesLayout,
 pub fn open_image_dir(path: &Path) -> io::Result<OwnedFd> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call;
-    // `open` does not retain the pointer.
-    let fd = unsafe {
-        libc::open(
-            c_path.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by a successful `open`, so it is a valid
-    // descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::open(
+        c_path.as_c_str(),
+        flags,
+        nix::sys::stat::Mode::empty(),
+    )?)
 }
 
 /// The images directory, as the fd CRIU gives plugins

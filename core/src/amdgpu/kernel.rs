@@ -14,7 +14,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
@@ -54,24 +54,22 @@ impl KernelKfd {
 
 fn open_rw(path: &str) -> io::Result<OwnedFd> {
     let c = CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: `c` is a valid NUL-terminated path; open returns a new fd or -1.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let flags = nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::open(
+        c.as_c_str(),
+        flags,
+        nix::sys::stat::Mode::empty(),
+    )?)
 }
 
 /// Absolute `CLOCK_MONOTONIC` time `timeout` from now, in ns, as `WAIT_CS` wants it.
 fn deadline_ns(timeout: Duration) -> u64 {
-    // SAFETY: timespec is plain data filled by clock_gettime.
-    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid clock id and pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    let now = (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64);
+    // CLOCK_MONOTONIC cannot fail; a zero "now" would only shorten the wait.
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64)
+    });
     // Kept below 2^63: the kernel reads larger values as "wait forever".
     now.saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64)
         .min(i64::MAX as u64)
@@ -391,19 +389,13 @@ impl KfdDevice for KernelKfd {
 
     fn restore_hsakmt_shared_mem(&self, size: u64, magic: u32) -> io::Result<()> {
         if size > 0 && !std::path::Path::new(HSAKMT_SHM_PATH).exists() {
-            // SAFETY: valid name; shm_open returns a new fd or -1.
-            let fd = unsafe {
-                libc::shm_open(
-                    HSAKMT_SHM_NAME.as_ptr(),
-                    libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
-                    0o666,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` was just created and is owned by nobody else.
-            let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            use nix::fcntl::OFlag;
+            let fd = nix::sys::mman::shm_open(
+                HSAKMT_SHM_NAME,
+                OFlag::O_CREAT | OFlag::O_RDWR | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+            )?;
+            let f = File::from(fd);
             f.set_len(size)?;
             use std::os::unix::fs::FileExt;
             f.write_all_at(&magic.to_ne_bytes()[..(size.min(4) as usize)], 0)?;

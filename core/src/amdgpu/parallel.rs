@@ -177,6 +177,8 @@ impl RestoreQueue {
     /// Maps a new queue. Must happen before CRIU forks the tasks that use it.
     pub fn create() -> io::Result<RestoreQueue> {
         let len = std::mem::size_of::<Header>();
+        // Mapped by hand, not with memmap2: its anonymous mappings are private (MAP_PRIVATE),
+        // and this one must stay shared with the tasks CRIU forks after it is made.
         // SAFETY: an anonymous shared mapping; no fd or existing memory involved.
         let p = unsafe {
             libc::mmap(
@@ -381,6 +383,7 @@ unsafe impl Sync for KeyTable {}
 impl KeyTable {
     /// Maps a new, empty table.
     pub fn create() -> io::Result<KeyTable> {
+        // Shared across CRIU's forks, so mapped by hand as the queue is (RestoreQueue::create).
         // SAFETY: an anonymous shared mapping; no fd or existing memory involved.
         let p = unsafe {
             libc::mmap(
@@ -696,14 +699,22 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
 
+    /// Waits for the child of `fork` (the parent's side) and checks it exited with 0.
+    fn exited_zero(fork: nix::unistd::ForkResult) {
+        let nix::unistd::ForkResult::Parent { child } = fork else {
+            unreachable!("only the parent gets here");
+        };
+        let st = nix::sys::wait::waitpid(child, None).unwrap();
+        assert_eq!(st, nix::sys::wait::WaitStatus::Exited(child, 0));
+    }
+
     #[test]
     fn requests_cross_a_fork_and_come_back_whole() {
         let q = RestoreQueue::create().unwrap();
         let fds: Vec<i32> = (0..5000).collect();
         // SAFETY: the child only touches the shared mapping and calls _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
+        let fork = unsafe { nix::unistd::fork() }.unwrap();
+        if fork.is_child() {
             let ok = (|| {
                 let r = q.reserve(fds.len())?;
                 q.publish(r, 7, &[(0x1234, 129), (0x5678, 128)], &fds)
@@ -715,10 +726,7 @@ mod tests {
             // SAFETY: _exit ends the forked child without running the parent's destructors.
             unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
         }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert_eq!(status, 0);
+        exited_zero(fork);
         let r = q.take().expect("a ready request");
         assert_eq!(r.file_id, 7);
         assert_eq!(r.gpus, vec![(0x1234, 129), (0x5678, 128)]);
@@ -781,17 +789,13 @@ mod tests {
     fn keys_are_found_across_a_fork() {
         let t = KeyTable::create().unwrap();
         // SAFETY: the child only touches the shared mapping and calls _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
+        let fork = unsafe { nix::unistd::fork() }.unwrap();
+        if fork.is_child() {
             let ok = (1..=2000u32).all(|k| t.insert(k * 7, k as i32)) && !t.insert(7, 99);
             // SAFETY: _exit ends the forked child without running the parent's destructors.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert_eq!(status, 0);
+        exited_zero(fork);
         assert_eq!(t.get(7), Some(1));
         assert_eq!(t.get(14000), Some(2000));
         assert_eq!(t.get(8), None);

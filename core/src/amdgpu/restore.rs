@@ -25,7 +25,7 @@ use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
 
 use super::contents;
 use super::copy;
-use super::device::{self, Bytes, CriuBuffers, CriuLimits, KfdDevice, alloc_flags};
+use super::device::{self, AllocFlags, Bytes, CriuBuffers, CriuLimits, KfdDevice};
 use super::error::{Error, FailureKind, Result, device_error};
 use super::image::{KfdCheckpoint, RenderNodeImage};
 use super::parallel::Handover;
@@ -230,7 +230,7 @@ pub fn restore_kfd(
         .map_err(|e| Error::io(&e, "KFD RESTORE failed"))?;
 
     for (b, bucket) in image.bos.iter().zip(&bufs.bos) {
-        if b.alloc_flags & alloc_flags::REMAPPED == 0 {
+        if !AllocFlags::of(b.alloc_flags).intersects(AllocFlags::REMAPPED) {
             continue;
         }
         task.remaps.push(VmaRemap {

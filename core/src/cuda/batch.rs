@@ -15,7 +15,6 @@ use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair};
 
 use super::helper::{self, RestoreJob};
 use super::restore_thread::RunningThreads;
-use super::worker;
 
 /// How long the helper process of one batch may run (the C plugin's default timeout).
 pub const HELPER_DEADLINE: Duration = Duration::from_secs(300);
@@ -167,27 +166,36 @@ where
     if !parallel || pids.len() < 2 {
         return pids.iter().map(|&pid| timed(pid)).collect();
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = pids
+    let internal = |pid: i32, panic: criu_plugin::threads::WorkerPanic| {
+        let why = format!("internal error while handling pid {pid}: {panic}");
+        (
+            pid,
+            Err(E::from(DriverError::InvalidArgument(why))),
+            Duration::ZERO,
+        )
+    };
+    // Each worker starts with CRIU's signals blocked; all are joined before this returns.
+    let answers = criu_plugin::threads::scope(|w| {
+        let workers: Vec<_> = pids
             .iter()
             .map(|&pid| {
                 let timed = &timed;
-                std::thread::Builder::new()
-                    .name(format!("cuda-{pid}"))
-                    .spawn_scoped(s, move || {
-                        worker::block_sigalrm();
-                        timed(pid)
-                    })
+                (pid, w.spawn(format!("cuda-{pid}"), move || timed(pid)))
             })
             .collect();
-        handles
+        workers
             .into_iter()
-            .zip(pids)
-            .map(|(h, &pid)| match h.map(|h| h.join()) {
-                Ok(Ok(r)) => r,
-                // No thread could be started (or it died outside `op`): do it here.
-                _ => timed(pid),
+            .map(|(pid, worker)| match worker {
+                Ok(worker) => worker.join().unwrap_or_else(|panic| internal(pid, panic)),
+                // No thread could be started: do it here.
+                Err(_) => timed(pid),
             })
+            .collect()
+    });
+    // Every worker was joined above, so its panic went to its own pid already.
+    answers.unwrap_or_else(|panic| {
+        pids.iter()
+            .map(|&pid| internal(pid, panic.clone()))
             .collect()
     })
 }

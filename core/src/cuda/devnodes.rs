@@ -15,9 +15,15 @@
 //! the new spec gave. [`provide`] adds the nodes of the GPUs the restore goes to.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{FchmodatFlags, Mode, SFlag};
+use nix::unistd::AccessFlags;
 
 use super::gpus::Gpu;
 
@@ -63,16 +69,17 @@ fn c_path(p: &Path) -> Result<CString, String> {
 pub fn check_here(dev_dir: &Path, minor: u32) -> Result<(), String> {
     let path = dev_dir.join(node_name(minor));
     let c = c_path(&path)?;
-    // SAFETY: an all-zero `stat` is a valid value for stat(2) to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a valid, writable stat buffer.
-    if unsafe { libc::stat(c.as_ptr(), &mut st) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{} does not exist", path.display()),
-            _ => format!("{} cannot be read: {e}", path.display()),
-        });
-    }
+    let st = match nix::sys::stat::stat(c.as_c_str()) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return Err(format!("{} does not exist", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "{} cannot be read: {}",
+                path.display(),
+                io::Error::from(e)
+            ));
+        }
+    };
     if !is_node_of(&st, minor) {
         return Err(format!(
             "{} is {}, not NVIDIA's device {NVIDIA_MAJOR}:{minor}",
@@ -82,15 +89,17 @@ pub fn check_here(dev_dir: &Path, minor: u32) -> Result<(), String> {
     }
     // access(2) asks the device cgroup (v1 rules or the v2 eBPF program) like open(2) would,
     // without reaching the driver.
-    // SAFETY: `c` is a NUL-terminated path.
-    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::EPERM) => format!(
+    if let Err(e) = nix::unistd::access(c.as_c_str(), AccessFlags::R_OK | AccessFlags::W_OK) {
+        return Err(match e {
+            Errno::EPERM => format!(
                 "{} is refused by the device cgroup this CRIU runs in (for a restore under runc: the restored container's)",
                 path.display()
             ),
-            _ => format!("{} cannot be opened: {e}", path.display()),
+            _ => format!(
+                "{} cannot be opened: {}",
+                path.display(),
+                io::Error::from(e)
+            ),
         });
     }
     Ok(())
@@ -117,61 +126,27 @@ pub fn other_mount_ns(pid: i32) -> Option<bool> {
 /// container's (an absolute one would resolve in this CRIU's root).
 fn task_dev(pid: i32) -> Result<OwnedFd, String> {
     let root = c_path(Path::new(&format!("/proc/{pid}/root")))?;
-    // SAFETY: `root` is a NUL-terminated path; the flags ask for a new descriptor only.
-    let rfd = unsafe {
-        libc::open(
-            root.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if rfd < 0 {
-        return Err(format!(
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let rfd = nix::fcntl::open(root.as_c_str(), flags, Mode::empty()).map_err(|e| {
+        format!(
             "the root of pid {pid} cannot be opened: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `rfd` was just opened and is owned by nothing else.
-    let rfd = unsafe { OwnedFd::from_raw_fd(rfd) };
-    // SAFETY: `rfd` is an open directory descriptor and the name a NUL-terminated literal.
-    let dfd = unsafe {
-        libc::openat(
-            rfd.as_raw_fd(),
-            c"dev".as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            io::Error::from(e)
         )
-    };
-    if dfd < 0 {
-        return Err(format!(
-            "/dev of pid {pid} cannot be opened: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `dfd` was just opened and is owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(dfd) })
+    })?;
+    nix::fcntl::openat(&rfd, c"dev", flags | OFlag::O_NOFOLLOW, Mode::empty())
+        .map_err(|e| format!("/dev of pid {pid} cannot be opened: {}", io::Error::from(e)))
 }
 
 /// What `dev` (a task's `/dev`) holds under `name`: `None` when nothing.
 fn stat_at(dev: &OwnedFd, name: &str) -> Result<Option<libc::stat>, String> {
     let c = CString::new(name).map_err(|_| format!("{name} holds a NUL"))?;
-    // SAFETY: an all-zero `stat` is a valid value for fstatat(2) to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `dev` is an open directory descriptor, `c` a NUL-terminated name and `st` a
-    // valid, writable buffer.
-    let r = unsafe {
-        libc::fstatat(
-            dev.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if r == 0 {
-        return Ok(Some(st));
-    }
-    let e = std::io::Error::last_os_error();
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Ok(None),
-        _ => Err(format!("/dev/{name} cannot be read: {e}")),
+    match nix::sys::stat::fstatat(dev, c.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(format!(
+            "/dev/{name} cannot be read: {}",
+            io::Error::from(e)
+        )),
     }
 }
 
@@ -223,26 +198,19 @@ pub fn provide(pid: i32, targets: &[&Gpu], dev_dir: &Path) -> Result<Vec<String>
             })
             .unwrap_or(0o666);
         let c = CString::new(name.as_str()).map_err(|_| format!("{name} holds a NUL"))?;
-        // SAFETY: `dev` is an open directory descriptor and `c` a NUL-terminated name; mknodat
-        // creates a new node and never follows an existing name.
-        let r = unsafe {
-            libc::mknodat(
-                dev.as_raw_fd(),
-                c.as_ptr(),
-                libc::S_IFCHR | mode as libc::mode_t,
-                nvidia_rdev(minor),
-            )
-        };
-        if r != 0 {
+        let perm = Mode::from_bits_truncate(mode as libc::mode_t);
+        // mknodat creates a new node and never follows an existing name.
+        if let Err(e) =
+            nix::sys::stat::mknodat(&dev, c.as_c_str(), SFlag::S_IFCHR, perm, nvidia_rdev(minor))
+        {
             return Err(format!(
                 "/dev/{name} (GPU {}) is missing in the restored tasks' /dev and cannot be made there: {}",
                 g.uuid,
-                std::io::Error::last_os_error()
+                io::Error::from(e)
             ));
         }
         // mknod(2) applies the umask: the mode is set as the host's.
-        // SAFETY: as above; fchmodat(2) with flags 0 on the node just made.
-        unsafe { libc::fchmodat(dev.as_raw_fd(), c.as_ptr(), mode as libc::mode_t, 0) };
+        let _ = nix::sys::stat::fchmodat(&dev, c.as_c_str(), perm, FchmodatFlags::FollowSymlink);
         made.push(format!(
             "/dev/{name} ({NVIDIA_MAJOR}:{minor}, GPU {}, mode {mode:o})",
             g.uuid

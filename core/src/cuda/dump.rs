@@ -16,7 +16,7 @@ use cuda_ckpt_sys::{Driver, ProcessState};
 use super::batch::{Batch, Ran, each_in_helper, ms};
 use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure, os_failure};
 use super::gpus::{self, Gpu};
-use super::guardian::{PutBack, RESTORE, UNLOCK};
+use super::guardian::{Action, PutBack};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
@@ -271,13 +271,13 @@ impl DumpRun {
             return;
         };
         let action = match (locked.found, locked.locked_by_us) {
-            (_, true) => RESTORE | UNLOCK,
+            (_, true) => Action::RESTORE | Action::UNLOCK,
             // Checkpointed by this dump, left locked by whoever locked it.
-            (FoundState::Locked, false) => RESTORE,
+            (FoundState::Locked, false) => Action::RESTORE,
             _ => return,
         };
         let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
-        if let Err(e) = g.watch(pid, start, action, claim) {
+        if let Err(e) = g.watch(pid, start, action.bits(), claim) {
             log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}");
         }
     }
@@ -300,7 +300,9 @@ impl DumpRun {
         let guardian = self.guardian.as_ref();
         // In the helper, just before the lock: from then on the guardian unlocks it.
         let announce = || match (guardian, start) {
-            (Some(g), Some(start)) => g.watch(pid, start, RESTORE | UNLOCK, None).is_ok(),
+            (Some(g), Some(start)) => g
+                .watch(pid, start, (Action::RESTORE | Action::UNLOCK).bits(), None)
+                .is_ok(),
             // No start time: the process is gone. No guardian: a kernel without pidfds.
             _ => true,
         };

@@ -13,10 +13,14 @@
 //! new one.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag};
+use nix::sys::stat::Mode;
 
 /// Where the lock files live: `/run` is per boot and root's.
 const LOCK_DIR: &str = "/run/criu-gpu-plugin";
@@ -101,12 +105,7 @@ fn claim_in(dir: &Path, pid: i32, start: u64) -> Result<Claim, ClaimError> {
 
 /// Device and inode of the file behind `fd`, from the fd itself.
 fn fd_metadata(fd: &OwnedFd) -> io::Result<(u64, u64)> {
-    // SAFETY: stat is plain data, filled by fstat for an fd we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let st = nix::sys::stat::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
 
@@ -120,34 +119,28 @@ fn still_named(path: &Path, fd: &OwnedFd) -> bool {
 
 /// Opens the lock file `c` and tries to lock it: the fd, and whether the lock was taken.
 fn lock_file(c: &std::ffi::CStr) -> Result<(OwnedFd, bool), ClaimError> {
-    // SAFETY: open with a NUL-terminated path; O_NOFOLLOW so that a planted link is refused.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0o600,
-        )
+    // O_NOFOLLOW so that a planted link is refused.
+    let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+    let fd = nix::fcntl::open(
+        c,
+        flags | OFlag::O_NONBLOCK,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| ClaimError::Unavailable(e.into()))?;
+    // The whole file (start 0, length 0), l_pid 0 as OFD locks need.
+    let fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
     };
-    if fd < 0 {
-        return Err(ClaimError::Unavailable(io::Error::last_os_error()));
+    // F_OFD_SETLK does not block.
+    match nix::fcntl::fcntl(&fd, FcntlArg::F_OFD_SETLK(&fl)) {
+        Ok(_) => Ok((fd, true)),
+        Err(Errno::EAGAIN | Errno::EACCES) => Ok((fd, false)),
+        Err(e) => Err(ClaimError::Unavailable(e.into())),
     }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: flock (the struct) is plain data; all zero but the fields set below means the
-    // whole file.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: F_OFD_SETLK with a valid struct (l_pid 0, as OFD locks need) on an fd we own;
-    // it does not block.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EAGAIN | libc::EACCES) => Ok((fd, false)),
-            _ => Err(ClaimError::Unavailable(e)),
-        };
-    }
-    Ok((fd, true))
 }
 
 /// Removes lock files of processes that no longer exist (best effort, at most `limit`).

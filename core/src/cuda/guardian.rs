@@ -19,15 +19,28 @@ use cuda_ckpt_sys::{CUresult, Driver, DriverError};
 
 use super::procfs;
 
-/// Action bit: restore the process if it is checkpointed.
-pub const RESTORE: u32 = 1;
-/// Action bit: unlock the process if it is locked.
-pub const UNLOCK: u32 = 2;
-/// Action bit: kill the process and every descendant of it.
-pub const END_TREE: u32 = 4;
-/// Action bit: the tree has its GPU state back; kill it only if a task of it is still stuck
-/// in CRIU's restore (CRIU ended before it let the tasks go).
-pub const END_IF_STUCK: u32 = 8;
+bitflags::bitflags! {
+    /// What the guardian does for a watched process (the `action` word of [`Watched`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Action: u32 {
+        /// Restore the process if it is checkpointed.
+        const RESTORE = 1;
+        /// Unlock the process if it is locked.
+        const UNLOCK = 2;
+        /// Kill the process and every descendant of it.
+        const END_TREE = 4;
+        /// The tree has its GPU state back; kill it only if a task of it is still stuck in
+        /// CRIU's restore (CRIU ended before it let the tasks go).
+        const END_IF_STUCK = 8;
+    }
+}
+
+impl Action {
+    /// The action of a guardian's word (bits this side does not name are dropped).
+    fn of(word: u32) -> Action {
+        Action::from_bits_truncate(word)
+    }
+}
 
 /// The dump's duty: put every watched process back as the dump found it.
 pub struct PutBack<'a> {
@@ -38,11 +51,12 @@ pub struct PutBack<'a> {
 impl Duty for PutBack<'_> {
     fn rescue(&mut self, watched: Vec<Watched>) {
         let driver = self.driver;
-        // Outside CRIU threads are free: every process at once.
-        std::thread::scope(|s| {
+        // Every process at once, on workers as inside CRIU (the guardian's own thread takes
+        // its signals).
+        let done = criu_plugin::threads::scope(|s| {
             for w in &watched {
                 let put_back_one = move || {
-                    let unlock = w.action & UNLOCK != 0;
+                    let unlock = Action::of(w.action).contains(Action::UNLOCK);
                     let mut r = super::put_back(driver, w.pid, unlock);
                     if needs_init(&r) && driver.init().is_ok() {
                         r = super::put_back(driver, w.pid, unlock);
@@ -60,12 +74,15 @@ impl Duty for PutBack<'_> {
                     }
                 };
                 // No thread to be had: this one does it, after the others.
-                if let Err(e) = std::thread::Builder::new().spawn_scoped(s, put_back_one) {
+                if let Err(e) = s.spawn(format!("put-back-{}", w.pid), put_back_one) {
                     log::debug!("guardian: no thread for pid {} ({e})", w.pid);
                     put_back_one();
                 }
             }
         });
+        if let Err(panic) = done {
+            log::error!("guardian: {panic}");
+        }
     }
 }
 
@@ -246,7 +263,7 @@ impl Duty for EndRestore {
             };
             if ours {
                 log::debug!("guardian: task {pid} of the restore found");
-                found.push((pid, start, END_TREE));
+                found.push((pid, start, Action::END_TREE.bits()));
                 self.roots.push(pid);
             }
         }
@@ -257,7 +274,7 @@ impl Duty for EndRestore {
     fn watched(&mut self, pid: i32, action: u32) {
         // The tree has its GPU state back: a dump of it may run from now on (a CRIU that
         // waits for its restored tree keeps this guardian until the tree ends).
-        if action & END_IF_STUCK != 0 {
+        if Action::of(action).contains(Action::END_IF_STUCK) {
             self.settled = Some(pid);
             self.claims.clear();
         }
@@ -277,12 +294,12 @@ impl Duty for EndRestore {
         };
         for root in watched
             .iter()
-            .filter(|w| w.action & (END_TREE | END_IF_STUCK) != 0)
+            .filter(|w| Action::of(w.action).intersects(Action::END_TREE | Action::END_IF_STUCK))
         {
             // A settled tree is ended only if CRIU died before it let the tree go and a task
             // still waits inside CRIU's restore code.
             let stuck = || procfs::tree(root.pid).iter().any(|&p| in_restore(p));
-            if root.action & END_TREE == 0 && (self.let_go || !stuck()) {
+            if !Action::of(root.action).contains(Action::END_TREE) && (self.let_go || !stuck()) {
                 log::info!(
                     "guardian: restored tree of pid {} runs on its own; left running",
                     root.pid

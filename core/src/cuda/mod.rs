@@ -43,7 +43,6 @@ pub mod procfs;
 mod restore;
 pub mod restore_thread;
 mod settings;
-pub mod worker;
 
 #[cfg(test)]
 mod tests;

@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 use criu_plugin::guardian::Guardian;
 use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, GpuPair};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
 
 use super::error::{Failure, FailureKind};
 use super::gpus::Gpu;
@@ -163,7 +166,12 @@ impl RestoreRun {
             && tree_ok
             && let (Some(g), Some(start)) = (&self.guardian, procfs::start_time(pid))
         {
-            let _ = g.watch(pid, start, super::guardian::END_IF_STUCK, None);
+            let _ = g.watch(
+                pid,
+                start,
+                super::guardian::Action::END_IF_STUCK.bits(),
+                None,
+            );
         }
         answer
     }
@@ -498,8 +506,8 @@ fn end_restored(tree: &[i32], failed: &[i32]) {
         .flat_map(|&pid| procfs::threads(pid).into_iter().filter(move |&t| t != pid))
         .collect();
     for &pid in tree {
-        // SAFETY: kill(2) of a task this restore created (CRIU still holds it under ptrace).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // A task this restore created (CRIU still holds it under ptrace).
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     reap_traced_threads(&threads);
 }
@@ -518,11 +526,13 @@ fn reap_traced_threads(threads: &[i32]) {
     let deadline = std::time::Instant::now() + REAP_WAIT;
     while !left.is_empty() {
         left.retain(|&tid| {
-            let mut status = 0;
-            // SAFETY: waitpid(2) on one thread id, without blocking; it reaps only a thread
-            // this process traces (anything else answers ECHILD).
-            let r = unsafe { libc::waitpid(tid, &mut status, libc::WNOHANG | libc::__WALL) };
-            r == 0
+            // One thread id, without blocking; it reaps only a thread this process traces
+            // (anything else answers ECHILD). Kept while it still runs.
+            let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+            matches!(
+                waitpid(Pid::from_raw(tid), Some(flags)),
+                Ok(WaitStatus::StillAlive)
+            )
         });
         if left.is_empty() || std::time::Instant::now() > deadline {
             break;

@@ -18,25 +18,41 @@
 
 use std::io;
 
+use nix::errno::Errno;
+use nix::sys::ptrace::{self, Options};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
 /// `PTRACE_EVENT_STOP`, the stop `PTRACE_INTERRUPT` produces for a seized tracee.
 const PTRACE_EVENT_STOP: i32 = 128;
 
-fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
-    // SAFETY: every request used here takes an address and data word; the only pointer passed
-    // (for the signal-mask requests) points to a live u64 of the size given in `addr`.
+/// `PTRACE_GETSIGMASK` or `PTRACE_SETSIGMASK` (which nix does not wrap) of `tid`'s mask in
+/// `mask`.
+fn sigmask(req: libc::c_uint, tid: i32, mask: *mut u64) -> io::Result<()> {
+    // SAFETY: both requests take the mask's size as the address word and a pointer to a live
+    // u64 of that size as the data word (read by SETSIGMASK, written by GETSIGMASK).
     let r = unsafe {
         libc::ptrace(
             req,
             tid,
-            addr as *mut libc::c_void,
-            data as *mut libc::c_void,
+            std::mem::size_of::<u64>() as *mut libc::c_void,
+            mask.cast::<libc::c_void>(),
         )
     };
     if r == -1 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(r)
+        Ok(())
     }
+}
+
+/// The options CRIU gives its tracees (nix names no `PTRACE_O_SUSPEND_SECCOMP`).
+fn criu_options(suspend_seccomp: bool) -> Options {
+    let mut o = Options::PTRACE_O_TRACESYSGOOD;
+    if suspend_seccomp {
+        o |= Options::from_bits_retain(libc::PTRACE_O_SUSPEND_SECCOMP);
+    }
+    o
 }
 
 /// One restore thread let run; [`RunningThread::stop`] puts it back.
@@ -50,13 +66,8 @@ struct RunningThread {
 impl RunningThread {
     fn start(tid: i32) -> io::Result<RunningThread> {
         let mut mask: u64 = 0;
-        match ptrace(
-            libc::PTRACE_GETSIGMASK,
-            tid,
-            std::mem::size_of::<u64>(),
-            (&raw mut mask) as usize,
-        ) {
-            Ok(_) => {}
+        match sigmask(libc::PTRACE_GETSIGMASK, tid, &raw mut mask) {
+            Ok(()) => {}
             // Not traced by this thread: the thread runs on its own.
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
                 return Ok(RunningThread {
@@ -66,18 +77,14 @@ impl RunningThread {
             }
             Err(e) => return Err(e),
         }
-        let block: u64 = !(1u64 << (libc::SIGTRAP - 1));
-        ptrace(
-            libc::PTRACE_SETSIGMASK,
-            tid,
-            std::mem::size_of::<u64>(),
-            (&raw const block) as usize,
-        )?;
-        let started = ptrace(libc::PTRACE_SETOPTIONS, tid, 0, 0)
-            .and_then(|_| ptrace(libc::PTRACE_CONT, tid, 0, 0));
+        let mut block: u64 = !(1u64 << (libc::SIGTRAP - 1));
+        sigmask(libc::PTRACE_SETSIGMASK, tid, &raw mut block)?;
+        let pid = Pid::from_raw(tid);
+        let started =
+            ptrace::setoptions(pid, Options::empty()).and_then(|()| ptrace::cont(pid, None));
         if let Err(e) = started {
             let _ = restore_state(tid, mask);
-            return Err(e);
+            return Err(e.into());
         }
         Ok(RunningThread {
             tid,
@@ -90,52 +97,39 @@ impl RunningThread {
             return Ok(());
         };
         let tid = self.tid;
-        ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
+        let pid = Pid::from_raw(tid);
+        ptrace::interrupt(pid)?;
         loop {
-            let mut status = 0;
-            // SAFETY: waitpid writes the status into the live local `status`.
-            let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
-            if r == -1 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
+            // Every signal but SIGTRAP is blocked in the thread, so a stop names a signal nix
+            // knows (it refuses, EINVAL, one it has no name for).
+            match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceEvent(_, _, PTRACE_EVENT_STOP)) => break,
+                // A signal-delivery stop: hand the signal back and wait for the interrupt's
+                // stop.
+                Ok(WaitStatus::Stopped(_, sig) | WaitStatus::PtraceEvent(_, sig, _)) => {
+                    ptrace::cont(pid, sig)?
                 }
-                return Err(e);
+                Ok(WaitStatus::PtraceSyscall(_)) => ptrace::cont(pid, None)?,
+                Ok(st) => {
+                    return Err(io::Error::other(format!(
+                        "restore thread {tid} ended while running ({st:?})"
+                    )));
+                }
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
             }
-            if !libc::WIFSTOPPED(status) {
-                return Err(io::Error::other(format!(
-                    "restore thread {tid} ended while running (status {status:#x})"
-                )));
-            }
-            if status >> 16 == PTRACE_EVENT_STOP {
-                break;
-            }
-            // A signal-delivery stop: hand the signal back and wait for the interrupt's stop.
-            let sig = libc::WSTOPSIG(status);
-            ptrace(libc::PTRACE_CONT, tid, 0, sig as usize)?;
         }
         restore_state(tid, mask)
     }
 }
 
-fn restore_state(tid: i32, mask: u64) -> io::Result<()> {
-    let opts = (libc::PTRACE_O_SUSPEND_SECCOMP | libc::PTRACE_O_TRACESYSGOOD) as usize;
-    if ptrace(libc::PTRACE_SETOPTIONS, tid, 0, opts).is_err() {
+fn restore_state(tid: i32, mut mask: u64) -> io::Result<()> {
+    let pid = Pid::from_raw(tid);
+    if ptrace::setoptions(pid, criu_options(true)).is_err() {
         // Suspending seccomp needs CAP_SYS_ADMIN; without it CRIU could not have set it.
-        ptrace(
-            libc::PTRACE_SETOPTIONS,
-            tid,
-            0,
-            libc::PTRACE_O_TRACESYSGOOD as usize,
-        )?;
+        ptrace::setoptions(pid, criu_options(false))?;
     }
-    ptrace(
-        libc::PTRACE_SETSIGMASK,
-        tid,
-        std::mem::size_of::<u64>(),
-        (&raw const mask) as usize,
-    )?;
-    Ok(())
+    sigmask(libc::PTRACE_SETSIGMASK, tid, &raw mut mask)
 }
 
 /// Restore threads let run; all are stopped again by [`RunningThreads::stop_all`] or on drop.

@@ -11,7 +11,7 @@ use std::fmt;
 use super::proto;
 use super::wire::{self, MessageRules};
 use super::{ImageMessage, NO_GEM_HANDLE};
-use crate::amdgpu::device::alloc_flags;
+use crate::amdgpu::device::AllocFlags;
 
 /// A message that decodes but breaks a rule of the format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl BoEntry {
     /// Whether the BO's contents are saved in the GPU's pages file
     /// (VRAM or GTT; userptr, doorbell and MMIO BOs are not).
     pub fn has_contents(&self) -> bool {
-        self.alloc_flags & alloc_flags::WITH_CONTENTS != 0
+        AllocFlags::of(self.alloc_flags).intersects(AllocFlags::WITH_CONTENTS)
     }
 }
 

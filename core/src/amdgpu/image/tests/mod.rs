@@ -184,7 +184,7 @@ fn cpu_vals(node_id: u64, cores: u64) -> [u64; 31] {
 
 const GPU_A: u32 = 0x1a2b;
 const GPU_B: u32 = 0x3c4d;
-const KFD_USERPTR: u32 = 1 << 2;
+const KFD_USERPTR: u32 = crate::amdgpu::device::AllocFlags::USERPTR.bits();
 
 fn sample_kfd() -> KfdCheckpoint {
     KfdCheckpoint {
