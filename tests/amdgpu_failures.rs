@@ -12,7 +12,7 @@ use criu_gpu_core::amdgpu::device::alloc_flags;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
 };
-use criu_gpu_core::backend::GpuBackend;
+use criu_gpu_core::backend::{GpuBackend, HookHandler};
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
 use kfd_sim::{Fault, Faults, ProcessSpec, SimKfd};
 use support::*;

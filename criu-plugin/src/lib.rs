@@ -22,8 +22,11 @@
 //! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
 //!   run time and bounded;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
-//! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
-//!   contain panics and map errors to negative errno, and [`export_plugin!`].
+//! - [`hooks`]: CRIU's hooks, each declared once in one table, and how a plugin chains a hook
+//!   through its handlers;
+//! - [`plugin`]: a [`Plugin`] trait with one method per hook, the [`HookHandler`]s (backends) a
+//!   plugin forwards hooks to, `extern "C"` trampolines that contain panics and map errors to
+//!   negative errno, and [`export_plugin!`]; all generated from the hook table.
 //!
 //! ```ignore
 //! struct MyPlugin;
@@ -37,6 +40,7 @@ pub mod failure;
 pub mod fds;
 pub mod files;
 pub mod guardian;
+pub mod hooks;
 pub mod host;
 pub mod log;
 pub mod options;
@@ -47,6 +51,7 @@ pub mod symbols;
 
 pub use abi::{HookId, PluginDesc, Stage};
 pub use failure::{Failure, FailureKind};
+pub use hooks::{Chain, ChainRule};
 pub use host::{Host, HostVersion};
-pub use plugin::{HookError, HookResult, Plugin, VmaUpdate};
+pub use plugin::{HookError, HookHandler, HookResult, Plugin, VmaUpdate};
 pub use symbols::{CriuSymbols, FinalState, InventoryListing};

@@ -1,5 +1,6 @@
-//! The safe side of the ABI: a trait with one method per hook, and the `extern "C"`
-//! trampolines CRIU calls, which contain every panic and turn errors into negative errno.
+//! The safe side of the ABI, generated from the hook table ([`crate::hooks`]): [`Plugin`] and
+//! [`HookHandler`] with one method per hook, and the `extern "C"` trampolines CRIU calls, which
+//! contain every panic and turn errors into negative errno.
 //!
 //! CRIU chains plugins per hook: `-ENOTSUP` means "not mine, ask the next plugin"; any other
 //! value ends the chain. [`HookError::NotMine`] is that answer.
@@ -10,6 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook, Stage};
 use crate::failure::Failure;
+use crate::hooks::{Chain, ChainRule, Reborrow};
 use crate::log::{CriuLevel, CriuLogger};
 
 /// Why a hook did not succeed. Two hook errors are equal when CRIU gets the same answer from
@@ -79,106 +81,6 @@ pub struct VmaUpdate {
     pub plugin_fd: Option<RawFd>,
 }
 
-/// A CRIU plugin. Every hook defaults to [`HookError::NotMine`]; list the hooks the plugin
-/// implements in [`Plugin::HOOKS`] so that CRIU only calls those.
-#[allow(unused_variables)]
-pub trait Plugin: Sync + 'static {
-    /// Name in the descriptor (CRIU's debug log shows it).
-    const NAME: &'static CStr;
-    /// Prefix of every log line.
-    const LOG_PREFIX: &'static str;
-    /// Hooks to register.
-    const HOOKS: &'static [HookId];
-
-    /// The plugin's single instance.
-    fn instance() -> &'static Self;
-
-    /// The logger the trampolines install at `init`.
-    fn logger() -> &'static CriuLogger;
-
-    /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do (no
-    /// GPU) returns `Ok` and disables itself.
-    fn init(&self, stage: Stage) -> HookResult;
-    /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure). `stage` is
-    /// `None` when CRIU passed one this crate does not know: the plugin still has to clean up
-    /// the run it knows it is in.
-    fn exit(&self, stage: Option<Stage>, ret: i32);
-
-    /// `DUMP_UNIX_SK(fd, id)`.
-    fn dump_unix_sk(&self, fd: RawFd, id: u32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_UNIX_SK(id)`: the restored socket.
-    fn restore_unix_sk(&self, id: u32) -> HookResult<RawFd> {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_EXT_FILE(fd, id)`.
-    fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_EXT_FILE(id[, retry_needed])`: the restored fd. `retry` is `Some` where the host
-    /// supports retries (criu-dev); setting it to true asks CRIU to call again later.
-    fn restore_ext_file(&self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_EXT_MOUNT(mountpoint, id)`.
-    fn dump_ext_mount(&self, mountpoint: &CStr, id: u32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_EXT_MOUNT(id, mountpoint, old_root, is_file)`.
-    fn restore_ext_mount(
-        &self,
-        id: u32,
-        mountpoint: &CStr,
-        old_root: &CStr,
-        is_file: Option<&mut bool>,
-    ) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_EXT_LINK(index, type, kind)`; runs in a forked child of CRIU.
-    fn dump_ext_link(&self, index: i32, link_type: i32, kind: &CStr) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `HANDLE_DEVICE_VMA(fd, stat)`: claim a device mapping so CRIU records it without contents.
-    fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `UPDATE_VMA_MAP(path, addr, old_pgoff, new_pgoff, plugin_fd)`.
-    fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
-        Err(HookError::NotMine)
-    }
-    /// `RESUME_DEVICES_LATE(pid)`: CRIU ignores failures here beyond a debug line.
-    fn resume_devices_late(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `PAUSE_DEVICES(pid)`: before the task is seized (also in pre-dump).
-    fn pause_devices(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `CHECKPOINT_DEVICES(pid)`: every task seized.
-    fn checkpoint_devices(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `POST_FORKING()`.
-    fn post_forking(&self) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_INIT()`.
-    fn restore_init(&self) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_DEVICES_LATE(id)`.
-    fn dump_devices_late(&self, id: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_FINISH(ret)` (CRIU 4.3): every plugin's handler runs. It may come twice: after a
-    /// handler failed, CRIU resumes the tasks and calls it again with that error.
-    fn dump_finish(&self, ret: i32) -> HookResult {
-        let _ = ret;
-        Err(HookError::NotMine)
-    }
-}
-
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
@@ -245,11 +147,79 @@ macro_rules! erase {
     }};
 }
 
-/// Declares each hook's `extern "C"` trampoline once, with the C signature CRIU calls it with;
-/// [`hook_pointer`] is generated from the same list, so a trampoline and its slot cannot
-/// disagree on the signature. The body runs inside [`guard`] and returns the hook's C value.
-macro_rules! trampolines {
-    ($( $(#[$doc:meta])* $id:ident => fn $name:ident($($arg:ident: $ty:ty),*) $body:block )*) => {
+/// Runs a row's C glue on the plugin's method.
+fn glue<F, R>(call: F, glue: impl FnOnce(F) -> R) -> R {
+    glue(call)
+}
+
+/// Generates from the hook table ([`crate::hooks`]): [`Plugin`], [`HookHandler`], each hook's
+/// `extern "C"` trampoline, and [`hook_pointer`] from the same rows, so that a trampoline and
+/// its slot cannot disagree on the signature. The glue runs inside [`guard`] and returns the
+/// hook's C value.
+macro_rules! hook_items {
+    ($({
+        $(#[$doc:meta])*
+        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident,
+        fn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty,
+        extern ($($carg:ident: $cty:ty),*) $glue:expr
+    })*) => {
+        /// A CRIU plugin. A hook the plugin does not implement itself goes to its handlers
+        /// ([`Plugin::each_handler`]) as [`HookId::chain_rule`] says; with none (the default)
+        /// the answer is [`HookError::NotMine`]. List the hooks the plugin serves in
+        /// [`Plugin::HOOKS`] so that CRIU only calls those.
+        pub trait Plugin: Sync + 'static {
+            /// Name in the descriptor (CRIU's debug log shows it).
+            const NAME: &'static CStr;
+            /// Prefix of every log line.
+            const LOG_PREFIX: &'static str;
+            /// Hooks to register.
+            const HOOKS: &'static [HookId];
+            /// What the plugin forwards hooks to (its backends).
+            type Handler: HookHandler + ?Sized;
+
+            /// The plugin's single instance.
+            fn instance() -> &'static Self;
+
+            /// The logger the trampolines install at `init`.
+            fn logger() -> &'static CriuLogger;
+
+            /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do
+            /// (no GPU) returns `Ok` and disables itself.
+            fn init(&self, stage: Stage) -> HookResult;
+            /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure).
+            /// `stage` is `None` when CRIU passed one this crate does not know: the plugin
+            /// still has to clean up the run it knows it is in.
+            fn exit(&self, stage: Option<Stage>, ret: i32);
+
+            /// Shows `visit` the handlers of this run in chain order, until it answers
+            /// `false`; none by default.
+            fn each_handler(&self, visit: &mut dyn FnMut(&mut Self::Handler) -> bool) {
+                let _ = visit;
+            }
+
+            $(
+                $(#[$doc])*
+                fn $method(&self, $($arg: $ty),*) -> HookResult<$out> {
+                    let mut chain = Chain::new(ChainRule::$chain);
+                    $(let mut $arg = $arg;)*
+                    self.each_handler(&mut |h| chain.offer(h.$method($($arg.again()),*)));
+                    chain.answer()
+                }
+            )*
+        }
+
+        /// Something a plugin forwards hooks to (a GPU vendor's backend); every hook defaults
+        /// to [`HookError::NotMine`].
+        #[allow(unused_variables)]
+        pub trait HookHandler {
+            $(
+                $(#[$doc])*
+                fn $method(&mut self, $($arg: $ty),*) -> HookResult<$out> {
+                    Err(HookError::NotMine)
+                }
+            )*
+        }
+
         /// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
         ///
         /// # Safety
@@ -260,9 +230,11 @@ macro_rules! trampolines {
             use super::*;
 
             $(
-                $(#[$doc])*
-                pub unsafe extern "C" fn $name<P: Plugin>($($arg: $ty),*) -> c_int {
-                    guard::<P>(HookId::$id.label(), || $body)
+                #[doc = concat!("`", $label, "` as CRIU calls it.")]
+                pub unsafe extern "C" fn $method<P: Plugin>($($carg: $cty),*) -> c_int {
+                    guard::<P>(HookId::$id.label(), || {
+                        glue(|$($arg: $ty),*| P::instance().$method($($arg),*), $glue)
+                    })
                 }
             )*
 
@@ -289,7 +261,7 @@ macro_rules! trampolines {
             }
 
             /// `RESTORE_EXT_FILE` as CRIU 4.3 (and criu-dev before it) calls it, with
-            /// `bool *retry_needed`.
+            /// `bool *retry_needed`: the second C signature of one hook.
             pub unsafe extern "C" fn restore_ext_file_retry<P: Plugin>(
                 id: c_int,
                 retry_needed: *mut bool,
@@ -314,139 +286,15 @@ macro_rules! trampolines {
         pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
             match hook {
                 $(HookId::$id => erase!(
-                    trampolines::$name::<P>,
-                    unsafe extern "C" fn($($ty),*) -> c_int
+                    trampolines::$method::<P>,
+                    unsafe extern "C" fn($($cty),*) -> c_int
                 ),)*
-                // No plugin of this crate rewrites socket addresses.
-                HookId::UpdateInetsk => None,
             }
         }
     };
 }
 
-trampolines! {
-    /// `DUMP_UNIX_SK`.
-    DumpUnixSk => fn dump_unix_sk(fd: c_int, id: c_int) {
-        ret(P::instance().dump_unix_sk(fd, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_UNIX_SK`.
-    RestoreUnixSk => fn restore_unix_sk(id: c_int) {
-        ret(P::instance().restore_unix_sk(id_u32(id)), |fd| fd)
-    }
-    /// `DUMP_EXT_FILE`.
-    DumpExtFile => fn dump_ext_file(fd: c_int, id: c_int) {
-        ret(P::instance().dump_ext_file(fd, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_EXT_FILE` as CRIU up to 4.2 calls it.
-    RestoreExtFile => fn restore_ext_file(id: c_int) {
-        ret(P::instance().restore_ext_file(id_u32(id), None), |fd| fd)
-    }
-    /// `DUMP_EXT_MOUNT`.
-    DumpExtMount => fn dump_ext_mount(mp: *mut c_char, id: c_int) {
-        if mp.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated mount point valid for the call.
-        let mp = unsafe { CStr::from_ptr(mp) };
-        ret(P::instance().dump_ext_mount(mp, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_EXT_MOUNT`.
-    RestoreExtMount => fn restore_ext_mount(
-        id: c_int,
-        mp: *mut c_char,
-        old_root: *mut c_char,
-        is_file: *mut c_int
-    ) {
-        if mp.is_null() || old_root.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes NUL-terminated strings valid for the call.
-        let (mp, old_root) = unsafe { (CStr::from_ptr(mp), CStr::from_ptr(old_root)) };
-        let mut file = false;
-        let want_file = !is_file.is_null();
-        let r = P::instance().restore_ext_mount(
-            id_u32(id),
-            mp,
-            old_root,
-            want_file.then_some(&mut file),
-        );
-        if want_file {
-            // SAFETY: non-null `is_file` points to an int CRIU reads after the call.
-            unsafe { is_file.write(c_int::from(file)) };
-        }
-        ret(r, |_| 0)
-    }
-    /// `DUMP_EXT_LINK`.
-    DumpExtLink => fn dump_ext_link(index: c_int, link_type: c_int, kind: *mut c_char) {
-        if kind.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated link kind valid for the call.
-        let kind = unsafe { CStr::from_ptr(kind) };
-        ret(P::instance().dump_ext_link(index, link_type, kind), |_| 0)
-    }
-    /// `HANDLE_DEVICE_VMA`.
-    HandleDeviceVma => fn handle_device_vma(fd: c_int, st: *const libc::stat) {
-        if st.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes the stat of the mapping's file, valid for the call.
-        let st = unsafe { &*st };
-        ret(P::instance().handle_device_vma(fd, st), |_| 0)
-    }
-    /// `UPDATE_VMA_MAP`: returns 1 when the offset was replaced, as CRIU expects.
-    UpdateVmaMap => fn update_vma_map(
-        path: *const c_char,
-        addr: u64,
-        old_pgoff: u64,
-        new_pgoff: *mut u64,
-        plugin_fd: *mut c_int
-    ) {
-        if path.is_null() || new_pgoff.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated path valid for the call.
-        let path = unsafe { CStr::from_ptr(path) };
-        ret(P::instance().update_vma_map(path, addr, old_pgoff), |u| {
-            // SAFETY: CRIU passes pointers to its own locals for both outputs.
-            unsafe {
-                new_pgoff.write(u.new_pgoff);
-                if !plugin_fd.is_null() {
-                    plugin_fd.write(u.plugin_fd.unwrap_or(-1));
-                }
-            }
-            1
-        })
-    }
-    /// `RESUME_DEVICES_LATE`.
-    ResumeDevicesLate => fn resume_devices_late(pid: c_int) {
-        ret(P::instance().resume_devices_late(pid), |_| 0)
-    }
-    /// `PAUSE_DEVICES`.
-    PauseDevices => fn pause_devices(pid: c_int) {
-        ret(P::instance().pause_devices(pid), |_| 0)
-    }
-    /// `CHECKPOINT_DEVICES`.
-    CheckpointDevices => fn checkpoint_devices(pid: c_int) {
-        ret(P::instance().checkpoint_devices(pid), |_| 0)
-    }
-    /// `POST_FORKING`.
-    PostForking => fn post_forking() {
-        ret(P::instance().post_forking(), |_| 0)
-    }
-    /// `RESTORE_INIT`.
-    RestoreInit => fn restore_init() {
-        ret(P::instance().restore_init(), |_| 0)
-    }
-    /// `DUMP_DEVICES_LATE`.
-    DumpDevicesLate => fn dump_devices_late(id: c_int) {
-        ret(P::instance().dump_devices_late(id), |_| 0)
-    }
-    /// `DUMP_FINISH`.
-    DumpFinish => fn dump_finish(rc: c_int) {
-        ret(P::instance().dump_finish(rc), |_| 0)
-    }
-}
+crate::hooks::for_each_hook!(hook_items);
 
 /// The `RESTORE_EXT_FILE` variant for criu-dev hosts.
 pub const fn restore_ext_file_retry_pointer<P: Plugin>() -> RawHook {
@@ -523,11 +371,13 @@ mod tests {
     struct Probe {
         calls: Mutex<Vec<String>>,
         panics: AtomicUsize,
+        backends: Mutex<Vec<Backend>>,
     }
 
     static PROBE: Probe = Probe {
         calls: Mutex::new(Vec::new()),
         panics: AtomicUsize::new(0),
+        backends: Mutex::new(Vec::new()),
     };
     static LOGGER: CriuLogger = CriuLogger::new("probe");
 
@@ -539,8 +389,16 @@ mod tests {
             HookId::RestoreExtFile,
             HookId::UpdateVmaMap,
         ];
+        type Handler = Backend;
         fn instance() -> &'static Self {
             &PROBE
+        }
+        fn each_handler(&self, visit: &mut dyn FnMut(&mut Backend) -> bool) {
+            for b in self.backends.lock().unwrap().iter_mut() {
+                if !visit(b) {
+                    break;
+                }
+            }
         }
         fn logger() -> &'static CriuLogger {
             &LOGGER
@@ -662,5 +520,82 @@ mod tests {
         assert_eq!(HookError::Errno(-3).to_return(), -libc::EIO);
         let io = std::io::Error::from_raw_os_error(libc::ENOENT);
         assert_eq!(HookError::from(io), HookError::Errno(libc::ENOENT));
+    }
+
+    /// A backend of [`Probe`]: answers for one pid, says "not mine" for the others, and
+    /// counts what it was asked.
+    struct Backend {
+        pid: i32,
+        asked: usize,
+        finish: HookResult,
+    }
+
+    impl HookHandler for Backend {
+        fn checkpoint_devices(&mut self, pid: i32) -> HookResult {
+            self.asked += 1;
+            if pid == self.pid {
+                Ok(())
+            } else {
+                Err(HookError::NotMine)
+            }
+        }
+        fn restore_ext_mount(
+            &mut self,
+            id: u32,
+            _mountpoint: &CStr,
+            _old_root: &CStr,
+            is_file: Option<&mut bool>,
+        ) -> HookResult {
+            if let Some(f) = is_file {
+                *f = !*f;
+            }
+            if id as i32 == self.pid {
+                Ok(())
+            } else {
+                Err(HookError::NotMine)
+            }
+        }
+        fn dump_finish(&mut self, _ret: i32) -> HookResult {
+            self.asked += 1;
+            self.finish.clone()
+        }
+    }
+
+    #[test]
+    fn hooks_not_implemented_go_to_the_handlers_as_the_table_says() {
+        let backend = |pid, finish| Backend {
+            pid,
+            asked: 0,
+            finish,
+        };
+        *PROBE.backends.lock().unwrap() = vec![
+            backend(1, Err(HookError::NotMine)),
+            backend(2, Err(HookError::Errno(libc::EPERM))),
+            backend(3, Ok(())),
+        ];
+        let asked = || {
+            let b = PROBE.backends.lock().unwrap();
+            b.iter().map(|b| b.asked).collect::<Vec<_>>()
+        };
+        // SAFETY: calling the trampolines directly as CRIU would.
+        unsafe {
+            // First rule: the owner answers, the ones after it are not asked.
+            assert_eq!(trampolines::checkpoint_devices::<Probe>(2), 0);
+            assert_eq!(asked(), [1, 1, 0]);
+            assert_eq!(trampolines::checkpoint_devices::<Probe>(9), -libc::ENOTSUP);
+            assert_eq!(asked(), [2, 2, 1]);
+            // All rule: everyone is asked; the first failure is the answer.
+            assert_eq!(trampolines::dump_finish::<Probe>(0), -libc::EPERM);
+            assert_eq!(asked(), [3, 3, 2]);
+        }
+        // Every handler asked gets the output to write, in turn: two flips, then three.
+        let mount = |id, is_file: &mut c_int| {
+            let (mp, root) = (c"/m".as_ptr().cast_mut(), c"/".as_ptr().cast_mut());
+            // SAFETY: the strings are valid and `is_file` outlives the call.
+            unsafe { trampolines::restore_ext_mount::<Probe>(id, mp, root, is_file) }
+        };
+        let mut is_file = 0;
+        assert_eq!((mount(2, &mut is_file), is_file), (0, 0));
+        assert_eq!((mount(3, &mut is_file), is_file), (0, 1));
     }
 }

@@ -50,7 +50,7 @@ mod tests;
 
 use std::ffi::CStr;
 
-use criu_plugin::{HookError, HookResult, InventoryListing, Stage};
+use criu_plugin::{HookError, HookHandler, HookResult, InventoryListing, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use dump::DumpRun;
@@ -126,6 +126,17 @@ impl GpuBackend for CudaBackend {
         Ok(self.run.is_some())
     }
 
+    fn exit(&mut self, _stage: Stage, ret: i32) {
+        // The run's own stage decides; its claims and driver go with it.
+        match self.run.take() {
+            Some(Run::Dump(d)) => d.finish(ret),
+            Some(Run::Restore(r)) => r.finish(ret),
+            Some(Run::Unusable { .. }) | None => {}
+        }
+    }
+}
+
+impl HookHandler for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.pause(pid).map_err(HookError::from),
@@ -152,15 +163,6 @@ impl GpuBackend for CudaBackend {
         match &mut self.run {
             Some(Run::Dump(d)) => d.dump_finish(ret).map_err(HookError::from),
             _ => Err(HookError::NotMine),
-        }
-    }
-
-    fn exit(&mut self, _stage: Stage, ret: i32) {
-        // The run's own stage decides; its claims and driver go with it.
-        match self.run.take() {
-            Some(Run::Dump(d)) => d.finish(ret),
-            Some(Run::Restore(r)) => r.finish(ret),
-            Some(Run::Unusable { .. }) | None => {}
         }
     }
 }
