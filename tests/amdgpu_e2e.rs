@@ -621,7 +621,7 @@ fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
         } else {
             r
         };
-        assert_eq!(r, Err(HookError::Errno(libc::ENOENT)));
+        assert_eq!(r, Err(HookError::logged(libc::ENOENT)));
         d.exit(Stage::Dump, -1);
         assert!(!sim.process(1101).unwrap().paused);
     }
@@ -707,7 +707,7 @@ fn a_gpu_without_a_supported_sdma_engine_fails_the_dump_clearly() {
     );
     let images = TempDir::new("si");
     let e = refused_dump(&sim, &[&p], images.path(), &config(&topo, ""));
-    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
+    assert_eq!(e, HookError::logged(libc::EOPNOTSUPP));
     assert!(!sim.process(901).unwrap().paused);
     assert_no_leaks(&sim, p.render.len(), 1);
 }

@@ -24,9 +24,10 @@
 //! Per-task restore hooks (`RESTORE_EXT_FILE`, `UPDATE_VMA_MAP`) run in tasks CRIU forked from
 //! its main process: a backend's own threads must never hold a lock that such a hook takes.
 //!
-//! Both backends carry a failure as one [`criu_plugin::Failure`] (errno for CRIU, a
-//! [`criu_plugin::FailureKind`], the sentence for the user) in [`HookError::Failed`] up to the
-//! hook, where `criu-plugin` writes it to CRIU's log once, with its kind (`... [machine]`).
+//! Both backends answer with one error type, [`HookError`]: "not mine", or a
+//! [`criu_plugin::Failure`] (a positive errno for CRIU, a [`criu_plugin::FailureKind`], the
+//! phase, the sentence for the user, its cause) carried up to the hook, where `criu-plugin`
+//! writes it to CRIU's log once, with its kind (`... [machine]`), and makes the errno negative.
 
 use std::ffi::CStr;
 

@@ -6,6 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
+use crate::error::Phase;
 use crate::hooks::ChainRule;
 use crate::host::HostVersion;
 
@@ -57,7 +58,7 @@ impl Stage {
 macro_rules! hook_ids {
     ($({
         $(#[$doc:meta])*
-        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident,
+        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident, $phase:ident,
         $($signatures:tt)*
     })*) => {
         /// Hook slots (`enum cr_plugin_hook`), with the CRIU release that introduced each.
@@ -95,6 +96,13 @@ macro_rules! hook_ids {
             pub const fn since(self) -> HostVersion {
                 match self {
                     $(HookId::$id => HostVersion::$since,)*
+                }
+            }
+
+            /// The phase of CRIU's run the hook belongs to.
+            pub const fn phase(self) -> Phase {
+                match self {
+                    $(HookId::$id => Phase::$phase,)*
                 }
             }
 

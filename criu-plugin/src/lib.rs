@@ -15,8 +15,8 @@
 //!   killed;
 //! - [`guardian`]: a process that outlives CRIU and undoes a plugin's work on other processes
 //!   when CRIU ends before the plugin could (a signal, a crash, a timeout);
-//! - [`failure`]: a hook's failure as a value (errno, kind, message), logged once where the
-//!   hook returns to CRIU;
+//! - [`error`]: a hook's error as one type, [`HookError`]: "not mine", or a [`Failure`]
+//!   (positive errno, kind, phase, message, cause) logged once where the hook returns to CRIU;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
 //!   refused, not waited on) and read with a bound;
 //! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
@@ -36,7 +36,7 @@
 
 pub mod abi;
 pub mod child;
-pub mod failure;
+pub mod error;
 pub mod fds;
 pub mod files;
 pub mod guardian;
@@ -50,8 +50,8 @@ pub mod stream;
 pub mod symbols;
 
 pub use abi::{HookId, PluginDesc, Stage};
-pub use failure::{Failure, FailureKind};
+pub use error::{Errno, Failure, FailureKind, HookError, HookResult, Phase};
 pub use hooks::{Chain, ChainRule};
 pub use host::{Host, HostVersion};
-pub use plugin::{HookError, HookHandler, HookResult, Plugin, VmaUpdate};
+pub use plugin::{HookHandler, Plugin, VmaUpdate};
 pub use symbols::{CriuSymbols, FinalState, InventoryListing};

@@ -8,69 +8,12 @@
 use std::ffi::{CStr, c_char, c_int};
 use std::os::fd::RawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 
 use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook, Stage};
-use crate::failure::Failure;
+use crate::error::{Failure, HookError, HookResult, Phase, panic_message};
 use crate::hooks::{Chain, ChainRule, Reborrow};
 use crate::log::{CriuLevel, CriuLogger};
-
-/// Why a hook did not succeed. Two hook errors are equal when CRIU gets the same answer from
-/// them: a [`Failure`] compares by its errno, its message being for the log.
-#[derive(Clone, Debug)]
-pub enum HookError {
-    /// The object (process, file, mapping) is not this plugin's: CRIU asks the next plugin.
-    NotMine,
-    /// A failure already logged (or with nothing to say), as a positive errno value.
-    Errno(i32),
-    /// A failure to log: the trampoline writes it to CRIU's log once, at ERROR, with its kind.
-    Failed(Box<Failure>),
-}
-
-impl HookError {
-    /// The value a hook returns to CRIU.
-    pub fn to_return(&self) -> c_int {
-        let errno = match self {
-            HookError::NotMine => return -libc::ENOTSUP,
-            HookError::Errno(e) => *e,
-            HookError::Failed(f) => f.errno,
-        };
-        // A failure must never read as success or as "not mine".
-        if errno > 0 && errno != libc::ENOTSUP {
-            -errno
-        } else {
-            -libc::EIO
-        }
-    }
-
-    /// The errno CRIU gets (`ENOTSUP` for "not mine").
-    pub fn errno(&self) -> i32 {
-        -self.to_return()
-    }
-}
-
-impl PartialEq for HookError {
-    fn eq(&self, other: &Self) -> bool {
-        self.to_return() == other.to_return()
-    }
-}
-
-impl Eq for HookError {}
-
-impl From<Failure> for HookError {
-    fn from(f: Failure) -> Self {
-        HookError::Failed(Box::new(f))
-    }
-}
-
-/// An I/O error a hook passes up with `?` is a failure to log, like any other.
-impl From<std::io::Error> for HookError {
-    fn from(e: std::io::Error) -> Self {
-        Failure::from(e).into()
-    }
-}
-
-/// Result of a hook.
-pub type HookResult<T = ()> = Result<T, HookError>;
 
 /// The answer to `UPDATE_VMA_MAP` for a mapping the plugin owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,17 +24,109 @@ pub struct VmaUpdate {
     pub plugin_fd: Option<RawFd>,
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
+/// Most panics one hook call records.
+const MAX_PANICS_SEEN: usize = 16;
+
+/// A panic the hook of [`PanicWatch`] saw: where, and on which thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PanicSeen {
+    location: Option<String>,
+    thread: std::thread::ThreadId,
+    thread_name: Option<String>,
+}
+
+/// Rust's panic hook replaced for one hook call by one that records where each panic happened
+/// (in CRIU's thread or a worker of the plugin's) and prints nothing; the previous hook is put
+/// back when the call ends, so nothing stays behind between hooks.
+struct PanicWatch {
+    seen: Arc<Mutex<Vec<PanicSeen>>>,
+    previous: Option<Box<PanicHook>>,
+}
+
+type PanicHook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static;
+
+impl PanicWatch {
+    fn start() -> PanicWatch {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let previous = std::panic::take_hook();
+        let record = Arc::clone(&seen);
+        std::panic::set_hook(Box::new(move |info| {
+            let thread = std::thread::current();
+            let p = PanicSeen {
+                location: info.location().map(|l| l.to_string()),
+                thread: thread.id(),
+                thread_name: thread.name().map(str::to_string),
+            };
+            let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() < MAX_PANICS_SEEN {
+                seen.push(p);
+            }
+        }));
+        PanicWatch {
+            seen,
+            previous: Some(previous),
+        }
+    }
+
+    /// Puts the previous hook back; the panics seen.
+    fn stop(mut self) -> Vec<PanicSeen> {
+        self.restore();
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.clone()
+    }
+
+    fn restore(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            drop(std::panic::take_hook());
+            std::panic::set_hook(previous);
+        }
     }
 }
 
-/// Runs a hook body: a panic is logged and returned as `-EIO`, never unwound into CRIU.
+impl Drop for PanicWatch {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+/// Runs a hook body with panics contained: its return value (`-EIO` for a panic), and the
+/// lines to log for every panic of the call, with the file and line where it happened.
+fn contain(hook: &str, body: impl FnOnce() -> c_int) -> (c_int, Vec<String>) {
+    let watch = PanicWatch::start();
+    let result = catch_unwind(AssertUnwindSafe(body));
+    let mut seen = watch.stop();
+    let me = std::thread::current().id();
+    let mut lines = Vec::new();
+    let rc = match result {
+        Ok(rc) => rc,
+        Err(payload) => {
+            // The hook's own panic is the last one seen on this thread.
+            let own = seen
+                .iter()
+                .rposition(|p| p.thread == me)
+                .map(|i| seen.remove(i));
+            let location = own.and_then(|p| p.location);
+            let f = Failure::panic(
+                format!("in {hook}"),
+                &panic_message(payload.as_ref()),
+                location.as_deref(),
+            );
+            lines.push(format!("{}; the operation is failed safely", f.log_line()));
+            -libc::EIO
+        }
+    };
+    for p in seen {
+        let at = p.location.as_deref().unwrap_or("an unknown place");
+        let thread = p.thread_name.as_deref().unwrap_or("unnamed");
+        lines.push(format!(
+            "{hook}: a panic at {at} on thread {thread} was contained [panic]"
+        ));
+    }
+    (rc, lines)
+}
+
+/// Runs a hook body: a panic is logged with its file and line and returned as `-EIO`, never
+/// unwound into CRIU.
 ///
 /// CRIU's process must be single-threaded whenever a hook returns (`setns(2)` into a
 /// container's namespaces fails otherwise): a hook entered with one thread that returns with
@@ -99,17 +134,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// than as a failed `setns` later.
 pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
     let single = crate::child::thread_count() == Some(1);
-    let rc = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(rc) => rc,
-        Err(payload) => {
-            let msg = format!(
-                "internal error in {hook}: {}; the operation is failed safely",
-                panic_message(payload.as_ref())
-            );
-            P::logger().write(CriuLevel::Error, None, None, &msg);
-            -libc::EIO
-        }
-    };
+    let (rc, panics) = contain(hook, body);
+    for line in panics {
+        P::logger().write(CriuLevel::Error, None, None, &line);
+    }
     if single {
         if let Some(n @ 2..) = crate::child::thread_count() {
             let msg = format!(
@@ -159,7 +187,7 @@ fn glue<F, R>(call: F, glue: impl FnOnce(F) -> R) -> R {
 macro_rules! hook_items {
     ($({
         $(#[$doc:meta])*
-        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident,
+        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident, $phase:ident,
         fn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty,
         extern ($($carg:ident: $cty:ty),*) $glue:expr
     })*) => {
@@ -233,7 +261,14 @@ macro_rules! hook_items {
                 #[doc = concat!("`", $label, "` as CRIU calls it.")]
                 pub unsafe extern "C" fn $method<P: Plugin>($($carg: $cty),*) -> c_int {
                     guard::<P>(HookId::$id.label(), || {
-                        glue(|$($arg: $ty),*| P::instance().$method($($arg),*), $glue)
+                        glue(
+                            |$($arg: $ty),*| {
+                                P::instance()
+                                    .$method($($arg),*)
+                                    .map_err(|e| e.in_phase(Phase::$phase))
+                            },
+                            $glue,
+                        )
                     })
                 }
             )*
@@ -242,13 +277,11 @@ macro_rules! hook_items {
             pub unsafe extern "C" fn init<P: Plugin>(stage: c_int) -> c_int {
                 guard::<P>("init", || {
                     CriuLogger::install(P::logger());
-                    // Quieten Rust's default panic message on stderr: `guard` logs panics.
-                    std::panic::set_hook(Box::new(|_| {}));
                     let Some(stage) = Stage::from_raw(stage) else {
                         log::error!("unknown CRIU stage {stage}");
                         return -libc::EINVAL;
                     };
-                    ret(P::instance().init(stage), |_| 0)
+                    ret(P::instance().init(stage).map_err(|e| e.in_phase(Phase::Init)), |_| 0)
                 })
             }
 
@@ -269,7 +302,9 @@ macro_rules! hook_items {
                 guard::<P>(HookId::RestoreExtFile.label(), || {
                     let mut retry = false;
                     let rc = ret(
-                        P::instance().restore_ext_file(id_u32(id), Some(&mut retry)),
+                        P::instance()
+                            .restore_ext_file(id_u32(id), Some(&mut retry))
+                            .map_err(|e| e.in_phase(Phase::Restore)),
                         |fd| fd,
                     );
                     // The host leaves its flag uninitialised: always write it.
@@ -365,8 +400,57 @@ macro_rules! export_plugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{MutexGuard, PoisonError};
+
+    /// The tests that run hooks, one at a time: each swaps the process's panic hook.
+    fn serial() -> MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[test]
+    fn a_panic_is_logged_with_its_file_and_line_and_the_panic_hook_put_back() {
+        let _serial = serial();
+        static PREVIOUS_HOOK_RAN: AtomicUsize = AtomicUsize::new(0);
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {
+            PREVIOUS_HOOK_RAN.fetch_add(1, Ordering::SeqCst);
+        }));
+        let line = line!() + 2;
+        let (rc, lines) = contain("PAUSE_DEVICES", || {
+            panic!("pid 3 is cursed");
+        });
+        assert_eq!(rc, -libc::EIO);
+        assert_eq!(
+            lines,
+            [format!(
+                "internal error in PAUSE_DEVICES: panic at {}:{line}:13: pid 3 is cursed [panic]; the operation is failed safely",
+                file!()
+            )]
+        );
+        // A worker's panic, contained by the plugin itself, is logged too, with its thread.
+        let (rc, lines) = contain("CHECKPOINT_DEVICES", || {
+            std::thread::scope(|s| {
+                let worker = std::thread::Builder::new().name("cuda-7".into());
+                let h = worker.spawn_scoped(s, || panic!("worker")).unwrap();
+                assert!(h.join().is_err());
+            });
+            0
+        });
+        assert_eq!(rc, 0);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with(&format!("CHECKPOINT_DEVICES: a panic at {}:", file!())));
+        assert!(
+            lines[0].ends_with(" on thread cuda-7 was contained [panic]"),
+            "{lines:?}"
+        );
+        // Neither panic reached the hook that was in place; it is back after each call.
+        assert_eq!(PREVIOUS_HOOK_RAN.load(Ordering::SeqCst), 0);
+        let _ = catch_unwind(|| panic!("outside a hook"));
+        assert_eq!(PREVIOUS_HOOK_RAN.load(Ordering::SeqCst), 1);
+        std::panic::set_hook(before);
+    }
 
     struct Probe {
         calls: Mutex<Vec<String>>,
@@ -415,12 +499,12 @@ mod tests {
         fn pause_devices(&self, pid: i32) -> HookResult {
             match pid {
                 1 => Ok(()),
-                2 => Err(HookError::Errno(libc::ETIMEDOUT)),
+                2 => Err(HookError::logged(libc::ETIMEDOUT)),
                 3 => {
                     self.panics.fetch_add(1, Ordering::SeqCst);
                     panic!("pid 3 is cursed")
                 }
-                4 => Err(HookError::Errno(0)),
+                4 => Err(HookError::logged(0)),
                 _ => Err(HookError::NotMine),
             }
         }
@@ -455,6 +539,7 @@ mod tests {
 
     #[test]
     fn errors_become_negative_errno_and_panics_are_contained() {
+        let _serial = serial();
         // SAFETY: calling the trampolines directly as CRIU would.
         unsafe {
             assert_eq!(trampolines::pause_devices::<Probe>(1), 0);
@@ -468,6 +553,7 @@ mod tests {
 
     #[test]
     fn retry_flag_is_always_written() {
+        let _serial = serial();
         let mut flag = true;
         // SAFETY: `flag` outlives the call.
         let fd = unsafe { trampolines::restore_ext_file_retry::<Probe>(5, &mut flag) };
@@ -481,6 +567,7 @@ mod tests {
 
     #[test]
     fn update_vma_map_returns_one_and_writes_outputs() {
+        let _serial = serial();
         let (mut pg, mut fd) = (0u64, 7);
         // SAFETY: outputs point to locals; the path is a valid C string.
         let rc = unsafe {
@@ -491,6 +578,7 @@ mod tests {
 
     #[test]
     fn exit_is_forwarded_with_stage() {
+        let _serial = serial();
         // SAFETY: calling the exit trampoline as CRIU would.
         unsafe { trampolines::exit::<Probe>(0, -1) };
         // SAFETY: as above; an unknown stage is forwarded as `None`, so that the plugin can
@@ -504,9 +592,9 @@ mod tests {
 
     #[test]
     fn a_failure_is_the_errno_crius_gets() {
-        use crate::failure::{Failure, FailureKind};
+        use crate::error::FailureKind;
         let f: HookError = Failure::new(FailureKind::Driver, libc::ETIMEDOUT, "slow").into();
-        assert_eq!(f, HookError::Errno(libc::ETIMEDOUT));
+        assert_eq!(f, HookError::logged(libc::ETIMEDOUT));
         assert_eq!(f.errno(), libc::ETIMEDOUT);
         assert_ne!(f, HookError::NotMine);
         let zero: HookError = Failure::new(FailureKind::Internal, 0, "no errno").into();
@@ -516,10 +604,10 @@ mod tests {
     #[test]
     fn hook_error_mapping() {
         assert_eq!(HookError::NotMine.to_return(), -95);
-        assert_eq!(HookError::Errno(libc::ENOTSUP).to_return(), -libc::EIO);
-        assert_eq!(HookError::Errno(-3).to_return(), -libc::EIO);
+        assert_eq!(HookError::logged(libc::ENOTSUP).to_return(), -libc::EIO);
+        assert_eq!(HookError::logged(-3).to_return(), -libc::EIO);
         let io = std::io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(HookError::from(io), HookError::Errno(libc::ENOENT));
+        assert_eq!(HookError::from(io), HookError::logged(libc::ENOENT));
     }
 
     /// A backend of [`Probe`]: answers for one pid, says "not mine" for the others, and
@@ -563,6 +651,7 @@ mod tests {
 
     #[test]
     fn hooks_not_implemented_go_to_the_handlers_as_the_table_says() {
+        let _serial = serial();
         let backend = |pid, finish| Backend {
             pid,
             asked: 0,
@@ -570,7 +659,7 @@ mod tests {
         };
         *PROBE.backends.lock().unwrap() = vec![
             backend(1, Err(HookError::NotMine)),
-            backend(2, Err(HookError::Errno(libc::EPERM))),
+            backend(2, Err(HookError::logged(libc::EPERM))),
             backend(3, Ok(())),
         ];
         let asked = || {

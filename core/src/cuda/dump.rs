@@ -14,7 +14,7 @@ use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Ran, each_in_helper, ms};
-use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure, os_failure};
+use super::error::{Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::guardian::{PutBack, RESTORE, UNLOCK};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
@@ -136,12 +136,12 @@ impl DumpRun {
     }
 
     /// `PAUSE_DEVICES`: locks `pid` if it uses CUDA and runs.
-    pub fn pause(&mut self, pid: i32) -> Result<(), HookFailure> {
+    pub fn pause(&mut self, pid: i32) -> HookResult {
         self.pause_once(pid, true)
     }
 
     /// [`DumpRun::pause`]; `may_wait`: a process that just started may be waited out once.
-    fn pause_once(&mut self, pid: i32, may_wait: bool) -> Result<(), HookFailure> {
+    fn pause_once(&mut self, pid: i32, may_wait: bool) -> HookResult {
         if self.dumped.contains_key(&pid) {
             // CRIU may ask again for a child after a failed seize attempt.
             return Ok(());
@@ -166,13 +166,14 @@ impl DumpRun {
                         return self.pause_once(pid, false);
                     }
                     log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
-                    return Err(HookFailure::NotMine);
+                    return Err(HookError::NotMine);
                 }
                 return Err(Failure::new(
                     FailureKind::Driver,
-                    -e.errno(),
+                    e.errno(),
                     format!("cuda: cannot tell whether pid {pid} uses CUDA: {e}"),
                 )
+                .caused_by(e)
                 .into());
             }
         };
@@ -317,15 +318,13 @@ impl DumpRun {
                         ),
                     )
                 }
-                e => Failure::new(FailureKind::System,
-                    libc::EIO,
-                    format!("cuda: pid {pid}: the lock helper failed: {e}"),
-                ),
+                e => Failure::helper(format!("cuda: pid {pid}: the lock helper failed: {e}"))
+                    .caused_by(e),
             })?;
         let helper_cost = t.elapsed().saturating_sub(outcome.in_driver);
-        let state = outcome
-            .state
-            .map_err(|e| Failure::new(FailureKind::Driver, -e.errno(), format!("cuda: {e}")))?;
+        let state = outcome.state.map_err(|e| {
+            Failure::new(FailureKind::Driver, e.errno(), format!("cuda: {e}")).caused_by(e)
+        })?;
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
                 match outcome.lock {
@@ -333,25 +332,20 @@ impl DumpRun {
                     Some(Err(e)) => {
                         // Not locked: nothing for the guardian to undo.
                         self.forget(pid);
-                        let why = if e.errno() == -libc::ETIMEDOUT {
+                        let why = if e.errno() == libc::ETIMEDOUT {
                             format!(
                                 "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"
                             )
                         } else {
                             String::new()
                         };
-                        return Err(Failure::new(
-                            FailureKind::Driver,
-                            -e.errno(),
-                            format!("cuda: {e}{why}"),
-                        ));
+                        return Err(Failure::new(e.kind(), e.errno(), format!("cuda: {e}{why}"))
+                            .caused_by(e));
                     }
                     None => {
-                        return Err(Failure::new(
-                            FailureKind::Internal,
-                            libc::EIO,
-                            format!("cuda: pid {pid}: the lock helper did not lock it"),
-                        ));
+                        return Err(Failure::helper(format!(
+                            "cuda: pid {pid}: the lock helper did not lock it"
+                        )));
                     }
                 }
                 (FoundState::Running, true)
@@ -430,7 +424,10 @@ impl DumpRun {
             self.checkpoint_all(pid);
         }
         match self.dumped.get(&pid) {
-            Some(p) => p.result.clone().unwrap_or(Err(HookError::Errno(libc::EIO))),
+            Some(p) => p
+                .result
+                .clone()
+                .unwrap_or(Err(HookError::logged(libc::EIO))),
             None => Err(HookError::NotMine),
         }
     }
@@ -478,7 +475,7 @@ impl DumpRun {
                     );
                     Ok(())
                 }
-                Err(e) => Err(driver_failure(pid, &e).report()),
+                Err(e) => Err(call_failure(pid, &e).report()),
             });
         }
         for (tid, e) in not_stopped {
@@ -606,7 +603,7 @@ impl DumpRun {
     }
 
     /// `DUMP_FINISH`: with `ret` non-zero the tasks run on, so every process is put back.
-    pub fn dump_finish(&mut self, ret: i32) -> Result<(), Failure> {
+    pub fn dump_finish(&mut self, ret: i32) -> HookResult {
         if ret == 0 {
             // Nothing to roll back; `exit` does what the final state asks.
             return Ok(());
@@ -619,7 +616,8 @@ impl DumpRun {
                 FailureKind::Driver,
                 libc::EIO,
                 format!("cuda: {failed} process(es) could not be put back as they were found"),
-            ));
+            )
+            .into());
         }
         Ok(())
     }

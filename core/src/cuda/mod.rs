@@ -30,7 +30,7 @@ pub mod batch;
 pub mod devnodes;
 pub mod driver;
 mod dump;
-mod error;
+pub mod error;
 pub mod exclusive;
 pub mod gpus;
 mod guardian;
@@ -139,7 +139,7 @@ impl GpuBackend for CudaBackend {
 impl HookHandler for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.pause(pid).map_err(HookError::from),
+            Some(Run::Dump(d)) => d.pause(pid),
             Some(Run::Unusable { why }) => refuse_nvidia_user(pid, why),
             _ => Err(HookError::NotMine),
         }
@@ -161,7 +161,7 @@ impl HookHandler for CudaBackend {
 
     fn dump_finish(&mut self, ret: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.dump_finish(ret).map_err(HookError::from),
+            Some(Run::Dump(d)) => d.dump_finish(ret),
             _ => Err(HookError::NotMine),
         }
     }
