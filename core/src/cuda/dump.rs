@@ -222,7 +222,7 @@ impl DumpRun {
 
     /// Starts the guardian (once): no process is locked unless something outside CRIU will
     /// put it back should CRIU end before the dump does.
-    fn start_guardian(&mut self) -> Result<(), Failure> {
+    fn start_guardian(&mut self) -> HookResult {
         if let Some(g) = &self.guardian {
             if g.alive() {
                 return Ok(());
@@ -234,7 +234,7 @@ impl DumpRun {
                     "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); nothing more is locked without it",
                     g.pid()
                 ),
-            ));
+            ).into());
         }
         if self.unguarded {
             return Ok(());
@@ -261,7 +261,7 @@ impl DumpRun {
                 format!(
                     "cuda: cannot start the guardian process that puts CUDA processes back should CRIU end early ({e}); nothing is locked without it"
                 ),
-            )),
+            ).into()),
         }
     }
 
@@ -292,7 +292,7 @@ impl DumpRun {
 
     /// Asks for `pid`'s state and locks it when it runs, in a helper process: a target that
     /// never answers costs a killed helper, not a thread stuck in CRIU's process for good.
-    fn lock(&mut self, pid: i32, start: Option<u64>) -> Result<Locked, Failure> {
+    fn lock(&mut self, pid: i32, start: Option<u64>) -> HookResult<Locked> {
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".
         let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
@@ -340,12 +340,14 @@ impl DumpRun {
                             String::new()
                         };
                         return Err(Failure::new(e.kind(), e.errno(), format!("cuda: {e}{why}"))
-                            .caused_by(e));
+                            .caused_by(e)
+                            .into());
                     }
                     None => {
                         return Err(Failure::helper(format!(
                             "cuda: pid {pid}: the lock helper did not lock it"
-                        )));
+                        ))
+                        .into());
                     }
                 }
                 (FoundState::Running, true)
@@ -363,7 +365,8 @@ impl DumpRun {
                     FailureKind::Process,
                     libc::EIO,
                     format!("cuda: pid {pid} is in CUDA state {other}; it cannot be checkpointed"),
-                ));
+                )
+                .into());
             }
         };
         Ok(Locked {
@@ -386,7 +389,7 @@ impl DumpRun {
 
     /// Claims `pid` for this dump; refuses it while another CRIU dumps it. Returns the
     /// process's start time, when it has one.
-    fn claim(&mut self, pid: i32) -> Result<Option<u64>, Failure> {
+    fn claim(&mut self, pid: i32) -> HookResult<Option<u64>> {
         let Some(start) = procfs::start_time(pid) else {
             return Ok(None);
         };
@@ -405,7 +408,7 @@ impl DumpRun {
                 format!(
                     "cuda: pid {pid} is held by another CRIU or criu-gpu right now (a dump, a restore or a suspend of it is under way); it is left to that one (try again once it is done)"
                 ),
-            )),
+            ).into()),
             Err(exclusive::ClaimError::Unavailable(e)) => {
                 log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
                 Ok(Some(start))
@@ -661,7 +664,7 @@ impl DumpRun {
 
 /// Refuses a process the driver could not lock because it cannot run: the call would wait
 /// for good instead of timing out.
-fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
+fn check_runnable(pid: i32, tid: i32) -> HookResult {
     if let Some(state @ ('T' | 't')) = procfs::thread_state(pid, tid) {
         let how = if state == 't' {
             "stopped by a debugger"
@@ -674,7 +677,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
             format!(
                 "cuda: pid {pid} is {how}; CUDA can only lock a running process: continue it before the dump"
             ),
-        ));
+        ).into());
     }
     if let Some(cg) = procfs::frozen_cgroup(pid) {
         return Err(Failure::new(
@@ -683,7 +686,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
             format!(
                 "cuda: pid {pid} is in frozen cgroup {cg}; CUDA can only lock a running process: thaw it, or use CRIU 4.2 or later, which thaws it for plugins"
             ),
-        ));
+        ).into());
     }
     Ok(())
 }

@@ -119,9 +119,7 @@ impl GpuBackend for CudaBackend {
             {
                 None
             }
-            Stage::Restore => RestoreRun::start(&settings, ctx.listing)
-                .map_err(HookError::from)?
-                .map(Run::Restore),
+            Stage::Restore => RestoreRun::start(&settings, ctx.listing)?.map(Run::Restore),
         };
         Ok(self.run.is_some())
     }
