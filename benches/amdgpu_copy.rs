@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use criu_gpu_core::amdgpu::device::{AllocFlags, KfdDevice};
 use criu_gpu_core::amdgpu::{AmdgpuBackend, BackendOptions, CopyObserver};
-use criu_gpu_core::backend::{GpuBackend, InitContext};
+use criu_gpu_core::backend::{GpuBackend, HookHandler, InitContext};
 use criu_gpu_core::config::Config;
 use criu_plugin::{Host, HostVersion, InventoryListing, Stage};
 use kfd_sim::{BoSpec, CopyLog, ProcessSpec, SimKfd};

@@ -12,7 +12,7 @@ use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, PagesLayout, ReadLimits, open_image_dir,
 };
-use criu_gpu_core::backend::GpuBackend;
+use criu_gpu_core::backend::{GpuBackend, HookHandler};
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
 use kfd_sim::{BoSpec, ProcessSpec, SimKfd};
 use support::*;
@@ -622,7 +622,7 @@ fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
         } else {
             r
         };
-        assert_eq!(r, Err(HookError::Errno(libc::ENOENT)));
+        assert_eq!(r, Err(HookError::logged(libc::ENOENT)));
         d.exit(Stage::Dump, -1);
         assert!(!sim.process(1101).unwrap().paused);
     }
@@ -709,7 +709,7 @@ fn a_gpu_without_a_supported_sdma_engine_fails_the_dump_clearly() {
     );
     let images = TempDir::new("si");
     let e = refused_dump(&sim, &[&p], images.path(), &config(&topo, ""));
-    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
+    assert_eq!(e, HookError::logged(libc::EOPNOTSUPP));
     assert!(!sim.process(901).unwrap().paused);
     assert_no_leaks(&sim, p.render.len(), 1);
 }

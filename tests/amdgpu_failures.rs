@@ -12,7 +12,7 @@ use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
 };
-use criu_gpu_core::backend::GpuBackend;
+use criu_gpu_core::backend::{GpuBackend, HookHandler};
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
 use kfd_sim::{Fault, Faults, ProcessSpec, SimKfd};
 use support::*;
@@ -74,7 +74,7 @@ fn process_info_failure_fails_the_dump_and_leaves_the_process_running() {
         },
         None,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::ENOMEM)));
+    assert_eq!(r, Err(HookError::logged(libc::ENOMEM)));
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn checkpoint_failure_unpauses() {
         },
         None,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EFAULT)));
+    assert_eq!(r, Err(HookError::logged(libc::EFAULT)));
 }
 
 #[test]
@@ -98,7 +98,7 @@ fn checkpoint_failing_after_exporting_dmabufs_leaks_nothing() {
         },
         None,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EMFILE)));
+    assert_eq!(r, Err(HookError::logged(libc::EMFILE)));
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn a_bo_read_failure_mid_copy_unpauses_and_closes_everything() {
         },
         None,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EIO)));
+    assert_eq!(r, Err(HookError::logged(libc::EIO)));
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
         ),
     ] {
         let (r, _) = failing_dump(faults, None);
-        assert_eq!(r, Err(HookError::Errno(errno)));
+        assert_eq!(r, Err(HookError::logged(errno)));
     }
 }
 
@@ -156,7 +156,7 @@ fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
 fn a_full_disk_during_image_writes_unpauses() {
     // 3 MiB fit; the process has about 20 MiB of contents.
     let (r, _) = failing_dump(Faults::default(), Some(3 << 20));
-    assert_eq!(r, Err(HookError::Errno(libc::ENOSPC)));
+    assert_eq!(r, Err(HookError::logged(libc::ENOSPC)));
     // The same with room for the contents but not the KFD image: the last write fails.
     let topo = fixture("2gpu");
     let probe = SimKfd::from_sysfs(&topo).unwrap();
@@ -166,7 +166,7 @@ fn a_full_disk_during_image_writes_unpauses() {
         Faults::default(),
         Some(contents + 2 * HEADER_LEN as u64 + 100),
     );
-    assert_eq!(r, Err(HookError::Errno(libc::ENOSPC)));
+    assert_eq!(r, Err(HookError::logged(libc::ENOSPC)));
 }
 
 #[test]
@@ -178,7 +178,7 @@ fn an_unpause_failure_is_retried_at_exit() {
         },
         None,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EIO)));
+    assert_eq!(r, Err(HookError::logged(libc::EIO)));
 }
 
 #[test]
@@ -201,7 +201,7 @@ fn every_process_is_unpaused_even_when_one_unpause_fails() {
     // The first UNPAUSE fails for good: the C plugin stopped there and left the second
     // process evicted too.
     sim.update_faults(|f| f.unpause = Some(Fault::once(libc::EBUSY)));
-    assert_eq!(b.dump_devices_late(201), Err(HookError::Errno(libc::EIO)));
+    assert_eq!(b.dump_devices_late(201), Err(HookError::logged(libc::EIO)));
     let paused: Vec<bool> = [201, 202]
         .iter()
         .map(|&p| sim.process(p).unwrap().paused)
@@ -310,7 +310,7 @@ fn restore_failures_are_reported() {
         },
         false,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EINVAL)));
+    assert_eq!(r, Err(HookError::logged(libc::EINVAL)));
     assert!(sim.process(400).is_none());
     // A render node that cannot be opened: reported, not passed on to KFD as a bad fd (as
     // the C plugin does).
@@ -324,7 +324,7 @@ fn restore_failures_are_reported() {
         },
         false,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EACCES)));
+    assert_eq!(r, Err(HookError::logged(libc::EACCES)));
     // Writing BO contents fails, in the task.
     let addr = bo_addr(&src, 400, 9);
     let (_, r, sim) = try_restore(
@@ -337,7 +337,7 @@ fn restore_failures_are_reported() {
         },
         false,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EIO)));
+    assert_eq!(r, Err(HookError::logged(libc::EIO)));
     assert!(sim.process(400).unwrap().awaiting_resume);
     // ... and in CRIU's main process: the process is not resumed.
     let (_, r, sim) = try_restore(
@@ -350,7 +350,7 @@ fn restore_failures_are_reported() {
         },
         true,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EIO)));
+    assert_eq!(r, Err(HookError::logged(libc::EIO)));
     let v = sim.process(400).unwrap();
     assert!(v.awaiting_resume && v.paused && v.resumed == 0);
     // SDMA work that never completes, in the task and in CRIU's main process.
@@ -367,7 +367,7 @@ fn restore_failures_are_reported() {
         );
         // CRIU's main process reports a failed hand-over as EIO at RESUME_DEVICES_LATE.
         let errno = if parallel { libc::EIO } else { libc::ETIMEDOUT };
-        assert_eq!(r, Err(HookError::Errno(errno)));
+        assert_eq!(r, Err(HookError::logged(errno)));
         assert_eq!(sim.process(400).unwrap().resumed, 0);
     }
     // RESUME refused.
@@ -381,7 +381,7 @@ fn restore_failures_are_reported() {
         },
         true,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::EIO)));
+    assert_eq!(r, Err(HookError::logged(libc::EIO)));
 }
 
 #[test]
@@ -597,7 +597,7 @@ fn a_missing_kfd_fails_restore_init_clearly() {
         &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
         Stage::Restore,
     );
-    assert_eq!(r, Err(HookError::Errno(libc::ENODEV)));
+    assert_eq!(r, Err(HookError::logged(libc::ENODEV)));
 }
 
 #[test]
@@ -636,7 +636,7 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
     let images = TempDir::new("gem");
     let cfg = config(&topo, "");
     let e = refused_dump(&sim, &[&p], images.path(), &cfg);
-    assert_eq!(e, HookError::Errno(libc::EOPNOTSUPP));
+    assert_eq!(e, HookError::logged(libc::EOPNOTSUPP));
     assert!(!sim.process(pid).unwrap().paused);
     assert_eq!(sim.open_fds("dmabuf"), 0);
 
@@ -670,7 +670,7 @@ fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
         let cfg = config(&topo, bad);
         let images = TempDir::new("bad-setting");
         let e = refused_dump(&sim, &[&p], images.path(), &cfg);
-        assert_eq!(e, HookError::Errno(libc::EINVAL), "{bad}");
+        assert_eq!(e, HookError::logged(libc::EINVAL), "{bad}");
         assert!(!sim.process(pid).unwrap().paused, "{bad}");
 
         let sim2 = SimKfd::from_sysfs(&topo).unwrap();
@@ -680,7 +680,7 @@ fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
                 &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
                 Stage::Restore
             ),
-            Err(HookError::Errno(libc::EINVAL)),
+            Err(HookError::logged(libc::EINVAL)),
             "{bad}"
         );
         // An image that does not need AMD restores whatever the AMD settings say.

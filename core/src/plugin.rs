@@ -5,13 +5,10 @@
 //! kept resident keeps its statics.
 
 use std::ffi::CStr;
-use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
 
 use criu_plugin::log::CriuLogger;
-use criu_plugin::{
-    CriuSymbols, HookError, HookId, HookResult, InventoryListing, Plugin, Stage, VmaUpdate,
-};
+use criu_plugin::{CriuSymbols, HookId, HookResult, InventoryListing, Plugin, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use crate::config::Config;
@@ -48,21 +45,6 @@ impl GpuPlugin {
         // A poisoned lock means a hook panicked (and was contained): the state is still the
         // best knowledge there is of what to put back.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `f` on each active backend until one owns the call.
-    fn chain<T>(&self, mut f: impl FnMut(&mut dyn GpuBackend) -> HookResult<T>) -> HookResult<T> {
-        let mut guard = self.state();
-        let Some(run) = guard.as_mut() else {
-            return Err(HookError::NotMine);
-        };
-        for b in run.active.iter_mut() {
-            match f(b.as_mut()) {
-                Err(HookError::NotMine) => continue,
-                other => return other,
-            }
-        }
-        Err(HookError::NotMine)
     }
 
     /// Starts a run with the given backends (the hook `init`, and tests).
@@ -174,6 +156,7 @@ impl Plugin for GpuPlugin {
         HookId::DumpDevicesLate,
         HookId::DumpFinish,
     ];
+    type Handler = dyn GpuBackend;
 
     fn instance() -> &'static Self {
         &PLUGIN
@@ -247,61 +230,15 @@ impl Plugin for GpuPlugin {
         log::debug!("exit({stage:?}, {ret})");
     }
 
-    fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
-        self.chain(|b| b.dump_ext_file(fd, id))
-    }
-
-    fn restore_ext_file(&self, id: u32, mut retry: Option<&mut bool>) -> HookResult<RawFd> {
-        self.chain(|b| b.restore_ext_file(id, retry.as_deref_mut()))
-    }
-
-    fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
-        self.chain(|b| b.handle_device_vma(fd, st))
-    }
-
-    fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
-        self.chain(|b| b.update_vma_map(path, addr, old_pgoff))
-    }
-
-    fn resume_devices_late(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.resume_devices_late(pid))
-    }
-
-    fn pause_devices(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.pause_devices(pid))
-    }
-
-    fn checkpoint_devices(&self, pid: i32) -> HookResult {
-        self.chain(|b| b.checkpoint_devices(pid))
-    }
-
-    fn post_forking(&self) -> HookResult {
-        self.chain(|b| b.post_forking())
-    }
-
-    fn restore_init(&self) -> HookResult {
-        self.chain(|b| b.restore_init())
-    }
-
-    fn dump_devices_late(&self, id: i32) -> HookResult {
-        self.chain(|b| b.dump_devices_late(id))
-    }
-
-    fn dump_finish(&self, ret: i32) -> HookResult {
-        // Every backend puts its own processes back: the first error is reported after all ran.
+    fn each_handler(&self, visit: &mut dyn FnMut(&mut Self::Handler) -> bool) {
         let mut guard = self.state();
         let Some(run) = guard.as_mut() else {
-            return Err(HookError::NotMine);
+            return;
         };
-        let mut result = Err(HookError::NotMine);
         for b in run.active.iter_mut() {
-            match (b.dump_finish(ret), &result) {
-                (Err(HookError::NotMine), _) => {}
-                (Err(e), Ok(()) | Err(HookError::NotMine)) => result = Err(e),
-                (Ok(()), Err(HookError::NotMine)) => result = Ok(()),
-                _ => {}
+            if !visit(b.as_mut()) {
+                break;
             }
         }
-        result
     }
 }

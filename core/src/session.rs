@@ -16,6 +16,7 @@ use crate::cuda::{CudaSettings, check_put_back, driver, gpus, procfs, put_back};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
 pub use crate::cuda::batch::Timed;
+pub use crate::cuda::error::CallError;
 pub use crate::cuda::exclusive::{Claim, ClaimError, claim};
 pub use crate::cuda::gpus::parse_device_map;
 pub use crate::cuda::nvml::GpuMemory;
@@ -221,9 +222,9 @@ impl Session {
             pairs,
             |j| {
                 if checkpointed.contains(&j.pid) {
-                    j.restore(driver, pairs)
+                    Ok(j.restore(driver, pairs)?)
                 } else {
-                    driver.unlock(j.pid)
+                    Ok(driver.unlock(j.pid)?)
                 }
             },
             |j| expect_state(driver, j.pid, ProcessState::Running),
@@ -246,8 +247,8 @@ impl Session {
         &self,
         procs: &[(i32, i32, bool)],
         pairs: &[GpuPair],
-        here: impl Fn(&RestoreJob) -> Result<(), DriverError> + Sync,
-        check: impl Fn(&RestoreJob) -> Result<(), DriverError>,
+        here: impl Fn(&RestoreJob) -> Result<(), CallError> + Sync,
+        check: impl Fn(&RestoreJob) -> Result<(), CallError>,
     ) -> Vec<Timed> {
         let mut batch = Batch::new(self.parallel);
         let mut jobs = Vec::new();
@@ -331,15 +332,18 @@ fn runnable(pid: i32, tid: i32) -> Result<(), String> {
     Ok(())
 }
 
-fn thread_error(tid: i32, e: &std::io::Error) -> DriverError {
-    DriverError::InvalidArgument(format!("cannot let restore thread {tid} run: {e}"))
+fn thread_error(tid: i32, e: &std::io::Error) -> CallError {
+    CallError::System {
+        message: format!("cannot let restore thread {tid} run: {e}"),
+        errno: criu_plugin::error::errno_of(e),
+    }
 }
 
 /// Checks that `pid` ended up in `want`.
-fn expect_state(driver: &Driver, pid: i32, want: ProcessState) -> Result<(), DriverError> {
+fn expect_state(driver: &Driver, pid: i32, want: ProcessState) -> Result<(), CallError> {
     let end = driver.process_state(pid)?;
     if end != want {
-        return Err(DriverError::InvalidArgument(format!(
+        return Err(CallError::Process(format!(
             "pid {pid} is {end} afterwards, not {want}"
         )));
     }

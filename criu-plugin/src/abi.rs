@@ -6,6 +6,10 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
+use crate::error::Phase;
+use crate::hooks::ChainRule;
+use crate::host::HostVersion;
+
 /// The descriptor version CRIU accepts (`CRIU_PLUGIN_VERSION`, 0.2.0, since CRIU 1.4).
 ///
 /// Never 0x100 (`CRIU_PLUGIN_VERSION_OLD`): `cr_plugin_fini` frees descriptors with that
@@ -50,16 +54,22 @@ impl Stage {
     }
 }
 
-/// Declares every hook slot once: its number, the name CRIU's log and ours use, and the legacy
-/// symbol name CRIU looks up for it (which also sits in the read-only data of every `criu`
-/// binary that knows the hook, and is how hosts are told apart).
-macro_rules! hook_slots {
-    ($( $(#[$doc:meta])* $id:ident = $slot:literal, $label:literal, $legacy:literal; )*) => {
+/// Generates [`HookId`] from the hook table ([`crate::hooks`]).
+macro_rules! hook_ids {
+    ($({
+        $(#[$doc:meta])*
+        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident, $phase:ident,
+        $($signatures:tt)*
+    })*) => {
         /// Hook slots (`enum cr_plugin_hook`), with the CRIU release that introduced each.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[repr(u32)]
         pub enum HookId {
-            $( $(#[$doc])* $id = $slot, )*
+            $(
+                $(#[$doc])*
+                #[doc = concat!("\n\nSince ", stringify!($since), " ([`HostVersion`]).")]
+                $id = $slot,
+            )*
         }
 
         impl HookId {
@@ -73,54 +83,40 @@ macro_rules! hook_slots {
                 }
             }
 
-            /// The legacy symbol name CRIU looks up for this hook.
+            /// The legacy symbol name CRIU looks up for this hook (which also sits in the
+            /// read-only data of every `criu` binary that knows the hook, and is how hosts are
+            /// told apart).
             pub const fn legacy_symbol(self) -> &'static str {
                 match self {
                     $(HookId::$id => $legacy,)*
+                }
+            }
+
+            /// The first CRIU release family that calls the hook.
+            pub const fn since(self) -> HostVersion {
+                match self {
+                    $(HookId::$id => HostVersion::$since,)*
+                }
+            }
+
+            /// The phase of CRIU's run the hook belongs to.
+            pub const fn phase(self) -> Phase {
+                match self {
+                    $(HookId::$id => Phase::$phase,)*
+                }
+            }
+
+            /// How a plugin chains the hook through its handlers.
+            pub const fn chain_rule(self) -> ChainRule {
+                match self {
+                    $(HookId::$id => ChainRule::$chain,)*
                 }
             }
         }
     };
 }
 
-hook_slots! {
-    /// `(int fd, int id)`, all versions.
-    DumpUnixSk = 0, "DUMP_UNIX_SK", "cr_plugin_dump_unix_sk";
-    /// `(int id)`, all versions.
-    RestoreUnixSk = 1, "RESTORE_UNIX_SK", "cr_plugin_restore_unix_sk";
-    /// `(int fd, int id)`, all versions.
-    DumpExtFile = 2, "DUMP_EXT_FILE", "cr_plugin_dump_file";
-    /// `(int id)` up to 4.2; `(int id, bool *retry_needed)` from 4.3 (and criu-dev before it).
-    RestoreExtFile = 3, "RESTORE_EXT_FILE", "cr_plugin_restore_file";
-    /// `(char *mountpoint, int id)`, all versions.
-    DumpExtMount = 4, "DUMP_EXT_MOUNT", "cr_plugin_dump_ext_mount";
-    /// `(int id, char *mountpoint, char *old_root, int *is_file)`, all versions.
-    RestoreExtMount = 5, "RESTORE_EXT_MOUNT", "cr_plugin_restore_ext_mount";
-    /// `(int index, int type, char *kind)`, all versions.
-    DumpExtLink = 6, "DUMP_EXT_LINK", "cr_plugin_dump_ext_link";
-    /// `(int fd, const struct stat *st)`, CRIU 3.17.
-    HandleDeviceVma = 7, "HANDLE_DEVICE_VMA", "cr_plugin_handle_device_vma";
-    /// `(const char *path, u64 addr, u64 old_pgoff, u64 *new_pgoff, int *plugin_fd)`, CRIU 3.17.
-    UpdateVmaMap = 8, "UPDATE_VMA_MAP", "cr_plugin_update_vma_map";
-    /// `(int pid)`, CRIU 3.17.
-    ResumeDevicesLate = 9, "RESUME_DEVICES_LATE", "cr_plugin_resume_devices_late";
-    /// `(int pid)`, CRIU 4.0.
-    PauseDevices = 10, "PAUSE_DEVICES", "cr_plugin_pause_devices";
-    /// `(int pid)`, CRIU 4.0.
-    CheckpointDevices = 11, "CHECKPOINT_DEVICES", "cr_plugin_checkpoint_devices";
-    /// `(void)`, CRIU 4.2.
-    PostForking = 12, "POST_FORKING", "cr_plugin_post_forking";
-    /// `(void)`, CRIU 4.3 (criu-dev before it).
-    RestoreInit = 13, "RESTORE_INIT", "cr_plugin_restore_init";
-    /// `(int id)`, CRIU 4.3 (criu-dev before it).
-    DumpDevicesLate = 14, "DUMP_DEVICES_LATE", "cr_plugin_dump_devices_late";
-    /// `(uint32_t family, uint32_t state, uint32_t *src_ip, uint32_t *dst_ip)`, CRIU 4.3.
-    UpdateInetsk = 15, "UPDATE_INETSK", "cr_plugin_update_inetsk";
-    /// `(int ret)`, CRIU 4.3: before the dumped tasks are released; `ret` non-zero when they
-    /// will be resumed because the dump failed (a failing post-dump script included). CRIU 4.3
-    /// has no legacy name for it; this one is in no CRIU.
-    DumpFinish = 16, "DUMP_FINISH", "cr_plugin_dump_finish";
-}
+crate::hooks::for_each_hook!(hook_ids);
 
 impl HookId {
     /// The slot index in the descriptor's hook array.

@@ -307,4 +307,25 @@ mod tests {
         assert!(host.has_hook(HookId::CheckpointDevices));
         assert!(!host.has_hook(HookId::PostForking));
     }
+
+    #[test]
+    fn each_hook_is_called_from_the_release_the_table_names() {
+        let families = [
+            HostVersion::Pre317,
+            HostVersion::V3_17,
+            HostVersion::V4_0,
+            HostVersion::V4_2,
+            HostVersion::Dev,
+            HostVersion::V4_3,
+        ];
+        for h in HookId::ALL {
+            for v in families {
+                assert_eq!(
+                    Host::for_version(v).has_hook(h),
+                    v >= h.since(),
+                    "{h:?} in {v:?}"
+                );
+            }
+        }
+    }
 }

@@ -15,8 +15,8 @@
 //!   killed;
 //! - [`guardian`]: a process that outlives CRIU and undoes a plugin's work on other processes
 //!   when CRIU ends before the plugin could (a signal, a crash, a timeout);
-//! - [`failure`]: a hook's failure as a value (errno, kind, message), logged once where the
-//!   hook returns to CRIU;
+//! - [`error`]: a hook's error as one type, [`HookError`]: "not mine", or a [`Failure`]
+//!   (positive errno, kind, phase, message, cause) logged once where the hook returns to CRIU;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
 //!   refused, not waited on) and read with a bound;
 //! - [`options`]: plugin options (`--plugin-option PLUGIN.NAME=VALUE`, CRIU 4.3), looked up at
@@ -24,8 +24,11 @@
 //! - [`threads`]: worker threads for a hook, joined before it returns, with every
 //!   asynchronous signal blocked and panics returned as errors;
 //! - [`log`]: a `log` backend writing into CRIU's log with CRIU's levels;
-//! - [`plugin`]: a [`Plugin`] trait with one method per hook, `extern "C"` trampolines that
-//!   contain panics and map errors to negative errno, and [`export_plugin!`].
+//! - [`hooks`]: CRIU's hooks, each declared once in one table, and how a plugin chains a hook
+//!   through its handlers;
+//! - [`plugin`]: a [`Plugin`] trait with one method per hook, the [`HookHandler`]s (backends) a
+//!   plugin forwards hooks to, `extern "C"` trampolines that contain panics and map errors to
+//!   negative errno, and [`export_plugin!`]; all generated from the hook table.
 //!
 //! ```ignore
 //! struct MyPlugin;
@@ -35,10 +38,11 @@
 
 pub mod abi;
 pub mod child;
-pub mod failure;
+pub mod error;
 pub mod fds;
 pub mod files;
 pub mod guardian;
+pub mod hooks;
 pub mod host;
 pub mod log;
 pub mod options;
@@ -49,7 +53,8 @@ pub mod symbols;
 pub mod threads;
 
 pub use abi::{HookId, PluginDesc, Stage};
-pub use failure::{Failure, FailureKind};
+pub use error::{Errno, Failure, FailureKind, HookError, HookResult, Phase};
+pub use hooks::{Chain, ChainRule};
 pub use host::{Host, HostVersion};
-pub use plugin::{HookError, HookResult, Plugin, VmaUpdate};
+pub use plugin::{HookHandler, Plugin, VmaUpdate};
 pub use symbols::{CriuSymbols, FinalState, InventoryListing};

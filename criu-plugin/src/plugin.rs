@@ -1,5 +1,6 @@
-//! The safe side of the ABI: a trait with one method per hook, and the `extern "C"`
-//! trampolines CRIU calls, which contain every panic and turn errors into negative errno.
+//! The safe side of the ABI, generated from the hook table ([`crate::hooks`]): [`Plugin`] and
+//! [`HookHandler`] with one method per hook, and the `extern "C"` trampolines CRIU calls, which
+//! contain every panic and turn errors into negative errno.
 //!
 //! CRIU chains plugins per hook: `-ENOTSUP` means "not mine, ask the next plugin"; any other
 //! value ends the chain. [`HookError::NotMine`] is that answer.
@@ -7,68 +8,12 @@
 use std::ffi::{CStr, c_char, c_int};
 use std::os::fd::RawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 
 use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook, Stage};
-use crate::failure::Failure;
+use crate::error::{Failure, HookError, HookResult, Phase, panic_message};
+use crate::hooks::{Chain, ChainRule, Reborrow};
 use crate::log::{CriuLevel, CriuLogger};
-
-/// Why a hook did not succeed. Two hook errors are equal when CRIU gets the same answer from
-/// them: a [`Failure`] compares by its errno, its message being for the log.
-#[derive(Clone, Debug)]
-pub enum HookError {
-    /// The object (process, file, mapping) is not this plugin's: CRIU asks the next plugin.
-    NotMine,
-    /// A failure already logged (or with nothing to say), as a positive errno value.
-    Errno(i32),
-    /// A failure to log: the trampoline writes it to CRIU's log once, at ERROR, with its kind.
-    Failed(Box<Failure>),
-}
-
-impl HookError {
-    /// The value a hook returns to CRIU.
-    pub fn to_return(&self) -> c_int {
-        let errno = match self {
-            HookError::NotMine => return -libc::ENOTSUP,
-            HookError::Errno(e) => *e,
-            HookError::Failed(f) => f.errno,
-        };
-        // A failure must never read as success or as "not mine".
-        if errno > 0 && errno != libc::ENOTSUP {
-            -errno
-        } else {
-            -libc::EIO
-        }
-    }
-
-    /// The errno CRIU gets (`ENOTSUP` for "not mine").
-    pub fn errno(&self) -> i32 {
-        -self.to_return()
-    }
-}
-
-impl PartialEq for HookError {
-    fn eq(&self, other: &Self) -> bool {
-        self.to_return() == other.to_return()
-    }
-}
-
-impl Eq for HookError {}
-
-impl From<Failure> for HookError {
-    fn from(f: Failure) -> Self {
-        HookError::Failed(Box::new(f))
-    }
-}
-
-/// An I/O error a hook passes up with `?` is a failure to log, like any other.
-impl From<std::io::Error> for HookError {
-    fn from(e: std::io::Error) -> Self {
-        Failure::from(e).into()
-    }
-}
-
-/// Result of a hook.
-pub type HookResult<T = ()> = Result<T, HookError>;
 
 /// The answer to `UPDATE_VMA_MAP` for a mapping the plugin owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,117 +24,109 @@ pub struct VmaUpdate {
     pub plugin_fd: Option<RawFd>,
 }
 
-/// A CRIU plugin. Every hook defaults to [`HookError::NotMine`]; list the hooks the plugin
-/// implements in [`Plugin::HOOKS`] so that CRIU only calls those.
-#[allow(unused_variables)]
-pub trait Plugin: Sync + 'static {
-    /// Name in the descriptor (CRIU's debug log shows it).
-    const NAME: &'static CStr;
-    /// Prefix of every log line.
-    const LOG_PREFIX: &'static str;
-    /// Hooks to register.
-    const HOOKS: &'static [HookId];
+/// Most panics one hook call records.
+const MAX_PANICS_SEEN: usize = 16;
 
-    /// The plugin's single instance.
-    fn instance() -> &'static Self;
+/// A panic the hook of [`PanicWatch`] saw: where, and on which thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PanicSeen {
+    location: Option<String>,
+    thread: std::thread::ThreadId,
+    thread_name: Option<String>,
+}
 
-    /// The logger the trampolines install at `init`.
-    fn logger() -> &'static CriuLogger;
+/// Rust's panic hook replaced for one hook call by one that records where each panic happened
+/// (in CRIU's thread or a worker of the plugin's) and prints nothing; the previous hook is put
+/// back when the call ends, so nothing stays behind between hooks.
+struct PanicWatch {
+    seen: Arc<Mutex<Vec<PanicSeen>>>,
+    previous: Option<Box<PanicHook>>,
+}
 
-    /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do (no
-    /// GPU) returns `Ok` and disables itself.
-    fn init(&self, stage: Stage) -> HookResult;
-    /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure). `stage` is
-    /// `None` when CRIU passed one this crate does not know: the plugin still has to clean up
-    /// the run it knows it is in.
-    fn exit(&self, stage: Option<Stage>, ret: i32);
+type PanicHook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static;
 
-    /// `DUMP_UNIX_SK(fd, id)`.
-    fn dump_unix_sk(&self, fd: RawFd, id: u32) -> HookResult {
-        Err(HookError::NotMine)
+impl PanicWatch {
+    fn start() -> PanicWatch {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let previous = std::panic::take_hook();
+        let record = Arc::clone(&seen);
+        std::panic::set_hook(Box::new(move |info| {
+            let thread = std::thread::current();
+            let p = PanicSeen {
+                location: info.location().map(|l| l.to_string()),
+                thread: thread.id(),
+                thread_name: thread.name().map(str::to_string),
+            };
+            let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() < MAX_PANICS_SEEN {
+                seen.push(p);
+            }
+        }));
+        PanicWatch {
+            seen,
+            previous: Some(previous),
+        }
     }
-    /// `RESTORE_UNIX_SK(id)`: the restored socket.
-    fn restore_unix_sk(&self, id: u32) -> HookResult<RawFd> {
-        Err(HookError::NotMine)
+
+    /// Puts the previous hook back; the panics seen.
+    fn stop(mut self) -> Vec<PanicSeen> {
+        self.restore();
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.clone()
     }
-    /// `DUMP_EXT_FILE(fd, id)`.
-    fn dump_ext_file(&self, fd: RawFd, id: u32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_EXT_FILE(id[, retry_needed])`: the restored fd. `retry` is `Some` where the host
-    /// supports retries (criu-dev); setting it to true asks CRIU to call again later.
-    fn restore_ext_file(&self, id: u32, retry: Option<&mut bool>) -> HookResult<RawFd> {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_EXT_MOUNT(mountpoint, id)`.
-    fn dump_ext_mount(&self, mountpoint: &CStr, id: u32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_EXT_MOUNT(id, mountpoint, old_root, is_file)`.
-    fn restore_ext_mount(
-        &self,
-        id: u32,
-        mountpoint: &CStr,
-        old_root: &CStr,
-        is_file: Option<&mut bool>,
-    ) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_EXT_LINK(index, type, kind)`; runs in a forked child of CRIU.
-    fn dump_ext_link(&self, index: i32, link_type: i32, kind: &CStr) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `HANDLE_DEVICE_VMA(fd, stat)`: claim a device mapping so CRIU records it without contents.
-    fn handle_device_vma(&self, fd: RawFd, st: &libc::stat) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `UPDATE_VMA_MAP(path, addr, old_pgoff, new_pgoff, plugin_fd)`.
-    fn update_vma_map(&self, path: &CStr, addr: u64, old_pgoff: u64) -> HookResult<VmaUpdate> {
-        Err(HookError::NotMine)
-    }
-    /// `RESUME_DEVICES_LATE(pid)`: CRIU ignores failures here beyond a debug line.
-    fn resume_devices_late(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `PAUSE_DEVICES(pid)`: before the task is seized (also in pre-dump).
-    fn pause_devices(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `CHECKPOINT_DEVICES(pid)`: every task seized.
-    fn checkpoint_devices(&self, pid: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `POST_FORKING()`.
-    fn post_forking(&self) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `RESTORE_INIT()`.
-    fn restore_init(&self) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_DEVICES_LATE(id)`.
-    fn dump_devices_late(&self, id: i32) -> HookResult {
-        Err(HookError::NotMine)
-    }
-    /// `DUMP_FINISH(ret)` (CRIU 4.3): every plugin's handler runs. It may come twice: after a
-    /// handler failed, CRIU resumes the tasks and calls it again with that error.
-    fn dump_finish(&self, ret: i32) -> HookResult {
-        let _ = ret;
-        Err(HookError::NotMine)
+
+    fn restore(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            drop(std::panic::take_hook());
+            std::panic::set_hook(previous);
+        }
     }
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
+impl Drop for PanicWatch {
+    fn drop(&mut self) {
+        self.restore();
     }
 }
 
-/// Runs a hook body: a panic is logged and returned as `-EIO`, never unwound into CRIU.
+/// Runs a hook body with panics contained: its return value (`-EIO` for a panic), and the
+/// lines to log for every panic of the call, with the file and line where it happened.
+fn contain(hook: &str, body: impl FnOnce() -> c_int) -> (c_int, Vec<String>) {
+    let watch = PanicWatch::start();
+    let result = catch_unwind(AssertUnwindSafe(body));
+    let mut seen = watch.stop();
+    let me = std::thread::current().id();
+    let mut lines = Vec::new();
+    let rc = match result {
+        Ok(rc) => rc,
+        Err(payload) => {
+            // The hook's own panic is the last one seen on this thread.
+            let own = seen
+                .iter()
+                .rposition(|p| p.thread == me)
+                .map(|i| seen.remove(i));
+            let location = own.and_then(|p| p.location);
+            let f = Failure::panic(
+                format!("in {hook}"),
+                &panic_message(payload.as_ref()),
+                location.as_deref(),
+            );
+            lines.push(format!("{}; the operation is failed safely", f.log_line()));
+            -libc::EIO
+        }
+    };
+    for p in seen {
+        let at = p.location.as_deref().unwrap_or("an unknown place");
+        let thread = p.thread_name.as_deref().unwrap_or("unnamed");
+        lines.push(format!(
+            "{hook}: a panic at {at} on thread {thread} was contained [panic]"
+        ));
+    }
+    (rc, lines)
+}
+
+/// Runs a hook body: a panic is logged with its file and line and returned as `-EIO`, never
+/// unwound into CRIU.
 ///
 /// CRIU's process must be single-threaded whenever a hook returns (`setns(2)` into a
 /// container's namespaces fails otherwise): a hook entered with one thread that returns with
@@ -197,17 +134,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// than as a failed `setns` later.
 pub fn guard<P: Plugin>(hook: &str, body: impl FnOnce() -> c_int) -> c_int {
     let single = crate::child::thread_count() == Some(1);
-    let rc = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(rc) => rc,
-        Err(payload) => {
-            let msg = format!(
-                "internal error in {hook}: {}; the operation is failed safely",
-                panic_message(payload.as_ref())
-            );
-            P::logger().write(CriuLevel::Error, None, None, &msg);
-            -libc::EIO
-        }
-    };
+    let (rc, panics) = contain(hook, body);
+    for line in panics {
+        P::logger().write(CriuLevel::Error, None, None, &line);
+    }
     if single {
         if let Some(n @ 2..) = crate::child::thread_count() {
             let msg = format!(
@@ -245,11 +175,79 @@ macro_rules! erase {
     }};
 }
 
-/// Declares each hook's `extern "C"` trampoline once, with the C signature CRIU calls it with;
-/// [`hook_pointer`] is generated from the same list, so a trampoline and its slot cannot
-/// disagree on the signature. The body runs inside [`guard`] and returns the hook's C value.
-macro_rules! trampolines {
-    ($( $(#[$doc:meta])* $id:ident => fn $name:ident($($arg:ident: $ty:ty),*) $body:block )*) => {
+/// Runs a row's C glue on the plugin's method.
+fn glue<F, R>(call: F, glue: impl FnOnce(F) -> R) -> R {
+    glue(call)
+}
+
+/// Generates from the hook table ([`crate::hooks`]): [`Plugin`], [`HookHandler`], each hook's
+/// `extern "C"` trampoline, and [`hook_pointer`] from the same rows, so that a trampoline and
+/// its slot cannot disagree on the signature. The glue runs inside [`guard`] and returns the
+/// hook's C value.
+macro_rules! hook_items {
+    ($({
+        $(#[$doc:meta])*
+        $id:ident = $slot:literal, $label:literal, $legacy:literal, since $since:ident, $chain:ident, $phase:ident,
+        fn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty,
+        extern ($($carg:ident: $cty:ty),*) $glue:expr
+    })*) => {
+        /// A CRIU plugin. A hook the plugin does not implement itself goes to its handlers
+        /// ([`Plugin::each_handler`]) as [`HookId::chain_rule`] says; with none (the default)
+        /// the answer is [`HookError::NotMine`]. List the hooks the plugin serves in
+        /// [`Plugin::HOOKS`] so that CRIU only calls those.
+        pub trait Plugin: Sync + 'static {
+            /// Name in the descriptor (CRIU's debug log shows it).
+            const NAME: &'static CStr;
+            /// Prefix of every log line.
+            const LOG_PREFIX: &'static str;
+            /// Hooks to register.
+            const HOOKS: &'static [HookId];
+            /// What the plugin forwards hooks to (its backends).
+            type Handler: HookHandler + ?Sized;
+
+            /// The plugin's single instance.
+            fn instance() -> &'static Self;
+
+            /// The logger the trampolines install at `init`.
+            fn logger() -> &'static CriuLogger;
+
+            /// `init(stage)`: an error fails the whole CRIU run, so a plugin with nothing to do
+            /// (no GPU) returns `Ok` and disables itself.
+            fn init(&self, stage: Stage) -> HookResult;
+            /// `exit(stage, ret)`: `ret` is CRIU's result so far (non-zero means failure).
+            /// `stage` is `None` when CRIU passed one this crate does not know: the plugin
+            /// still has to clean up the run it knows it is in.
+            fn exit(&self, stage: Option<Stage>, ret: i32);
+
+            /// Shows `visit` the handlers of this run in chain order, until it answers
+            /// `false`; none by default.
+            fn each_handler(&self, visit: &mut dyn FnMut(&mut Self::Handler) -> bool) {
+                let _ = visit;
+            }
+
+            $(
+                $(#[$doc])*
+                fn $method(&self, $($arg: $ty),*) -> HookResult<$out> {
+                    let mut chain = Chain::new(ChainRule::$chain);
+                    $(let mut $arg = $arg;)*
+                    self.each_handler(&mut |h| chain.offer(h.$method($($arg.again()),*)));
+                    chain.answer()
+                }
+            )*
+        }
+
+        /// Something a plugin forwards hooks to (a GPU vendor's backend); every hook defaults
+        /// to [`HookError::NotMine`].
+        #[allow(unused_variables)]
+        pub trait HookHandler {
+            $(
+                $(#[$doc])*
+                fn $method(&mut self, $($arg: $ty),*) -> HookResult<$out> {
+                    Err(HookError::NotMine)
+                }
+            )*
+        }
+
         /// The `extern "C"` functions CRIU calls; each forwards to [`Plugin`] inside [`guard`].
         ///
         /// # Safety
@@ -260,9 +258,18 @@ macro_rules! trampolines {
             use super::*;
 
             $(
-                $(#[$doc])*
-                pub unsafe extern "C" fn $name<P: Plugin>($($arg: $ty),*) -> c_int {
-                    guard::<P>(HookId::$id.label(), || $body)
+                #[doc = concat!("`", $label, "` as CRIU calls it.")]
+                pub unsafe extern "C" fn $method<P: Plugin>($($carg: $cty),*) -> c_int {
+                    guard::<P>(HookId::$id.label(), || {
+                        glue(
+                            |$($arg: $ty),*| {
+                                P::instance()
+                                    .$method($($arg),*)
+                                    .map_err(|e| e.in_phase(Phase::$phase))
+                            },
+                            $glue,
+                        )
+                    })
                 }
             )*
 
@@ -270,13 +277,11 @@ macro_rules! trampolines {
             pub unsafe extern "C" fn init<P: Plugin>(stage: c_int) -> c_int {
                 guard::<P>("init", || {
                     CriuLogger::install(P::logger());
-                    // Quieten Rust's default panic message on stderr: `guard` logs panics.
-                    std::panic::set_hook(Box::new(|_| {}));
                     let Some(stage) = Stage::from_raw(stage) else {
                         log::error!("unknown CRIU stage {stage}");
                         return -libc::EINVAL;
                     };
-                    ret(P::instance().init(stage), |_| 0)
+                    ret(P::instance().init(stage).map_err(|e| e.in_phase(Phase::Init)), |_| 0)
                 })
             }
 
@@ -289,7 +294,7 @@ macro_rules! trampolines {
             }
 
             /// `RESTORE_EXT_FILE` as CRIU 4.3 (and criu-dev before it) calls it, with
-            /// `bool *retry_needed`.
+            /// `bool *retry_needed`: the second C signature of one hook.
             pub unsafe extern "C" fn restore_ext_file_retry<P: Plugin>(
                 id: c_int,
                 retry_needed: *mut bool,
@@ -297,7 +302,9 @@ macro_rules! trampolines {
                 guard::<P>(HookId::RestoreExtFile.label(), || {
                     let mut retry = false;
                     let rc = ret(
-                        P::instance().restore_ext_file(id_u32(id), Some(&mut retry)),
+                        P::instance()
+                            .restore_ext_file(id_u32(id), Some(&mut retry))
+                            .map_err(|e| e.in_phase(Phase::Restore)),
                         |fd| fd,
                     );
                     // The host leaves its flag uninitialised: always write it.
@@ -314,139 +321,15 @@ macro_rules! trampolines {
         pub const fn hook_pointer<P: Plugin>(hook: HookId) -> RawHook {
             match hook {
                 $(HookId::$id => erase!(
-                    trampolines::$name::<P>,
-                    unsafe extern "C" fn($($ty),*) -> c_int
+                    trampolines::$method::<P>,
+                    unsafe extern "C" fn($($cty),*) -> c_int
                 ),)*
-                // No plugin of this crate rewrites socket addresses.
-                HookId::UpdateInetsk => None,
             }
         }
     };
 }
 
-trampolines! {
-    /// `DUMP_UNIX_SK`.
-    DumpUnixSk => fn dump_unix_sk(fd: c_int, id: c_int) {
-        ret(P::instance().dump_unix_sk(fd, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_UNIX_SK`.
-    RestoreUnixSk => fn restore_unix_sk(id: c_int) {
-        ret(P::instance().restore_unix_sk(id_u32(id)), |fd| fd)
-    }
-    /// `DUMP_EXT_FILE`.
-    DumpExtFile => fn dump_ext_file(fd: c_int, id: c_int) {
-        ret(P::instance().dump_ext_file(fd, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_EXT_FILE` as CRIU up to 4.2 calls it.
-    RestoreExtFile => fn restore_ext_file(id: c_int) {
-        ret(P::instance().restore_ext_file(id_u32(id), None), |fd| fd)
-    }
-    /// `DUMP_EXT_MOUNT`.
-    DumpExtMount => fn dump_ext_mount(mp: *mut c_char, id: c_int) {
-        if mp.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated mount point valid for the call.
-        let mp = unsafe { CStr::from_ptr(mp) };
-        ret(P::instance().dump_ext_mount(mp, id_u32(id)), |_| 0)
-    }
-    /// `RESTORE_EXT_MOUNT`.
-    RestoreExtMount => fn restore_ext_mount(
-        id: c_int,
-        mp: *mut c_char,
-        old_root: *mut c_char,
-        is_file: *mut c_int
-    ) {
-        if mp.is_null() || old_root.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes NUL-terminated strings valid for the call.
-        let (mp, old_root) = unsafe { (CStr::from_ptr(mp), CStr::from_ptr(old_root)) };
-        let mut file = false;
-        let want_file = !is_file.is_null();
-        let r = P::instance().restore_ext_mount(
-            id_u32(id),
-            mp,
-            old_root,
-            want_file.then_some(&mut file),
-        );
-        if want_file {
-            // SAFETY: non-null `is_file` points to an int CRIU reads after the call.
-            unsafe { is_file.write(c_int::from(file)) };
-        }
-        ret(r, |_| 0)
-    }
-    /// `DUMP_EXT_LINK`.
-    DumpExtLink => fn dump_ext_link(index: c_int, link_type: c_int, kind: *mut c_char) {
-        if kind.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated link kind valid for the call.
-        let kind = unsafe { CStr::from_ptr(kind) };
-        ret(P::instance().dump_ext_link(index, link_type, kind), |_| 0)
-    }
-    /// `HANDLE_DEVICE_VMA`.
-    HandleDeviceVma => fn handle_device_vma(fd: c_int, st: *const libc::stat) {
-        if st.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes the stat of the mapping's file, valid for the call.
-        let st = unsafe { &*st };
-        ret(P::instance().handle_device_vma(fd, st), |_| 0)
-    }
-    /// `UPDATE_VMA_MAP`: returns 1 when the offset was replaced, as CRIU expects.
-    UpdateVmaMap => fn update_vma_map(
-        path: *const c_char,
-        addr: u64,
-        old_pgoff: u64,
-        new_pgoff: *mut u64,
-        plugin_fd: *mut c_int
-    ) {
-        if path.is_null() || new_pgoff.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: CRIU passes a NUL-terminated path valid for the call.
-        let path = unsafe { CStr::from_ptr(path) };
-        ret(P::instance().update_vma_map(path, addr, old_pgoff), |u| {
-            // SAFETY: CRIU passes pointers to its own locals for both outputs.
-            unsafe {
-                new_pgoff.write(u.new_pgoff);
-                if !plugin_fd.is_null() {
-                    plugin_fd.write(u.plugin_fd.unwrap_or(-1));
-                }
-            }
-            1
-        })
-    }
-    /// `RESUME_DEVICES_LATE`.
-    ResumeDevicesLate => fn resume_devices_late(pid: c_int) {
-        ret(P::instance().resume_devices_late(pid), |_| 0)
-    }
-    /// `PAUSE_DEVICES`.
-    PauseDevices => fn pause_devices(pid: c_int) {
-        ret(P::instance().pause_devices(pid), |_| 0)
-    }
-    /// `CHECKPOINT_DEVICES`.
-    CheckpointDevices => fn checkpoint_devices(pid: c_int) {
-        ret(P::instance().checkpoint_devices(pid), |_| 0)
-    }
-    /// `POST_FORKING`.
-    PostForking => fn post_forking() {
-        ret(P::instance().post_forking(), |_| 0)
-    }
-    /// `RESTORE_INIT`.
-    RestoreInit => fn restore_init() {
-        ret(P::instance().restore_init(), |_| 0)
-    }
-    /// `DUMP_DEVICES_LATE`.
-    DumpDevicesLate => fn dump_devices_late(id: c_int) {
-        ret(P::instance().dump_devices_late(id), |_| 0)
-    }
-    /// `DUMP_FINISH`.
-    DumpFinish => fn dump_finish(rc: c_int) {
-        ret(P::instance().dump_finish(rc), |_| 0)
-    }
-}
+crate::hooks::for_each_hook!(hook_items);
 
 /// The `RESTORE_EXT_FILE` variant for criu-dev hosts.
 pub const fn restore_ext_file_retry_pointer<P: Plugin>() -> RawHook {
@@ -517,17 +400,68 @@ macro_rules! export_plugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{MutexGuard, PoisonError};
+
+    /// The tests that run hooks, one at a time: each swaps the process's panic hook.
+    fn serial() -> MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[test]
+    fn a_panic_is_logged_with_its_file_and_line_and_the_panic_hook_put_back() {
+        let _serial = serial();
+        static PREVIOUS_HOOK_RAN: AtomicUsize = AtomicUsize::new(0);
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {
+            PREVIOUS_HOOK_RAN.fetch_add(1, Ordering::SeqCst);
+        }));
+        let line = line!() + 2;
+        let (rc, lines) = contain("PAUSE_DEVICES", || {
+            panic!("pid 3 is cursed");
+        });
+        assert_eq!(rc, -libc::EIO);
+        assert_eq!(
+            lines,
+            [format!(
+                "internal error in PAUSE_DEVICES: panic at {}:{line}:13: pid 3 is cursed [panic]; the operation is failed safely",
+                file!()
+            )]
+        );
+        // A worker's panic, contained by the plugin itself, is logged too, with its thread.
+        let (rc, lines) = contain("CHECKPOINT_DEVICES", || {
+            std::thread::scope(|s| {
+                let worker = std::thread::Builder::new().name("cuda-7".into());
+                let h = worker.spawn_scoped(s, || panic!("worker")).unwrap();
+                assert!(h.join().is_err());
+            });
+            0
+        });
+        assert_eq!(rc, 0);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with(&format!("CHECKPOINT_DEVICES: a panic at {}:", file!())));
+        assert!(
+            lines[0].ends_with(" on thread cuda-7 was contained [panic]"),
+            "{lines:?}"
+        );
+        // Neither panic reached the hook that was in place; it is back after each call.
+        assert_eq!(PREVIOUS_HOOK_RAN.load(Ordering::SeqCst), 0);
+        let _ = catch_unwind(|| panic!("outside a hook"));
+        assert_eq!(PREVIOUS_HOOK_RAN.load(Ordering::SeqCst), 1);
+        std::panic::set_hook(before);
+    }
 
     struct Probe {
         calls: Mutex<Vec<String>>,
         panics: AtomicUsize,
+        backends: Mutex<Vec<Backend>>,
     }
 
     static PROBE: Probe = Probe {
         calls: Mutex::new(Vec::new()),
         panics: AtomicUsize::new(0),
+        backends: Mutex::new(Vec::new()),
     };
     static LOGGER: CriuLogger = CriuLogger::new("probe");
 
@@ -539,8 +473,16 @@ mod tests {
             HookId::RestoreExtFile,
             HookId::UpdateVmaMap,
         ];
+        type Handler = Backend;
         fn instance() -> &'static Self {
             &PROBE
+        }
+        fn each_handler(&self, visit: &mut dyn FnMut(&mut Backend) -> bool) {
+            for b in self.backends.lock().unwrap().iter_mut() {
+                if !visit(b) {
+                    break;
+                }
+            }
         }
         fn logger() -> &'static CriuLogger {
             &LOGGER
@@ -557,12 +499,12 @@ mod tests {
         fn pause_devices(&self, pid: i32) -> HookResult {
             match pid {
                 1 => Ok(()),
-                2 => Err(HookError::Errno(libc::ETIMEDOUT)),
+                2 => Err(HookError::logged(libc::ETIMEDOUT)),
                 3 => {
                     self.panics.fetch_add(1, Ordering::SeqCst);
                     panic!("pid 3 is cursed")
                 }
-                4 => Err(HookError::Errno(0)),
+                4 => Err(HookError::logged(0)),
                 _ => Err(HookError::NotMine),
             }
         }
@@ -597,6 +539,7 @@ mod tests {
 
     #[test]
     fn errors_become_negative_errno_and_panics_are_contained() {
+        let _serial = serial();
         // SAFETY: calling the trampolines directly as CRIU would.
         unsafe {
             assert_eq!(trampolines::pause_devices::<Probe>(1), 0);
@@ -610,6 +553,7 @@ mod tests {
 
     #[test]
     fn retry_flag_is_always_written() {
+        let _serial = serial();
         let mut flag = true;
         // SAFETY: `flag` outlives the call.
         let fd = unsafe { trampolines::restore_ext_file_retry::<Probe>(5, &mut flag) };
@@ -623,6 +567,7 @@ mod tests {
 
     #[test]
     fn update_vma_map_returns_one_and_writes_outputs() {
+        let _serial = serial();
         let (mut pg, mut fd) = (0u64, 7);
         // SAFETY: outputs point to locals; the path is a valid C string.
         let rc = unsafe {
@@ -633,6 +578,7 @@ mod tests {
 
     #[test]
     fn exit_is_forwarded_with_stage() {
+        let _serial = serial();
         // SAFETY: calling the exit trampoline as CRIU would.
         unsafe { trampolines::exit::<Probe>(0, -1) };
         // SAFETY: as above; an unknown stage is forwarded as `None`, so that the plugin can
@@ -646,9 +592,9 @@ mod tests {
 
     #[test]
     fn a_failure_is_the_errno_crius_gets() {
-        use crate::failure::{Failure, FailureKind};
+        use crate::error::FailureKind;
         let f: HookError = Failure::new(FailureKind::Driver, libc::ETIMEDOUT, "slow").into();
-        assert_eq!(f, HookError::Errno(libc::ETIMEDOUT));
+        assert_eq!(f, HookError::logged(libc::ETIMEDOUT));
         assert_eq!(f.errno(), libc::ETIMEDOUT);
         assert_ne!(f, HookError::NotMine);
         let zero: HookError = Failure::new(FailureKind::Internal, 0, "no errno").into();
@@ -658,9 +604,87 @@ mod tests {
     #[test]
     fn hook_error_mapping() {
         assert_eq!(HookError::NotMine.to_return(), -95);
-        assert_eq!(HookError::Errno(libc::ENOTSUP).to_return(), -libc::EIO);
-        assert_eq!(HookError::Errno(-3).to_return(), -libc::EIO);
+        assert_eq!(HookError::logged(libc::ENOTSUP).to_return(), -libc::EIO);
+        assert_eq!(HookError::logged(-3).to_return(), -libc::EIO);
         let io = std::io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(HookError::from(io), HookError::Errno(libc::ENOENT));
+        assert_eq!(HookError::from(io), HookError::logged(libc::ENOENT));
+    }
+
+    /// A backend of [`Probe`]: answers for one pid, says "not mine" for the others, and
+    /// counts what it was asked.
+    struct Backend {
+        pid: i32,
+        asked: usize,
+        finish: HookResult,
+    }
+
+    impl HookHandler for Backend {
+        fn checkpoint_devices(&mut self, pid: i32) -> HookResult {
+            self.asked += 1;
+            if pid == self.pid {
+                Ok(())
+            } else {
+                Err(HookError::NotMine)
+            }
+        }
+        fn restore_ext_mount(
+            &mut self,
+            id: u32,
+            _mountpoint: &CStr,
+            _old_root: &CStr,
+            is_file: Option<&mut bool>,
+        ) -> HookResult {
+            if let Some(f) = is_file {
+                *f = !*f;
+            }
+            if id as i32 == self.pid {
+                Ok(())
+            } else {
+                Err(HookError::NotMine)
+            }
+        }
+        fn dump_finish(&mut self, _ret: i32) -> HookResult {
+            self.asked += 1;
+            self.finish.clone()
+        }
+    }
+
+    #[test]
+    fn hooks_not_implemented_go_to_the_handlers_as_the_table_says() {
+        let _serial = serial();
+        let backend = |pid, finish| Backend {
+            pid,
+            asked: 0,
+            finish,
+        };
+        *PROBE.backends.lock().unwrap() = vec![
+            backend(1, Err(HookError::NotMine)),
+            backend(2, Err(HookError::logged(libc::EPERM))),
+            backend(3, Ok(())),
+        ];
+        let asked = || {
+            let b = PROBE.backends.lock().unwrap();
+            b.iter().map(|b| b.asked).collect::<Vec<_>>()
+        };
+        // SAFETY: calling the trampolines directly as CRIU would.
+        unsafe {
+            // First rule: the owner answers, the ones after it are not asked.
+            assert_eq!(trampolines::checkpoint_devices::<Probe>(2), 0);
+            assert_eq!(asked(), [1, 1, 0]);
+            assert_eq!(trampolines::checkpoint_devices::<Probe>(9), -libc::ENOTSUP);
+            assert_eq!(asked(), [2, 2, 1]);
+            // All rule: everyone is asked; the first failure is the answer.
+            assert_eq!(trampolines::dump_finish::<Probe>(0), -libc::EPERM);
+            assert_eq!(asked(), [3, 3, 2]);
+        }
+        // Every handler asked gets the output to write, in turn: two flips, then three.
+        let mount = |id, is_file: &mut c_int| {
+            let (mp, root) = (c"/m".as_ptr().cast_mut(), c"/".as_ptr().cast_mut());
+            // SAFETY: the strings are valid and `is_file` outlives the call.
+            unsafe { trampolines::restore_ext_mount::<Probe>(id, mp, root, is_file) }
+        };
+        let mut is_file = 0;
+        assert_eq!((mount(2, &mut is_file), is_file), (0, 0));
+        assert_eq!((mount(3, &mut is_file), is_file), (0, 1));
     }
 }

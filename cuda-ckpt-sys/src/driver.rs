@@ -471,7 +471,7 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert_eq!(err.errno(), -libc::ENOENT);
+        assert_eq!(err.errno(), libc::ENOENT);
     }
 
     #[test]

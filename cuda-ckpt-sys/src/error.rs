@@ -21,20 +21,20 @@ pub struct CudaError {
 }
 
 impl CudaError {
-    /// The errno (negative, as CRIU hooks return it) this failure is reported as.
+    /// The errno (positive) this failure is reported as; a hook makes it negative for CRIU.
     ///
     /// | CUDA code | errno | why |
     /// |---|---|---|
-    /// | `NOT_READY`, `TIMEOUT` | `-ETIMEDOUT` | lock timed out (work still running on the GPU) |
-    /// | `ILLEGAL_STATE` | `-EINVAL` | the process is in the wrong state for this step |
-    /// | `INVALID_VALUE`, `INVALID_CONTEXT`, `INVALID_HANDLE` | `-EINVAL` | bad argument, e.g. GPU map |
-    /// | `OPERATING_SYSTEM` | `-ESRCH` | mostly "no such process"; also permissions and a dead target |
-    /// | `NOT_INITIALIZED`, `DEINITIALIZED`, `NO_DEVICE`, `INVALID_DEVICE` | `-ENODEV` | no CUDA there |
-    /// | `OUT_OF_MEMORY` | `-ENOMEM` | not enough GPU or host memory |
-    /// | `NOT_PERMITTED` | `-EPERM` | e.g. persistence mode off |
-    /// | `NOT_SUPPORTED`, `STREAM_CAPTURE_UNSUPPORTED` | `-EOPNOTSUPP` | driver cannot checkpoint this |
-    /// | `NOT_FOUND` | `-ENOENT` | |
-    /// | anything else | `-EIO` | |
+    /// | `NOT_READY`, `TIMEOUT` | `ETIMEDOUT` | lock timed out (work still running on the GPU) |
+    /// | `ILLEGAL_STATE` | `EINVAL` | the process is in the wrong state for this step |
+    /// | `INVALID_VALUE`, `INVALID_CONTEXT`, `INVALID_HANDLE` | `EINVAL` | bad argument, e.g. GPU map |
+    /// | `OPERATING_SYSTEM` | `ESRCH` | mostly "no such process"; also permissions and a dead target |
+    /// | `NOT_INITIALIZED`, `DEINITIALIZED`, `NO_DEVICE`, `INVALID_DEVICE` | `ENODEV` | no CUDA there |
+    /// | `OUT_OF_MEMORY` | `ENOMEM` | not enough GPU or host memory |
+    /// | `NOT_PERMITTED` | `EPERM` | e.g. persistence mode off |
+    /// | `NOT_SUPPORTED`, `STREAM_CAPTURE_UNSUPPORTED` | `EOPNOTSUPP` | driver cannot checkpoint this |
+    /// | `NOT_FOUND` | `ENOENT` | |
+    /// | anything else | `EIO` | |
     pub fn errno(&self) -> i32 {
         cuda_errno(self.code)
     }
@@ -48,10 +48,10 @@ impl CudaError {
     }
 }
 
-/// The negative errno for a CUDA code; see [`CudaError::errno`].
+/// The errno (positive; 0 for success) for a CUDA code; see [`CudaError::errno`].
 pub fn cuda_errno(code: CUresult) -> i32 {
-    let e = match code {
-        CUresult::SUCCESS => return 0,
+    match code {
+        CUresult::SUCCESS => 0,
         CUresult::NOT_READY | CUresult::TIMEOUT => libc::ETIMEDOUT,
         CUresult::ILLEGAL_STATE
         | CUresult::INVALID_VALUE
@@ -67,8 +67,7 @@ pub fn cuda_errno(code: CUresult) -> i32 {
         CUresult::NOT_SUPPORTED | CUresult::STREAM_CAPTURE_UNSUPPORTED => libc::EOPNOTSUPP,
         CUresult::NOT_FOUND => libc::ENOENT,
         _ => libc::EIO,
-    };
-    -e
+    }
 }
 
 impl fmt::Display for CudaError {
@@ -116,13 +115,13 @@ pub enum DriverError {
 }
 
 impl DriverError {
-    /// The negative errno to hand to CRIU. `Load` → `-ENOENT`; `MissingSymbol`, `Unsupported` →
-    /// `-EOPNOTSUPP`; `InvalidArgument` → `-EINVAL`; `Cuda` → [`CudaError::errno`].
+    /// The errno (positive) it stands for. `Load` → `ENOENT`; `MissingSymbol`, `Unsupported`
+    /// → `EOPNOTSUPP`; `InvalidArgument` → `EINVAL`; `Cuda` → [`CudaError::errno`].
     pub fn errno(&self) -> i32 {
         match self {
-            Self::Load { .. } => -libc::ENOENT,
-            Self::MissingSymbol(_) | Self::Unsupported { .. } => -libc::EOPNOTSUPP,
-            Self::InvalidArgument(_) => -libc::EINVAL,
+            Self::Load { .. } => libc::ENOENT,
+            Self::MissingSymbol(_) | Self::Unsupported { .. } => libc::EOPNOTSUPP,
+            Self::InvalidArgument(_) => libc::EINVAL,
             Self::Cuda(e) => e.errno(),
         }
     }
@@ -189,7 +188,7 @@ mod tests {
             e.to_string(),
             "cuCheckpointProcessLock(pid 1234) failed: CUDA_ERROR_NOT_READY (600): device not ready"
         );
-        assert_eq!(e.errno(), -libc::ETIMEDOUT);
+        assert_eq!(e.errno(), libc::ETIMEDOUT);
         let bare = CudaError {
             call: "cuInit",
             pid: None,
@@ -198,20 +197,20 @@ mod tests {
             text: None,
         };
         assert_eq!(bare.to_string(), "cuInit failed: unknown CUDA error (4242)");
-        assert_eq!(bare.errno(), -libc::EIO);
+        assert_eq!(bare.errno(), libc::EIO);
     }
 
     #[test]
     fn errno_mapping() {
         assert_eq!(cuda_errno(CUresult::SUCCESS), 0);
-        assert_eq!(cuda_errno(CUresult::ILLEGAL_STATE), -libc::EINVAL);
-        assert_eq!(cuda_errno(CUresult::OPERATING_SYSTEM), -libc::ESRCH);
-        assert_eq!(cuda_errno(CUresult::NOT_INITIALIZED), -libc::ENODEV);
-        assert_eq!(cuda_errno(CUresult::OUT_OF_MEMORY), -libc::ENOMEM);
-        assert_eq!(cuda_errno(CUresult::NOT_SUPPORTED), -libc::EOPNOTSUPP);
+        assert_eq!(cuda_errno(CUresult::ILLEGAL_STATE), libc::EINVAL);
+        assert_eq!(cuda_errno(CUresult::OPERATING_SYSTEM), libc::ESRCH);
+        assert_eq!(cuda_errno(CUresult::NOT_INITIALIZED), libc::ENODEV);
+        assert_eq!(cuda_errno(CUresult::OUT_OF_MEMORY), libc::ENOMEM);
+        assert_eq!(cuda_errno(CUresult::NOT_SUPPORTED), libc::EOPNOTSUPP);
         assert_eq!(
             DriverError::MissingSymbol("cuCheckpointProcessLock").errno(),
-            -libc::EOPNOTSUPP
+            libc::EOPNOTSUPP
         );
         assert_eq!(
             DriverError::Unsupported {

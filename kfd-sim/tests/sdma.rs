@@ -144,7 +144,7 @@ fn a_count_off_by_one_is_a_page_fault_the_engine_reports() {
     let e = lane
         .download(bo, BO_SIZE - 4096, &mut staging.bytes()[..4096])
         .unwrap_err();
-    assert_eq!(e.errno, libc::EFAULT);
+    assert_eq!(e.errno.get(), libc::EFAULT);
     assert!(e.message.contains("page fault"), "{e}");
     drop(lane);
     drop(engines);
@@ -166,7 +166,7 @@ fn a_timed_out_copy_keeps_the_staging_memory_and_fails() {
     let e = lane
         .download(bo, 0, &mut staging.bytes()[..4096])
         .unwrap_err();
-    assert_eq!(e.errno, libc::ETIMEDOUT);
+    assert_eq!(e.errno.get(), libc::ETIMEDOUT);
     assert!(lane.staging().kept());
 }
 
@@ -179,7 +179,7 @@ fn a_fault_seen_only_after_the_last_fence_fails_the_copy() {
     sim.record_page_fault(engines.render_fd(128).unwrap(), 0x1234_5000)
         .unwrap();
     let e = engines.finish().unwrap_err();
-    assert_eq!(e.errno, libc::EFAULT);
+    assert_eq!(e.errno.get(), libc::EFAULT);
     assert!(e.message.contains("0x12345000"), "{e}");
 }
 

@@ -12,7 +12,7 @@ use criu_gpu_core::amdgpu::AmdgpuBackend;
 use criu_gpu_core::amdgpu::LocalFdStore;
 use criu_gpu_core::amdgpu::device::KfdDevice;
 use criu_gpu_core::amdgpu::{BackendOptions, CopyObserver, CopyRecord};
-use criu_gpu_core::backend::{GpuBackend, InitContext};
+use criu_gpu_core::backend::{GpuBackend, HookHandler, InitContext};
 use criu_gpu_core::config::Config;
 use criu_plugin::{HookError, Host, HostVersion, InventoryListing, Stage};
 use kfd_sim::{CopyLog, ProcessSpec, SimKfd};

@@ -28,7 +28,7 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use criu_plugin::{HookError, HookId, HookResult, InventoryListing, Stage, VmaUpdate};
+use criu_plugin::{HookError, HookHandler, HookId, HookResult, InventoryListing, Stage, VmaUpdate};
 
 use super::device::{self, CriuLimits, KfdDevice};
 use super::error::{Error, FailureKind, device_error};
@@ -336,6 +336,16 @@ impl GpuBackend for AmdgpuBackend {
         }
     }
 
+    fn exit(&mut self, _stage: Stage, ret: i32) {
+        match &mut std::mem::replace(&mut self.run, Run::Idle) {
+            Run::Dump(r) => r.finish(ret),
+            Run::Restore(r) => r.finish(),
+            Run::PreDump(_) | Run::Idle => {}
+        }
+    }
+}
+
+impl HookHandler for AmdgpuBackend {
     fn handle_device_vma(&mut self, _fd: RawFd, st: &libc::stat) -> HookResult {
         match &mut self.run {
             Run::PreDump(r) | Run::Dump(r) => r.handle_device_vma(st),
@@ -376,13 +386,5 @@ impl GpuBackend for AmdgpuBackend {
 
     fn resume_devices_late(&mut self, pid: i32) -> HookResult {
         self.restore_run()?.resume(pid)
-    }
-
-    fn exit(&mut self, _stage: Stage, ret: i32) {
-        match &mut std::mem::replace(&mut self.run, Run::Idle) {
-            Run::Dump(r) => r.finish(ret),
-            Run::Restore(r) => r.finish(),
-            Run::PreDump(_) | Run::Idle => {}
-        }
     }
 }

@@ -594,7 +594,7 @@ impl Handover {
             let result = self.serve(dev, settings, images, &req);
             queue.complete(
                 req.slot,
-                result.as_ref().err().map(|e| e.errno.max(1)).unwrap_or(0),
+                result.as_ref().err().map(|e| e.errno.get()).unwrap_or(0),
             );
             out.push(Served {
                 file_id: req.file_id,

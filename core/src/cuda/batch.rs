@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use criu_plugin::symbols::AlarmSuspended;
 use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair};
 
+use super::error::CallError;
 use super::helper::{self, RestoreJob};
 use super::restore_thread::RunningThreads;
 
@@ -20,7 +21,7 @@ use super::restore_thread::RunningThreads;
 pub const HELPER_DEADLINE: Duration = Duration::from_secs(300);
 
 /// One process's result and the time its calls took.
-pub type Timed<E = DriverError> = (i32, Result<(), E>, Duration);
+pub type Timed<E = CallError> = (i32, Result<(), E>, Duration);
 
 /// Milliseconds, for log lines.
 pub fn ms(d: Duration) -> f64 {
@@ -144,35 +145,25 @@ impl Phase {
 
 /// Runs `op` for every pid, on worker threads when `parallel`, and reports each result with the
 /// time it took. A worker that panics is reported as that pid's failure, never unwound further.
-pub fn run_each<E>(
+pub fn run_each<E: Into<CallError>>(
     pids: &[i32],
     parallel: bool,
     op: impl Fn(i32) -> Result<(), E> + Sync,
-) -> Vec<Timed<E>>
-where
-    E: Send + From<DriverError>,
-{
+) -> Vec<Timed> {
     let timed = |pid: i32| {
         let t = Instant::now();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid))).unwrap_or_else(
-            |_| {
-                Err(E::from(DriverError::InvalidArgument(format!(
-                    "internal error while handling pid {pid}"
-                ))))
-            },
-        );
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid).map_err(Into::into)))
+                .unwrap_or_else(|p| Err(CallError::panic(pid, p.as_ref())));
         (pid, r, t.elapsed())
     };
     if !parallel || pids.len() < 2 {
         return pids.iter().map(|&pid| timed(pid)).collect();
     }
+    // A panic outside `op` (`timed` catches those inside): the plugin's own failure.
     let internal = |pid: i32, panic: criu_plugin::threads::WorkerPanic| {
-        let why = format!("internal error while handling pid {pid}: {panic}");
-        (
-            pid,
-            Err(E::from(DriverError::InvalidArgument(why))),
-            Duration::ZERO,
-        )
+        let message = panic.to_string();
+        (pid, Err(CallError::Panic { pid, message }), Duration::ZERO)
     };
     // Each worker starts with CRIU's signals blocked; all are joined before this returns.
     let answers = criu_plugin::threads::scope(|w| {
@@ -203,11 +194,11 @@ where
 /// Runs `op` for every pid in a helper process ([`helper::each_in_helper`]): a driver call
 /// that never returns, or waits for a task that died, costs a killed helper, never a CRIU that
 /// hangs. A helper that gives no answer fails every pid, saying why.
-pub fn each_in_helper(
+pub fn each_in_helper<E: Into<CallError>>(
     driver: &Driver,
     pids: &[i32],
     parallel: bool,
-    op: impl Fn(i32) -> Result<(), DriverError> + Sync,
+    op: impl Fn(i32) -> Result<(), E> + Sync,
 ) -> Vec<Timed> {
     let t = Instant::now();
     match helper::each_in_helper(driver, pids, parallel, false, HELPER_DEADLINE, op) {
@@ -216,7 +207,7 @@ pub fn each_in_helper(
             .iter()
             .map(|&pid| {
                 let why = format!("the driver helper process gave no answer: {e}");
-                (pid, Err(DriverError::InvalidArgument(why)), t.elapsed())
+                (pid, Err(CallError::Helper(why)), t.elapsed())
             })
             .collect(),
     }
@@ -224,8 +215,8 @@ pub fn each_in_helper(
 
 /// Whether the driver refused a restore because the caller has not called `cuInit` (needed
 /// when persistence mode is off).
-fn needs_init(r: &Result<(), DriverError>) -> bool {
-    matches!(r, Err(DriverError::Cuda(e))
+fn needs_init(r: &Result<(), CallError>) -> bool {
+    matches!(r, Err(CallError::Driver(DriverError::Cuda(e)))
         if e.code == CUresult::NOT_PERMITTED && e.call == "cuCheckpointProcessRestore")
 }
 
@@ -237,8 +228,8 @@ pub fn restore_each(
     jobs: &[RestoreJob],
     pairs: &[GpuPair],
     parallel: bool,
-    here: impl Fn(&RestoreJob) -> Result<(), DriverError> + Sync,
-    check: impl Fn(&RestoreJob) -> Result<(), DriverError>,
+    here: impl Fn(&RestoreJob) -> Result<(), CallError> + Sync,
+    check: impl Fn(&RestoreJob) -> Result<(), CallError>,
 ) -> Vec<Timed> {
     let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
     let job = |pid: i32| jobs.iter().find(|j| j.pid == pid);
@@ -273,13 +264,11 @@ pub fn restore_each(
                     *took += *helper_took;
                     Err(e.clone())
                 }
-                None => Err(DriverError::InvalidArgument(
-                    "restore helper skipped it".into(),
-                )),
+                None => Err(CallError::Helper("the restore helper skipped it".into())),
             },
             Err(e) => {
                 *took += helper_wall;
-                Err(DriverError::InvalidArgument(format!("restore helper: {e}")))
+                Err(CallError::Helper(format!("restore helper: {e}")))
             }
         };
     }

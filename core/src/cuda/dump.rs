@@ -14,7 +14,7 @@ use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Ran, each_in_helper, ms};
-use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure, os_failure};
+use super::error::{Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::guardian::{Action, PutBack};
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
@@ -136,12 +136,12 @@ impl DumpRun {
     }
 
     /// `PAUSE_DEVICES`: locks `pid` if it uses CUDA and runs.
-    pub fn pause(&mut self, pid: i32) -> Result<(), HookFailure> {
+    pub fn pause(&mut self, pid: i32) -> HookResult {
         self.pause_once(pid, true)
     }
 
     /// [`DumpRun::pause`]; `may_wait`: a process that just started may be waited out once.
-    fn pause_once(&mut self, pid: i32, may_wait: bool) -> Result<(), HookFailure> {
+    fn pause_once(&mut self, pid: i32, may_wait: bool) -> HookResult {
         if self.dumped.contains_key(&pid) {
             // CRIU may ask again for a child after a failed seize attempt.
             return Ok(());
@@ -166,13 +166,14 @@ impl DumpRun {
                         return self.pause_once(pid, false);
                     }
                     log::debug!("cuda: pid {pid} is not a CUDA process ({e})");
-                    return Err(HookFailure::NotMine);
+                    return Err(HookError::NotMine);
                 }
                 return Err(Failure::new(
                     FailureKind::Driver,
-                    -e.errno(),
+                    e.errno(),
                     format!("cuda: cannot tell whether pid {pid} uses CUDA: {e}"),
                 )
+                .caused_by(e)
                 .into());
             }
         };
@@ -221,7 +222,7 @@ impl DumpRun {
 
     /// Starts the guardian (once): no process is locked unless something outside CRIU will
     /// put it back should CRIU end before the dump does.
-    fn start_guardian(&mut self) -> Result<(), Failure> {
+    fn start_guardian(&mut self) -> HookResult {
         if let Some(g) = &self.guardian {
             if g.alive() {
                 return Ok(());
@@ -233,7 +234,7 @@ impl DumpRun {
                     "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); nothing more is locked without it",
                     g.pid()
                 ),
-            ));
+            ).into());
         }
         if self.unguarded {
             return Ok(());
@@ -260,7 +261,7 @@ impl DumpRun {
                 format!(
                     "cuda: cannot start the guardian process that puts CUDA processes back should CRIU end early ({e}); nothing is locked without it"
                 ),
-            )),
+            ).into()),
         }
     }
 
@@ -291,7 +292,7 @@ impl DumpRun {
 
     /// Asks for `pid`'s state and locks it when it runs, in a helper process: a target that
     /// never answers costs a killed helper, not a thread stuck in CRIU's process for good.
-    fn lock(&mut self, pid: i32, start: Option<u64>) -> Result<Locked, Failure> {
+    fn lock(&mut self, pid: i32, start: Option<u64>) -> HookResult<Locked> {
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".
         let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
@@ -319,15 +320,13 @@ impl DumpRun {
                         ),
                     )
                 }
-                e => Failure::new(FailureKind::System,
-                    libc::EIO,
-                    format!("cuda: pid {pid}: the lock helper failed: {e}"),
-                ),
+                e => Failure::helper(format!("cuda: pid {pid}: the lock helper failed: {e}"))
+                    .caused_by(e),
             })?;
         let helper_cost = t.elapsed().saturating_sub(outcome.in_driver);
-        let state = outcome
-            .state
-            .map_err(|e| Failure::new(FailureKind::Driver, -e.errno(), format!("cuda: {e}")))?;
+        let state = outcome.state.map_err(|e| {
+            Failure::new(FailureKind::Driver, e.errno(), format!("cuda: {e}")).caused_by(e)
+        })?;
         let (found, locked_by_us) = match state {
             ProcessState::Running => {
                 match outcome.lock {
@@ -335,25 +334,22 @@ impl DumpRun {
                     Some(Err(e)) => {
                         // Not locked: nothing for the guardian to undo.
                         self.forget(pid);
-                        let why = if e.errno() == -libc::ETIMEDOUT {
+                        let why = if e.errno() == libc::ETIMEDOUT {
                             format!(
                                 "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"
                             )
                         } else {
                             String::new()
                         };
-                        return Err(Failure::new(
-                            FailureKind::Driver,
-                            -e.errno(),
-                            format!("cuda: {e}{why}"),
-                        ));
+                        return Err(Failure::new(e.kind(), e.errno(), format!("cuda: {e}{why}"))
+                            .caused_by(e)
+                            .into());
                     }
                     None => {
-                        return Err(Failure::new(
-                            FailureKind::Internal,
-                            libc::EIO,
-                            format!("cuda: pid {pid}: the lock helper did not lock it"),
-                        ));
+                        return Err(Failure::helper(format!(
+                            "cuda: pid {pid}: the lock helper did not lock it"
+                        ))
+                        .into());
                     }
                 }
                 (FoundState::Running, true)
@@ -371,7 +367,8 @@ impl DumpRun {
                     FailureKind::Process,
                     libc::EIO,
                     format!("cuda: pid {pid} is in CUDA state {other}; it cannot be checkpointed"),
-                ));
+                )
+                .into());
             }
         };
         Ok(Locked {
@@ -394,7 +391,7 @@ impl DumpRun {
 
     /// Claims `pid` for this dump; refuses it while another CRIU dumps it. Returns the
     /// process's start time, when it has one.
-    fn claim(&mut self, pid: i32) -> Result<Option<u64>, Failure> {
+    fn claim(&mut self, pid: i32) -> HookResult<Option<u64>> {
         let Some(start) = procfs::start_time(pid) else {
             return Ok(None);
         };
@@ -413,7 +410,7 @@ impl DumpRun {
                 format!(
                     "cuda: pid {pid} is held by another CRIU or criu-gpu right now (a dump, a restore or a suspend of it is under way); it is left to that one (try again once it is done)"
                 ),
-            )),
+            ).into()),
             Err(exclusive::ClaimError::Unavailable(e)) => {
                 log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
                 Ok(Some(start))
@@ -432,7 +429,10 @@ impl DumpRun {
             self.checkpoint_all(pid);
         }
         match self.dumped.get(&pid) {
-            Some(p) => p.result.clone().unwrap_or(Err(HookError::Errno(libc::EIO))),
+            Some(p) => p
+                .result
+                .clone()
+                .unwrap_or(Err(HookError::logged(libc::EIO))),
             None => Err(HookError::NotMine),
         }
     }
@@ -480,7 +480,7 @@ impl DumpRun {
                     );
                     Ok(())
                 }
-                Err(e) => Err(driver_failure(pid, &e).report()),
+                Err(e) => Err(call_failure(pid, &e).report()),
             });
         }
         for (tid, e) in not_stopped {
@@ -608,7 +608,7 @@ impl DumpRun {
     }
 
     /// `DUMP_FINISH`: with `ret` non-zero the tasks run on, so every process is put back.
-    pub fn dump_finish(&mut self, ret: i32) -> Result<(), Failure> {
+    pub fn dump_finish(&mut self, ret: i32) -> HookResult {
         if ret == 0 {
             // Nothing to roll back; `exit` does what the final state asks.
             return Ok(());
@@ -621,7 +621,8 @@ impl DumpRun {
                 FailureKind::Driver,
                 libc::EIO,
                 format!("cuda: {failed} process(es) could not be put back as they were found"),
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -665,7 +666,7 @@ impl DumpRun {
 
 /// Refuses a process the driver could not lock because it cannot run: the call would wait
 /// for good instead of timing out.
-fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
+fn check_runnable(pid: i32, tid: i32) -> HookResult {
     if let Some(state @ ('T' | 't')) = procfs::thread_state(pid, tid) {
         let how = if state == 't' {
             "stopped by a debugger"
@@ -678,7 +679,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
             format!(
                 "cuda: pid {pid} is {how}; CUDA can only lock a running process: continue it before the dump"
             ),
-        ));
+        ).into());
     }
     if let Some(cg) = procfs::frozen_cgroup(pid) {
         return Err(Failure::new(
@@ -687,7 +688,7 @@ fn check_runnable(pid: i32, tid: i32) -> Result<(), Failure> {
             format!(
                 "cuda: pid {pid} is in frozen cgroup {cg}; CUDA can only lock a running process: thaw it, or use CRIU 4.2 or later, which thaws it for plugins"
             ),
-        ));
+        ).into());
     }
     Ok(())
 }

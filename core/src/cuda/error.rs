@@ -1,5 +1,6 @@
-//! How the NVIDIA side carries a failure: [`criu_plugin::Failure`] (errno, kind, message), one
-//! value until it is reported.
+//! How the NVIDIA side carries a failure: [`criu_plugin::HookError`], whose [`Failure`] (errno,
+//! kind, phase, message, cause) is one value until it is reported; and, for one process of a
+//! batch, a [`CallError`]: the driver's answer or the plugin's own failure around it.
 //!
 //! A failure a hook returns is logged once, where the hook returns to CRIU. The exception is an
 //! answer a batch records for one process of many: CRIU stops asking after the first process
@@ -12,13 +13,81 @@ use criu_plugin::HookError;
 pub use criu_plugin::{Failure, FailureKind};
 use cuda_ckpt_sys::DriverError;
 
-/// A driver call for `pid` that failed, with the driver's errno.
-pub fn driver_failure(pid: i32, e: &DriverError) -> Failure {
-    Failure::new(
-        FailureKind::Driver,
-        -e.errno(),
-        format!("cuda: pid {pid}: {e}"),
-    )
+/// Why the work on one process of a batch did not succeed: the driver's answer, or a failure
+/// of the plugin's own around the driver call (its helper process, a panic, the process's
+/// state), each with the errno and kind it stands for.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The driver refused or failed the call.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The plugin's code around the call panicked (contained; logged with its file and line
+    /// where the hook returns).
+    #[error("internal error while handling pid {pid}: {message}")]
+    Panic {
+        /// The process being handled.
+        pid: i32,
+        /// The panic's message.
+        message: String,
+    },
+    /// The helper process, or its thread, that makes the call failed or gave no answer.
+    #[error("{0}")]
+    Helper(String),
+    /// The process is not in the state the step leaves it in, or needs.
+    #[error("{0}")]
+    Process(String),
+    /// A system call around the driver call failed with `errno`.
+    #[error("{message}")]
+    System {
+        /// What failed, with the system's reason.
+        message: String,
+        /// Its errno (positive).
+        errno: i32,
+    },
+}
+
+impl CallError {
+    /// A panic caught while handling `pid`, from its payload.
+    pub fn panic(pid: i32, payload: &(dyn std::any::Any + Send)) -> CallError {
+        CallError::Panic {
+            pid,
+            message: criu_plugin::error::panic_message(payload),
+        }
+    }
+
+    /// The errno (positive) CRIU gets for it.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CallError::Driver(e) => e.errno(),
+            CallError::Panic { .. } | CallError::Helper(_) => libc::EIO,
+            CallError::Process(_) => libc::EINVAL,
+            CallError::System { errno, .. } => *errno,
+        }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            CallError::Driver(_) => FailureKind::Driver,
+            CallError::Panic { .. } => FailureKind::Panic,
+            CallError::Helper(_) => FailureKind::Helper,
+            CallError::Process(_) => FailureKind::Process,
+            CallError::System { .. } => FailureKind::System,
+        }
+    }
+
+    /// The driver's answer, when the driver gave it.
+    pub fn driver(&self) -> Option<&DriverError> {
+        match self {
+            CallError::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A call for `pid` that failed, with its errno and kind, the call's error as the cause.
+pub fn call_failure(pid: i32, e: &CallError) -> Failure {
+    Failure::new(e.kind(), e.errno(), format!("cuda: pid {pid}: {e}")).caused_by(e.clone())
 }
 
 /// A system call that failed with `e` (`EIO` when it carries no errno).
@@ -28,6 +97,9 @@ pub fn os_failure(e: &std::io::Error, message: impl Display) -> Failure {
         e.raw_os_error().unwrap_or(libc::EIO),
         message,
     )
+    .caused_by(std::io::Error::from_raw_os_error(
+        e.raw_os_error().unwrap_or(libc::EIO),
+    ))
 }
 
 /// Logging a failure now, for answers recorded before any hook returns them.
@@ -40,29 +112,5 @@ impl Report for Failure {
     fn report(self) -> HookError {
         log::error!("{}", self.log_line());
         HookError::Errno(self.errno)
-    }
-}
-
-/// Why a hook that can also decline did not succeed.
-#[derive(Debug)]
-pub enum HookFailure {
-    /// Not this backend's process: CRIU asks the next plugin.
-    NotMine,
-    /// A failure, not yet logged.
-    Failed(Failure),
-}
-
-impl From<Failure> for HookFailure {
-    fn from(f: Failure) -> Self {
-        HookFailure::Failed(f)
-    }
-}
-
-impl From<HookFailure> for HookError {
-    fn from(f: HookFailure) -> Self {
-        match f {
-            HookFailure::NotMine => HookError::NotMine,
-            HookFailure::Failed(f) => f.into(),
-        }
     }
 }

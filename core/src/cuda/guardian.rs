@@ -17,6 +17,8 @@ use std::time::Duration;
 use criu_plugin::guardian::{Duty, Watched};
 use cuda_ckpt_sys::{CUresult, Driver, DriverError};
 
+use super::error::CallError;
+
 use super::procfs;
 
 bitflags::bitflags! {
@@ -86,8 +88,8 @@ impl Duty for PutBack<'_> {
     }
 }
 
-fn needs_init(r: &Result<(), DriverError>) -> bool {
-    matches!(r, Err(DriverError::Cuda(e)) if e.code == CUresult::NOT_PERMITTED)
+fn needs_init(r: &Result<(), CallError>) -> bool {
+    matches!(r, Err(CallError::Driver(DriverError::Cuda(e))) if e.code == CUresult::NOT_PERMITTED)
 }
 
 /// Whether `pid` still waits inside CRIU's restore code: CRIU blocks every signal in the tasks

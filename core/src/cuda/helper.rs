@@ -16,6 +16,7 @@ use criu_plugin::child::{self, ChildError};
 use cuda_ckpt_sys::{CUresult, CudaError, Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
 use super::batch::Timed;
+use super::error::CallError;
 use super::nvml::{self, GpuMemory};
 
 /// The most GPUs or processes one reply may describe.
@@ -76,6 +77,16 @@ impl Writer {
             Err(other) => self.u8(2).text(&other.to_string()),
         }
     }
+    fn call_result(&mut self, r: &Result<(), CallError>) -> &mut Self {
+        match r {
+            Ok(()) => self.u8(0),
+            Err(CallError::Driver(e)) => self.driver_result(&Err(e.clone())),
+            Err(CallError::Panic { pid, message }) => self.u8(3).i32(*pid).text(message),
+            Err(CallError::Helper(m)) => self.u8(4).text(m),
+            Err(CallError::Process(m)) => self.u8(5).text(m),
+            Err(CallError::System { message, errno }) => self.u8(6).i32(*errno).text(message),
+        }
+    }
 }
 
 /// Reads a reply; every method fails on a short or malformed reply.
@@ -120,6 +131,13 @@ impl Reader<'_> {
         Ok(String::from_utf8_lossy(self.take(n as usize)?).into_owned())
     }
     fn driver_result(&mut self, driver: &Driver) -> Result<Result<(), DriverError>, Malformed> {
+        match self.call_result(driver)? {
+            Ok(()) => Ok(Ok(())),
+            Err(CallError::Driver(e)) => Ok(Err(e)),
+            Err(_) => Err(malformed()),
+        }
+    }
+    fn call_result(&mut self, driver: &Driver) -> Result<Result<(), CallError>, Malformed> {
         Ok(match self.u8()? {
             0 => Ok(()),
             1 => {
@@ -132,9 +150,26 @@ impl Reader<'_> {
                     code,
                     name: driver.error_name(code),
                     text: driver.error_string(code),
-                }))
+                })
+                .into())
             }
-            2 => Err(DriverError::InvalidArgument(self.text()?)),
+            2 => Err(DriverError::InvalidArgument(self.text()?).into()),
+            3 => {
+                let pid = self.i32()?;
+                Err(CallError::Panic {
+                    pid,
+                    message: self.text()?,
+                })
+            }
+            4 => Err(CallError::Helper(self.text()?)),
+            5 => Err(CallError::Process(self.text()?)),
+            6 => {
+                let errno = self.i32()?;
+                Err(CallError::System {
+                    errno,
+                    message: self.text()?,
+                })
+            }
             _ => return Err(malformed()),
         })
     }
@@ -209,7 +244,7 @@ pub struct LockOutcome {
     /// The process's state before anything was done.
     pub state: Result<ProcessState, DriverError>,
     /// The lock's result, when the process was running and a lock was asked for.
-    pub lock: Option<Result<(), DriverError>>,
+    pub lock: Option<Result<(), CallError>>,
     /// Time spent in the driver inside the helper (the rest of the call is the helper's cost).
     pub in_driver: Duration,
 }
@@ -237,13 +272,13 @@ pub fn state_and_lock(
                     let spent = t.elapsed().as_millis().min(u128::from(u32::MAX)) as u32;
                     let left = timeout_ms.saturating_sub(spent).max(1);
                     let locked = if announce() {
-                        driver.lock(pid, left)
+                        driver.lock(pid, left).map_err(CallError::from)
                     } else {
-                        Err(DriverError::InvalidArgument(format!(
+                        Err(CallError::Helper(format!(
                             "pid {pid} is not locked: the guardian that would put it back could not be told of it"
                         )))
                     };
-                    w.u8(1).driver_result(&locked);
+                    w.u8(1).call_result(&locked);
                 } else {
                     w.u8(0);
                 }
@@ -262,7 +297,7 @@ pub fn state_and_lock(
         _ => return Err(malformed()),
     };
     let lock = match (&state, state.is_ok().then(|| r.u8()).transpose()?) {
-        (Ok(_), Some(1)) => Some(r.driver_result(driver)?),
+        (Ok(_), Some(1)) => Some(r.call_result(driver)?),
         _ => None,
     };
     let in_driver = Duration::from_nanos(r.u64()?);
@@ -412,13 +447,13 @@ pub fn restore_with_init(
 /// meanwhile may never answer: the helper watches each target through a pidfd and answers for
 /// one that ended at once, so a task killed in the middle of a dump costs a failed call, not a
 /// CRIU that hangs. A helper that gives no answer fails every pid with its reason.
-pub fn each_in_helper(
+pub fn each_in_helper<E: Into<CallError>>(
     driver: &Driver,
     pids: &[i32],
     parallel: bool,
     init: bool,
     deadline: Duration,
-    op: impl Fn(i32) -> Result<(), DriverError> + Sync,
+    op: impl Fn(i32) -> Result<(), E> + Sync,
 ) -> Result<Vec<Timed>, ChildError> {
     let reply = child::run(deadline, MAX_REPLY, || {
         let mut w = Writer::default();
@@ -430,7 +465,7 @@ pub fn each_in_helper(
             for (pid, r, took) in &results {
                 w.i32(*pid)
                     .u64(took.as_nanos().min(u64::MAX as u128) as u64)
-                    .driver_result(r);
+                    .call_result(r);
             }
         }
         w.0
@@ -440,7 +475,7 @@ pub fn each_in_helper(
         let started = Instant::now();
         return Ok(pids
             .iter()
-            .map(|&pid| (pid, Err(e.clone()), started.elapsed()))
+            .map(|&pid| (pid, Err(CallError::from(e.clone())), started.elapsed()))
             .collect());
     }
     let n = r.count()?;
@@ -448,7 +483,7 @@ pub fn each_in_helper(
     for _ in 0..n {
         let pid = r.i32()?;
         let took = Duration::from_nanos(r.u64()?);
-        out.push((pid, r.driver_result(driver)?, took));
+        out.push((pid, r.call_result(driver)?, took));
     }
     Ok(out)
 }
@@ -462,10 +497,10 @@ struct Calls {
 /// Inside a helper: the calls of [`each_in_helper`], each answered when it returns or when its
 /// target ends, whichever comes first. Threads stuck in a call to a dead target stay behind;
 /// the helper's `_exit` ends them.
-fn watched_calls(
+fn watched_calls<E: Into<CallError>>(
     pids: &[i32],
     parallel: bool,
-    op: &(impl Fn(i32) -> Result<(), DriverError> + Sync),
+    op: &(impl Fn(i32) -> Result<(), E> + Sync),
 ) -> Vec<Timed> {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
@@ -478,7 +513,7 @@ fn watched_calls(
         next: 0.into(),
         under_way: pids.iter().map(|_| false.into()).collect(),
     });
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<(), DriverError>, Duration)>();
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<(), CallError>, Duration)>();
     let worker = |calls: Arc<Calls>, tx: std::sync::mpsc::Sender<_>| {
         move || {
             loop {
@@ -486,12 +521,10 @@ fn watched_calls(
                 let Some(&pid) = pids.get(k) else { return };
                 calls.under_way[k].store(true, Ordering::SeqCst);
                 let t = Instant::now();
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid)))
-                    .unwrap_or_else(|_| {
-                        Err(DriverError::InvalidArgument(format!(
-                            "internal error while handling pid {pid}"
-                        )))
-                    });
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    op(pid).map_err(Into::into)
+                }))
+                .unwrap_or_else(|p| Err(CallError::panic(pid, p.as_ref())));
                 let _ = tx.send((k, r, t.elapsed()));
                 calls.under_way[k].store(false, Ordering::SeqCst);
             }
@@ -519,7 +552,7 @@ fn watched_calls(
             .iter()
             .map(|&pid| {
                 let t = Instant::now();
-                (pid, op(pid), t.elapsed())
+                (pid, op(pid).map_err(Into::into), t.elapsed())
             })
             .collect();
     }
@@ -541,7 +574,7 @@ fn watched_calls(
             }
             results[k] = Some((
                 pids[k],
-                Err(DriverError::InvalidArgument(format!(
+                Err(CallError::Process(format!(
                     "pid {} ended while the driver was working on it",
                     pids[k]
                 ))),
@@ -560,8 +593,8 @@ fn watched_calls(
             r.unwrap_or_else(|| {
                 (
                     pid,
-                    Err(DriverError::InvalidArgument(
-                        "no thread to call the driver".into(),
+                    Err(CallError::Helper(
+                        "the driver helper had no thread to call the driver".into(),
                     )),
                     began.elapsed(),
                 )

@@ -30,7 +30,7 @@ pub mod batch;
 pub mod devnodes;
 pub mod driver;
 mod dump;
-mod error;
+pub mod error;
 pub mod exclusive;
 pub mod gpus;
 mod guardian;
@@ -49,7 +49,7 @@ mod tests;
 
 use std::ffi::CStr;
 
-use criu_plugin::{HookError, HookResult, InventoryListing, Stage};
+use criu_plugin::{HookError, HookHandler, HookResult, InventoryListing, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
 use dump::DumpRun;
@@ -118,16 +118,25 @@ impl GpuBackend for CudaBackend {
             {
                 None
             }
-            Stage::Restore => RestoreRun::start(&settings, ctx.listing)
-                .map_err(HookError::from)?
-                .map(Run::Restore),
+            Stage::Restore => RestoreRun::start(&settings, ctx.listing)?.map(Run::Restore),
         };
         Ok(self.run.is_some())
     }
 
+    fn exit(&mut self, _stage: Stage, ret: i32) {
+        // The run's own stage decides; its claims and driver go with it.
+        match self.run.take() {
+            Some(Run::Dump(d)) => d.finish(ret),
+            Some(Run::Restore(r)) => r.finish(ret),
+            Some(Run::Unusable { .. }) | None => {}
+        }
+    }
+}
+
+impl HookHandler for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.pause(pid).map_err(HookError::from),
+            Some(Run::Dump(d)) => d.pause(pid),
             Some(Run::Unusable { why }) => refuse_nvidia_user(pid, why),
             _ => Err(HookError::NotMine),
         }
@@ -149,17 +158,8 @@ impl GpuBackend for CudaBackend {
 
     fn dump_finish(&mut self, ret: i32) -> HookResult {
         match &mut self.run {
-            Some(Run::Dump(d)) => d.dump_finish(ret).map_err(HookError::from),
+            Some(Run::Dump(d)) => d.dump_finish(ret),
             _ => Err(HookError::NotMine),
-        }
-    }
-
-    fn exit(&mut self, _stage: Stage, ret: i32) {
-        // The run's own stage decides; its claims and driver go with it.
-        match self.run.take() {
-            Some(Run::Dump(d)) => d.finish(ret),
-            Some(Run::Restore(r)) => r.finish(ret),
-            Some(Run::Unusable { .. }) | None => {}
         }
     }
 }

@@ -62,7 +62,7 @@ impl RestoreRun {
     pub fn start(
         settings: &CudaSettings,
         listing: InventoryListing,
-    ) -> Result<Option<RestoreRun>, Failure> {
+    ) -> HookResult<Option<RestoreRun>> {
         let Some(mut run) = Self::plan(settings, listing)? else {
             return Ok(None);
         };
@@ -75,10 +75,7 @@ impl RestoreRun {
     }
 
     /// The restore the image asks for, before any guardian.
-    fn plan(
-        settings: &CudaSettings,
-        listing: InventoryListing,
-    ) -> Result<Option<RestoreRun>, Failure> {
+    fn plan(settings: &CudaSettings, listing: InventoryListing) -> HookResult<Option<RestoreRun>> {
         // An image that does not need the plugin is none of its business: whatever file of
         // our name lies in it (stale, misplaced, hostile) is not even opened.
         if listing == InventoryListing::NotListed {
@@ -122,7 +119,7 @@ impl RestoreRun {
                         "the image needs cuda_plugin but {} records no CUDA process (truncated or edited?); its CUDA processes could not be given their GPU state back",
                         metadata::FILE_NAME
                     ),
-                ));
+                ).into());
             }
             return Ok(None);
         }
@@ -132,7 +129,7 @@ impl RestoreRun {
             &format!("the image holds {} CUDA process(es)", md.processes.len()),
         )?;
         if let Some(r) = preflight::check_driver(&md, version) {
-            return Err(Failure::new(r.kind, r.errno, r.message));
+            return Err(Failure::new(r.kind, r.errno, r.message).into());
         }
         let (gpu_map, targets) = plan_gpus(settings, &md, version)?;
         Ok(Some(run(
@@ -210,7 +207,7 @@ impl RestoreRun {
 /// Starts the restore's guardian: should CRIU end before the tasks have their GPU state back,
 /// it kills what CRIU forked. Its pid must not be one the restore needs (CRIU gives the tasks
 /// the image's pids when they share its pid namespace).
-fn spawn_guardian() -> Result<Option<Guardian>, Failure> {
+fn spawn_guardian() -> HookResult<Option<Guardian>> {
     let wanted: Vec<u32> = image::image_dir()
         .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
         .unwrap_or_default();
@@ -245,7 +242,7 @@ fn spawn_guardian() -> Result<Option<Guardian>, Failure> {
         format!(
             "cuda: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
         ),
-    ))
+    ).into())
 }
 
 impl ImageRestore {
@@ -383,17 +380,19 @@ fn unlisted(settings: &CudaSettings) -> Option<RestoreRun> {
 }
 
 /// Loads the driver for a restore that cannot do without it; `why` starts the error.
-fn require_driver(settings: &CudaSettings, why: &str) -> Result<(Driver, i32), Failure> {
+fn require_driver(settings: &CudaSettings, why: &str) -> HookResult<(Driver, i32)> {
     settings.check(why)?;
     if let Some(problem) = settings.nvidia_proc_problem() {
         return Err(Failure::new(
             FailureKind::Machine,
             libc::ENODEV,
             format!("{why} but this machine has no NVIDIA driver ({problem})"),
-        ));
+        )
+        .into());
     }
-    driver::load(settings)
-        .map_err(|e| Failure::new(FailureKind::Machine, libc::ENODEV, format!("{why} but {e}")))
+    driver::load(settings).map_err(|e| {
+        Failure::new(FailureKind::Machine, libc::ENODEV, format!("{why} but {e}")).into()
+    })
 }
 
 /// Checks the image's GPUs against those this restore can reach (model, count, free memory)
@@ -402,7 +401,7 @@ fn plan_gpus(
     settings: &CudaSettings,
     md: &CudaMetadata,
     driver_version: i32,
-) -> Result<(Vec<GpuPair>, Vec<Gpu>), Failure> {
+) -> HookResult<(Vec<GpuPair>, Vec<Gpu>)> {
     let explicit = gpus::parse_device_map(&settings.device_map).map_err(|e| {
         Failure::new(
             FailureKind::Settings,
@@ -434,7 +433,7 @@ fn plan_gpus(
             // its device cgroup refuses.
             message = format!("{message}. {}", listing.describe());
         }
-        return Err(Failure::new(r.kind, r.errno, message));
+        return Err(Failure::new(r.kind, r.errno, message).into());
     }
     log::info!(
         "cuda: {} CUDA process(es) to restore, checked against {} reachable GPU(s)",
@@ -453,7 +452,7 @@ fn plan_gpus(
 /// Refuses records of processes the restore will not create (per the image's
 /// `pstree.img`): their GPU state would be restored nowhere, and the task that is restored
 /// in their place would stay checkpointed. Unreadable trees (`--stream`) are not checked.
-fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
+fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
     let Some(dir) = image::image_dir() else {
         return Ok(());
     };
@@ -468,7 +467,8 @@ fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
                 FailureKind::Image,
                 libc::EINVAL,
                 format!("the image's process tree cannot be read: {e}"),
-            ));
+            )
+            .into());
         }
         Err(e) => {
             log::debug!("cuda: process tree not checked: {e}");
@@ -487,7 +487,7 @@ fn check_records_in_tree(md: &CudaMetadata) -> Result<(), Failure> {
             metadata::FILE_NAME,
             list_pids(&missing)
         ),
-    ))
+    ).into())
 }
 
 /// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU

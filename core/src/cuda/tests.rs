@@ -1,7 +1,7 @@
 //! Unit tests of the NVIDIA backend's own logic (no driver needed).
 
 use super::batch::run_each;
-use super::error::{Failure, FailureKind, HookFailure, Report, driver_failure};
+use super::error::{CallError, Failure, FailureKind, Report, call_failure};
 use super::nvml;
 use super::preflight::total_bytes;
 use super::restore::list_pids;
@@ -26,13 +26,25 @@ fn long_pid_lists_are_cut() {
 fn failures_keep_their_errno() {
     assert_eq!(
         Failure::new(FailureKind::Process, libc::EBUSY, "busy").report(),
-        HookError::Errno(libc::EBUSY)
+        HookError::logged(libc::EBUSY)
     );
     let e = DriverError::InvalidArgument("bad".into());
-    let f = driver_failure(7, &e);
+    let f = call_failure(7, &e.clone().into());
     assert_eq!(f.kind, FailureKind::Driver);
-    assert_eq!(HookError::from(f).errno(), libc::EINVAL);
-    assert_eq!(HookError::from(HookFailure::NotMine), HookError::NotMine);
+    assert_eq!(HookError::from(f.clone()).errno(), libc::EINVAL);
+    // The driver's error stays the cause, for callers that look into it.
+    let cause = std::error::Error::source(&f).expect("a cause");
+    assert_eq!(
+        cause.downcast_ref::<CallError>(),
+        Some(&CallError::Driver(e))
+    );
+    // The plugin's own failures are not the driver's, nor EINVAL.
+    let helper = call_failure(7, &CallError::Helper("the helper was killed".into()));
+    assert_eq!(
+        (helper.kind, helper.errno.get()),
+        (FailureKind::Helper, libc::EIO)
+    );
+    assert_eq!(helper.message, "cuda: pid 7: the helper was killed");
 }
 
 #[test]
@@ -47,6 +59,14 @@ fn a_panicking_step_is_that_pid_s_failure() {
         let pids: Vec<i32> = r.iter().map(|(p, _, _)| *p).collect();
         assert_eq!(pids, [1, 2, 3]);
         assert!(r[0].1.is_ok() && r[1].1.is_err() && r[2].1.is_ok());
+        // A panic, told as one: never as the driver's "invalid argument".
+        let e = r[1].1.clone().unwrap_err();
+        assert_eq!(e.kind(), FailureKind::Panic);
+        assert_eq!(e.errno(), libc::EIO);
+        assert_eq!(
+            e.to_string(),
+            "internal error while handling pid 2: step failed"
+        );
     }
 }
 

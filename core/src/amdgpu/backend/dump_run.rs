@@ -219,7 +219,7 @@ impl DumpRun {
             }
             Err(e) => {
                 // The reason first, then the clean-up.
-                let errno = e.errno.max(1);
+                let errno = e.errno.get();
                 log::error!("amdgpu: file {id} (pid {}): {e}", info.pid);
                 if let Some(p) = self.state.paused.iter_mut().rev().find(|p| p.id == id) {
                     match dump::unpause(ctx.dev, p) {
@@ -230,7 +230,7 @@ impl DumpRun {
                         Err(u) => log::error!("amdgpu: {u}; will retry at the end of the dump"),
                     }
                 }
-                Err(HookError::Errno(errno))
+                Err(HookError::logged(errno))
             }
         }
     }
@@ -264,7 +264,7 @@ impl DumpRun {
         let n = self.paused();
         let failures = self.unpause_all();
         if failures > 0 {
-            return Err(HookError::Errno(libc::EIO));
+            return Err(HookError::logged(libc::EIO));
         }
         if !self.state.pending_dmabufs.is_empty() {
             let ids: Vec<u32> = self.state.pending_dmabufs.iter().map(|p| p.0).collect();

@@ -215,7 +215,7 @@ impl RestoreRun {
                     "amdgpu: BO contents of KFD file(s) {:?} could not be restored; pid {pid} is left with its GPU queues stopped",
                     o.failed.iter().map(|f| f.0).collect::<Vec<_>>()
                 );
-                return Err(HookError::Errno(libc::EIO));
+                return Err(HookError::logged(libc::EIO));
             }
         }
         let dev = self.base.dev.as_ref();

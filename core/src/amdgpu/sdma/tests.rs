@@ -19,7 +19,7 @@ fn formats_follow_the_family() {
     assert_eq!(vi.max_bytes, 0x1F_FFFF);
     assert_eq!(PacketFormat::for_family(AMDGPU_FAMILY_CI).unwrap(), vi);
     let e = PacketFormat::for_family(kfd_sys::AMDGPU_FAMILY_SI).unwrap_err();
-    assert_eq!(e.errno, libc::EOPNOTSUPP);
+    assert_eq!(e.errno.get(), libc::EOPNOTSUPP);
 }
 
 #[test]

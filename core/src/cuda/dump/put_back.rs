@@ -3,9 +3,10 @@
 //! checkpointed is restored and unlocked again, and a lock given up on is undone should it
 //! have completed since.
 
-use cuda_ckpt_sys::{Driver, DriverError, ProcessState};
+use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::super::batch::{Batch, Ran, ms, restore_each};
+use super::super::error::CallError;
 use super::super::helper::{self, RestoreJob};
 use super::super::procfs;
 use super::{DumpRun, LOCK_GRACE};
@@ -114,7 +115,7 @@ impl DumpRun {
 /// Puts one process back as the dump found it: restore if checkpointed, unlock if we locked it.
 /// A restore the driver refuses for want of `cuInit` is returned as is, for [`restore_each`] to
 /// redo from a helper process and then to check with [`check_put_back`].
-pub fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
+pub fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), CallError> {
     if driver.process_state(pid)? == ProcessState::Checkpointed {
         driver.restore(pid, &[])?;
     }
@@ -125,7 +126,7 @@ pub fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverErr
 }
 
 /// Checks that a process put back is in the state the dump found it in.
-pub fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), DriverError> {
+pub fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), CallError> {
     let end = driver.process_state(pid)?;
     let expected = if unlock {
         ProcessState::Running
@@ -133,7 +134,7 @@ pub fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), Dri
         ProcessState::Locked
     };
     if end != expected {
-        return Err(DriverError::InvalidArgument(format!(
+        return Err(CallError::Process(format!(
             "pid {pid} is {end} after being put back, not {expected}"
         )));
     }

@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criu_plugin::{HookError, HookResult};
-use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
+use cuda_ckpt_sys::{Driver, GpuPair, ProcessState};
 
 use super::super::batch::{Batch, Timed, ms, restore_each, run_each};
 use super::super::driver::not_a_cuda_process;
-use super::super::error::{Failure, FailureKind, Report, driver_failure};
+use super::super::error::{CallError, Failure, FailureKind, Report, call_failure};
 use super::super::helper::{self, RestoreJob};
 use super::super::metadata::FoundState;
 
@@ -102,7 +102,7 @@ pub(super) fn settle(
             &jobs,
             gpu_map,
             parallel,
-            |j| j.restore(driver, gpu_map),
+            |j| Ok(j.restore(driver, gpu_map)?),
             |_| Ok(()),
         );
         let unlocked = run_each(&unlocks, parallel, |pid| driver.unlock(pid));
@@ -184,13 +184,13 @@ fn need(
 }
 
 /// The answer for one driver step, logged.
-fn answer(pid: i32, what: &str, r: Result<(), DriverError>, took: Duration) -> HookResult {
+fn answer(pid: i32, what: &str, r: Result<(), CallError>, took: Duration) -> HookResult {
     match r {
         Ok(()) => {
             log::info!("cuda: pid {pid}: {what} {:.1} ms", ms(took));
             Ok(())
         }
-        Err(e) => Err(driver_failure(pid, &e).report()),
+        Err(e) => Err(call_failure(pid, &e).report()),
     }
 }
 
