@@ -19,10 +19,12 @@
 # QEMU and guest kernel. GUEST_ACCEL=kvm|tcg forces one.
 #
 # Usage: scripts/guest/run.sh [--] PROGRAM [ARGS...]
+#        scripts/guest/run.sh --check    exits 1, saying why, where no guest can run here
 # Environment:
 #   GUEST_ACCEL     auto (default), kvm or tcg
 #   GUEST_TIMEOUT   seconds before the guest is killed (default 3600); exit status 124 then
 #   GUEST_MEM       memory in MiB (default 4096); GUEST_CPUS (default: the host's, at most 4)
+#   GUEST_CPU       QEMU's CPU model (default: host under KVM, Nehalem under TCG)
 #   GUEST_SHARES    more host folders to share at their paths (space-separated)
 #   GUEST_ENV       more variable names to pass in (space-separated); always passed: CRIU_*,
 #                   GPU_PLUGIN_*, FAKE_CUDA_*, RUST_*, CARGO_*, NO_COLOR
@@ -40,10 +42,22 @@ QEMU=${GUEST_QEMU:-qemu-system-x86_64}
 say() { printf '[guest] %s\n' "$*" >&2; }
 die() { printf '[guest] ERROR: %s\n' "$*" >&2; exit 125; }
 
+# Why no guest can run here (QEMU missing, or neither KVM nor TCG in it), or nothing.
+unable() {
+    command -v "$QEMU" >/dev/null || { echo "$QEMU is missing (scripts/setup.sh installs qemu-system-x86)"; return; }
+    local accels
+    accels=$("$QEMU" -accel help 2>/dev/null | tail -n +2 | tr '\n' ' ')
+    case " $accels " in *" tcg "*|*" kvm "*) ;; *) echo "$QEMU offers neither KVM nor TCG (it offers: $accels)" ;; esac
+}
+
+case ${1:-} in
+    -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;;
+    --check) why=$(unable); [ -z "$why" ] || { echo "$why"; exit 1; }; exit 0 ;;
+esac
 [ "${1:-}" = -- ] && shift
 [ $# -ge 1 ] || die "usage: scripts/guest/run.sh [--] PROGRAM [ARGS...]"
-case ${1:-} in -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;; esac
-command -v "$QEMU" >/dev/null || die "$QEMU is missing: run scripts/setup.sh (it installs qemu-system-x86)"
+why=$(unable)
+[ -z "$why" ] || die "$why"
 
 # The guest, built when missing (quick when it is there).
 if ! blog=$("$HERE/build.sh" 2>&1); then
@@ -142,7 +156,10 @@ qemu_args() {
     # $1 accelerator, $2 run folder
     local accel=$1 dir=$2 cpu=max
     # Multi-threaded TCG, a larger translation cache than the default for a guest this busy.
-    if [ "$accel" = kvm ]; then cpu=host; else accel=tcg,thread=multi,tb-size=512; fi
+    # TCG: a CPU without AVX, whose emulation costs most (glibc's and Go's string and memory
+    # functions take the AVX paths when the CPU has them); KVM: the host's.
+    if [ "$accel" = kvm ]; then cpu=host; else accel=tcg,thread=multi,tb-size=512; cpu=Nehalem; fi
+    cpu=${GUEST_CPU:-$cpu}
     printf '%s\0' -nodefaults -no-user-config -display none -no-reboot \
         -machine q35 -accel "$accel" -cpu "$cpu" -smp "$cpus" -m "$mem" \
         -kernel "$OUT/vmlinuz" -initrd "$OUT/initrd.img" -append "$cmdline" \
