@@ -91,10 +91,14 @@ shared() {
     return 1
 }
 share() {
+    # The guest's own system folders stay the guest's (a program in /usr/bin runs the guest's).
     local d
     d=$(readlink -f -- "$1") || return 0
     [ -d "$d" ] || return 0
-    case $d in /|/proc|/proc/*|/sys|/sys/*|/dev|/dev/*) die "will not share $d" ;; esac
+    case $d in
+        /|/usr|/usr/*|/bin|/bin/*|/sbin|/sbin/*|/lib|/lib/*|/lib64|/lib64/*|/etc|/etc/*) return 0 ;;
+        /proc|/proc/*|/sys|/sys/*|/dev|/dev/*|/run|/run/*|/tmp) return 0 ;;
+    esac
     shared "$d" || shares+=("$d")
 }
 share "$REPO"
@@ -109,7 +113,10 @@ esac
 [[ $program == /* ]] && share "$(dirname "$program")"
 share "$PWD"
 [ -z "${CARGO_TARGET_DIR:-}" ] || share "$CARGO_TARGET_DIR"
-for d in ${GUEST_SHARES:-}; do share "$d"; done
+for d in ${GUEST_SHARES:-}; do
+    [ -d "$d" ] || die "GUEST_SHARES: no folder $d"
+    share "$d"
+done
 
 # cargo's target folder of the program (the one with CACHEDIR.TAG above it): its tmp/ is the
 # tests' scratch folder (CARGO_TARGET_TMPDIR), a tmpfs in the guest.
@@ -179,11 +186,15 @@ accel=${GUEST_ACCEL:-auto}
 if [ "$accel" = auto ]; then
     key="$(uname -r)-$("$QEMU" --version | head -n1 | awk '{ print $4 }')-$kver"
     cache=$OUT/accel-$key
-    if [ -f "$cache" ]; then
-        accel=$(head -n1 "$cache")
+    case $(head -n1 "$cache" 2>/dev/null) in
+        kvm|tcg) accel=$(head -n1 "$cache") ;;
+        *) rm -f "$cache" ;;
+    esac
+    if [ "$accel" != auto ]; then
+        :
     elif [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
         accel=tcg
-        echo "tcg (no usable /dev/kvm)" >"$cache"
+        printf 'tcg\nno usable /dev/kvm\n' >"$cache.$$" && mv -f "$cache.$$" "$cache"
     else
         probe=$run/probe
         mkdir -p "$probe"
@@ -198,12 +209,12 @@ if [ "$accel" = auto ]; then
         kill "$p1" "$p2" 2>/dev/null || true
         if [ "$(cat "$probe/rc" 2>/dev/null)" = 0 ]; then
             accel=kvm
-            echo kvm >"$cache"
+            echo kvm >"$cache.$$" && mv -f "$cache.$$" "$cache"
         else
             accel=tcg
             why=$(head -c 300 "$probe/qemu.log" | tr '\n' ' ')
             [ -n "$why" ] || why="the guest did not reach its init (console: $(grep -v '^$' "$probe/console.log" 2>/dev/null | tail -n1 | head -c 200))"
-            printf 'tcg\nKVM probe: %s\n' "$why" >"$cache"
+            printf 'tcg\nKVM probe: %s\n' "$why" >"$cache.$$" && mv -f "$cache.$$" "$cache"
         fi
     fi
     note=$(sed -n 2p "$cache")
@@ -212,6 +223,7 @@ else
     say "accelerator: $accel (GUEST_ACCEL)"
 fi
 
+case $accel in kvm|tcg) ;; *) die "no accelerator '$accel' (GUEST_ACCEL: auto, kvm or tcg)" ;; esac
 fifos "$run"
 cat "$run/out.out" & readers="$!"
 cat "$run/err.out" >&2 & readers="$readers $!"
