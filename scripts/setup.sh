@@ -4,7 +4,8 @@
 # gzip, zstd, xz and tar (criu-gpu's archive tests),
 # CRIU 4.1.1 in <repo>/.criu and 4.2.1 and 4.3 in <repo>/.criu-<release> (scripts/install-criu.sh),
 # and the runtimes of the container tests: runc, Podman and containerd from Debian 12, crun,
-# libcriu and checkpointctl from Debian 13 in <repo>/.runtimes (scripts/install-runtimes.sh).
+# libcriu and checkpointctl from Debian 13 in <repo>/.runtimes (scripts/install-runtimes.sh),
+# and QEMU and mmdebstrap for the test guest of scripts/guest/ (unless GPU_PLUGIN_SKIP_GUEST=1).
 # Quick when all is present.
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
@@ -23,6 +24,21 @@ if [ -n "$need" ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends $need
+fi
+# The cgroup-v2-only guest of scripts/guest/ (scripts/test.sh's guest block): QEMU, mmdebstrap
+# for its root file system and mke2fs for the root's image; the guest itself is built from
+# Debian packages by scripts/guest/build.sh, never installed into the system.
+if [ "${GPU_PLUGIN_SKIP_GUEST:-0}" != 1 ]; then
+    need=""
+    command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
+    command -v mmdebstrap >/dev/null 2>&1 || need="$need mmdebstrap"
+    command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
+    if [ -n "$need" ]; then
+        echo "[setup] installing for the guest:$need"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends $need
+    fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "[setup] ERROR: cargo (Rust) is needed" >&2; exit 1; }
 "$REPO/scripts/install-criu.sh"

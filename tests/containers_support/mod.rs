@@ -301,20 +301,43 @@ pub struct PrivateMounts {
     cgroup2_only: bool,
 }
 
-/// Makes target `$2` (a directory if source `$1` is one, else a file) and binds `$1` on it.
+/// `prepare SRC TARGET` makes TARGET (a directory if SRC is one, else a file) where it is
+/// missing, in an overlay of its nearest existing ancestor, unless that ancestor already lies in
+/// an overlay made here (then it is made in that overlay's upper layer); `place SRC TARGET` binds
+/// SRC on it. Every target is prepared before the first bind, shallowest ancestor first: an
+/// overlay made over a directory hides what is mounted below it (a bind made earlier, or an
+/// overlay of a deeper directory), and two targets missing under one directory (`/etc/criu`
+/// and `/etc/containers` on a system that has neither) need one overlay, not two stacked.
 /// `mount -n`: util-linux's mount would otherwise create /run/mount for its utab.
-const PLACE_FN: &str = r#"place() {
+const PLACE_FN: &str = r#"O=""
+prepare() {
     a=$2
     while [ ! -e "$a" ]; do a=${a%/*}; [ -n "$a" ] || a=/; done
-    if [ "$a" != "$2" ]; then
+    [ "$a" != "$2" ] || return 0
+    inside=0
+    for o in $O; do
+        case "$a/" in "${o%/}/"*) inside=1 ;; esac
+    done
+    if [ "$inside" = 0 ]; then
         n=$((n + 1))
         mkdir -p "$S/u$n" "$S/w$n"
         mount -n -t overlay overlay -o "lowerdir=$a,upperdir=$S/u$n,workdir=$S/w$n" "$a"
-        if [ -d "$1" ]; then mkdir -p "$2"; else mkdir -p "${2%/*}"; : >"$2"; fi
+        O="$O $a"
     fi
+    if [ -d "$1" ]; then mkdir -p "$2"; else mkdir -p "${2%/*}"; : >"$2"; fi
+}
+place() {
     mount -n --bind "$1" "$2"
 }
 "#;
+
+/// The nearest ancestor of `target` (itself included) that exists, as seen before any mount.
+fn existing_ancestor(target: &Path) -> &Path {
+    target
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("/"))
+}
 
 fn sh_quote(p: &Path) -> String {
     let s = p.to_str().expect("UTF-8 path");
@@ -354,6 +377,17 @@ impl PrivateMounts {
             let mut script = format!("set -e\nS={}\nn=0\n{PLACE_FN}", sh_quote(&s));
             if self.cgroup2_only {
                 script += "mount -n -t cgroup2 cgroup2 /sys/fs/cgroup\n";
+            }
+            let mut by_depth: Vec<&(PathBuf, PathBuf)> = self.binds.iter().collect();
+            by_depth.sort_by_key(|(_, target)| existing_ancestor(target).components().count());
+            for (src, target) in by_depth {
+                // `prepare` keeps its overlays in a space-separated list.
+                assert!(
+                    !target.to_string_lossy().contains(char::is_whitespace),
+                    "a target with a space: {}",
+                    target.display()
+                );
+                script += &format!("prepare {} {}\n", sh_quote(src), sh_quote(target));
             }
             for (src, target) in &self.binds {
                 script += &format!("place {} {}\n", sh_quote(src), sh_quote(target));

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Builds the test guest of scripts/guest/run.sh from Debian packages only, into <repo>/.guest/:
+# a Debian 13 (trixie) kernel, a root file system made by mmdebstrap, and a small initramfs
+# that loads the modules the kernel needs to mount that root (virtio_blk, ext4). The guest
+# exists to give the container tests a cgroup-v2-only system with every controller, which
+# this hybrid host cannot (docs/guest.md).
+#
+#   .guest/kernel/<version>/   the kernel package unpacked (boot/vmlinuz-<version>, its modules)
+#   .guest/vmlinuz             the kernel run.sh boots
+#   .guest/initrd.img          busybox (busybox-static) and the root's modules, as newc cpio
+#   .guest/rootfs/             the root file system: trixie minbase, the tools the tests call
+#                              (util-linux, mount, iproute2, procps, tar, gzip, zstd, xz,
+#                              iptables, kmod), gcc and libc6-dev (the tests compile their
+#                              fixtures when they run), the kernel's modules, our init
+#   .guest/rootfs.img          that tree as an ext4 image; run.sh boots it with -snapshot, so
+#                              that every run starts from the same state
+#   .guest/VERSION             the stamp: layout, suite, kernel, package versions
+#
+# The kernel and busybox come through a private apt configuration (scripts/lib/private-apt.sh),
+# never through the system's apt state. The host needs mmdebstrap and mke2fs (e2fsprogs);
+# scripts/setup.sh installs them (and QEMU for run.sh).
+#
+# Quick when already built: the stamp names the layout, the package list and the versions, and a
+# tree whose stamp matches is left alone without asking the mirror; changed scripts/guest/init.sh
+# only re-makes rootfs.img. --update asks the mirror and rebuilds when trixie has a newer
+# kernel; --force rebuilds everything.
+#
+# --headers also fetches the kernel's headers (linux-headers-<version>-amd64, its -common
+# package, linux-kbuild) and unpacks them into .guest/headers/, for building a module against
+# the guest's kernel; nothing is built with them here.
+#
+# Usage: scripts/guest/build.sh [--force] [--update] [--headers] [--print-kernel]
+#   --print-kernel   prints the built kernel's version and exits
+# Environment: GUEST_DIR (default <repo>/.guest), DEBIAN_MIRROR, GUEST_SUITE (default trixie).
+set -euo pipefail
+
+SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
+HERE=$(dirname "$SCRIPT")
+REPO=$(cd "$HERE/../.." && pwd -P)
+OUT=${GUEST_DIR:-$REPO/.guest}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SUITE=${GUEST_SUITE:-trixie}
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+# Bumped when what this script makes changes shape.
+LAYOUT=1
+# What the root file system holds beyond minbase: the tools the tests and runtimes call.
+PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils"
+# The modules the initramfs loads (with what they depend on) to mount the root.
+ROOT_MODULES="virtio_blk crc32c_generic ext4"
+
+say() { printf '[guest-build] %s\n' "$*" >&2; }
+die() { printf '[guest-build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+force=0 update=0 headers=0
+for arg in "$@"; do
+    case $arg in
+        --force) force=1 ;;
+        --update) update=1 ;;
+        --headers) headers=1 ;;
+        --print-kernel) sed -n 's/^kernel //p' "$OUT/VERSION" 2>/dev/null | grep . || die "no guest built in $OUT"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;;
+        *) die "unknown argument: $arg (try --help)" ;;
+    esac
+done
+
+[ "$(uname -m)" = x86_64 ] || die "only x86_64 is supported"
+[ "$(id -u)" = 0 ] || die "needs root (mmdebstrap's root mode, file ownership in the image)"
+for tool in mmdebstrap mkfs.ext4 apt-get dpkg; do
+    command -v "$tool" >/dev/null || die "$tool is missing: run scripts/setup.sh (it installs what the guest needs)"
+done
+
+mkdir -p "$OUT"
+exec 9>"$OUT/.lock"
+flock -x 9
+
+init_sum=$(sha256sum "$HERE/init.sh" "$HERE/initramfs-init.sh" | sha256sum | cut -c1-16)
+wanted_head="guest layout $LAYOUT suite $SUITE packages $(echo "$PACKAGES" | tr ' ' ',') initramfs $(echo "$ROOT_MODULES" | tr ' ' ',')"
+
+# ---- the quick path -----------------------------------------------------------------------
+
+complete() {
+    [ "$(head -n1 "$OUT/VERSION" 2>/dev/null)" = "$wanted_head" ] \
+        && [ -f "$OUT/vmlinuz" ] && [ -f "$OUT/initrd.img" ] && [ -d "$OUT/rootfs/usr" ]
+}
+
+make_image() {
+    # rootfs.img from rootfs/, with our init (re-made when init.sh changed).
+    install -m 0755 "$HERE/init.sh" "$OUT/rootfs/sbin/guest-init"
+    local size
+    # The tree plus room for what a run writes before tmpfs takes over (logs, apt state).
+    size=$(( $(du -sm "$OUT/rootfs" | cut -f1) + 512 ))
+    rm -f "$OUT/rootfs.img.new"
+    mkfs.ext4 -q -F -L guest-root -d "$OUT/rootfs" "$OUT/rootfs.img.new" "${size}M"
+    mv "$OUT/rootfs.img.new" "$OUT/rootfs.img"
+    echo "$init_sum" >"$OUT/rootfs.img.init"
+}
+
+fetch_headers() {
+    # $1 kernel version: its headers unpacked into .guest/headers (not built against here).
+    local kver=$1 want
+    [ -f "$OUT/headers/VERSION" ] && [ "$(cat "$OUT/headers/VERSION")" = "$kver" ] && return 0
+    private_setup
+    want=$(apt_ apt-cache depends "linux-headers-$kver" 2>/dev/null \
+        | awk '/Depends:/ && $2 ~ /^linux-(headers|kbuild)-/ { print $2 }' | sort -u)
+    say "fetching linux-headers-$kver $(echo "$want" | tr '\n' ' ')"
+    rm -rf "$OUT/headers" "$work/hdebs"
+    mkdir -p "$OUT/headers" "$work/hdebs"
+    (cd "$work/hdebs" && apt_ apt-get -q download "linux-headers-$kver" $want >/dev/null)
+    for deb in "$work"/hdebs/*.deb; do dpkg-deb -x "$deb" "$OUT/headers"; done
+    echo "$kver" >"$OUT/headers/VERSION"
+    say "headers in $OUT/headers/usr/src/linux-headers-$kver"
+}
+
+work=""
+private_setup() {
+    [ -n "$work" ] && return 0
+    # shellcheck source=../lib/private-apt.sh
+    . "$REPO/scripts/lib/private-apt.sh"
+    [ -r "$KEYRING" ] || die "$KEYRING not found; install the 'debian-archive-keyring' package"
+    work=$(mktemp -d "${TMPDIR:-/tmp}/guest-build.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+    private_apt "$work" "$SUITE" "$MIRROR" "$KEYRING"
+    say "fetching the $SUITE package indexes from $MIRROR (private)"
+    apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 \
+        || { cat "$work/update.log" >&2; die "apt-get update failed"; }
+}
+
+candidate() { apt_ apt-cache policy "$1" | awk '/Candidate:/ { print $2 }'; }
+
+if [ "$force" = 0 ] && [ "$update" = 0 ] && complete; then
+    kver=$(sed -n 's/^kernel //p' "$OUT/VERSION")
+    if [ "$(cat "$OUT/rootfs.img.init" 2>/dev/null)" != "$init_sum" ] || [ ! -f "$OUT/rootfs.img" ]; then
+        say "init changed: re-making rootfs.img"
+        make_image
+    fi
+    [ "$headers" = 0 ] || fetch_headers "$kver"
+    say "guest already built in $OUT (kernel $kver; --update to look for a newer one, --force to rebuild)"
+    exit 0
+fi
+
+# ---- what trixie has now ------------------------------------------------------------------
+
+private_setup
+kpkg=$(apt_ apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')
+[ -n "$kpkg" ] || die "linux-image-amd64 of $SUITE depends on no linux-image package"
+kver=${kpkg#linux-image-}
+kpkg_version=$(candidate "$kpkg")
+bb_version=$(candidate busybox-static)
+if [ "$force" = 0 ] && complete && [ "$(sed -n 's/^kernel //p' "$OUT/VERSION")" = "$kver" ] \
+    && grep -qx "kernel-package $kpkg $kpkg_version" "$OUT/VERSION"; then
+    say "guest in $OUT is current (kernel $kver)"
+    [ "$headers" = 0 ] || fetch_headers "$kver"
+    exit 0
+fi
+
+say "building the guest: kernel $kpkg $kpkg_version, busybox-static $bb_version, $SUITE minbase + $PACKAGES"
+t0=$(date +%s)
+rm -rf "$OUT/kernel" "$OUT/rootfs" "$OUT/rootfs.img" "$OUT/rootfs.img.init" "$OUT/initrd.img" \
+    "$OUT/vmlinuz" "$OUT/VERSION" "$OUT/headers"
+mkdir -p "$work/debs" "$OUT/kernel/$kver"
+(cd "$work/debs" && apt_ apt-get -q download "$kpkg=$kpkg_version" "busybox-static=$bb_version" >/dev/null)
+dpkg-deb -x "$work"/debs/linux-image-*.deb "$OUT/kernel/$kver"
+dpkg-deb -x "$work"/debs/busybox-static_*.deb "$work/busybox"
+cp "$OUT/kernel/$kver/boot/vmlinuz-$kver" "$OUT/vmlinuz"
+
+# ---- the root file system -----------------------------------------------------------------
+
+say "mmdebstrap $SUITE (minbase)"
+mmdebstrap --quiet --variant=minbase --mode=root \
+    --include="$(echo "$PACKAGES" | tr ' ' ',')" \
+    --aptopt='Acquire::Languages "none"' \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+    "$SUITE" "$OUT/rootfs" "deb [signed-by=$KEYRING] $MIRROR $SUITE main" >&2
+mkdir -p "$OUT/rootfs/usr/lib/modules"
+cp -a "$OUT/kernel/$kver/usr/lib/modules/$kver" "$OUT/rootfs/usr/lib/modules/"
+chroot "$OUT/rootfs" depmod -a "$kver"
+echo guest >"$OUT/rootfs/etc/hostname"
+printf '127.0.0.1 localhost guest\n::1 localhost\n' >"$OUT/rootfs/etc/hosts"
+: >"$OUT/rootfs/etc/fstab"
+# What the tests read of the distribution (for messages only).
+dpkg-query --admindir="$OUT/rootfs/var/lib/dpkg" -W -f '${Package} ${Version}\n' >"$OUT/packages.txt"
+
+# ---- the initramfs ------------------------------------------------------------------------
+
+# The root's modules and their dependencies, in load order (modules.dep lists a module's
+# dependencies deepest last), decompressed: busybox's insmod reads plain ELF.
+order() {
+    local m path deps d
+    for m in "$@"; do
+        path=$(awk -F: -v m="$m" '{ n = $1; sub(/.*\//, "", n); sub(/\.ko(\.xz|\.zst|\.gz)?$/, "", n); gsub(/-/, "_", n) }
+            n == m { print; exit }' "$OUT/rootfs/usr/lib/modules/$kver/modules.dep")
+        [ -n "$path" ] || die "module $m not in modules.dep of $kver"
+        deps=${path#*:}
+        for d in $(echo "$deps" | tr ' ' '\n' | tac); do echo "$d"; done
+        echo "${path%%:*}"
+    done | awk '!seen[$0]++'
+}
+ird=$work/initrd
+mkdir -p "$ird/bin" "$ird/lib/modules" "$ird/proc" "$ird/sys" "$ird/dev" "$ird/newroot"
+cp "$work/busybox/usr/bin/busybox" "$ird/bin/busybox"
+install -m 0755 "$HERE/initramfs-init.sh" "$ird/init"
+: >"$ird/lib/modules/order"
+for rel in $(order $ROOT_MODULES); do
+    name=$(basename "$rel"); name=${name%.xz}
+    case $rel in
+        *.xz) xz -dc "$OUT/rootfs/usr/lib/modules/$kver/$rel" >"$ird/lib/modules/$name" ;;
+        *) cp "$OUT/rootfs/usr/lib/modules/$kver/$rel" "$ird/lib/modules/$name" ;;
+    esac
+    echo "$name" >>"$ird/lib/modules/order"
+done
+(cd "$ird" && find . | LC_ALL=C sort | "$ird/bin/busybox" cpio -o -H newc 2>/dev/null) | gzip -9n >"$OUT/initrd.img"
+
+make_image
+
+{
+    echo "$wanted_head"
+    echo "kernel $kver"
+    echo "kernel-package $kpkg $kpkg_version"
+    echo "busybox-static $bb_version"
+    echo "mirror $MIRROR"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(( $(date +%s) - t0 )) s"
+} >"$OUT/VERSION"
+[ "$headers" = 0 ] || fetch_headers "$kver"
+say "built in $(( $(date +%s) - t0 )) s: $OUT (kernel $kver, initramfs modules: $(tr '\n' ' ' <"$ird/lib/modules/order"))"
