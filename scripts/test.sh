@@ -36,9 +36,10 @@ cmp "$so" "$tested" || { echo "[test] cargo test changed $so" >&2; exit 1; }
 for release in 4.2.1 4.3; do
     echo "[test] end-to-end suites against CRIU $release"
     CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked \
-        --test e2e_criu --test e2e_cuda_fake --test e2e_cuda_settings --test e2e_cuda_restore_state \
-        --test e2e_cut_short --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers \
-        --test e2e_containers_2026 --test e2e_cri --test e2e_gpu_containers
+        --test e2e_criu --test e2e_cuda_fake --test e2e_cuda_fake_failures \
+        --test e2e_cuda_settings --test e2e_cuda_restore_state --test e2e_cut_short \
+        --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
+        --test e2e_cri --test e2e_gpu_containers
 done
 # The cgroup-v2-only guest (scripts/guest/, docs/guest.md): containerd's CRI on a system whose
 # cgroup v2 hierarchy has every controller, which this hybrid host cannot give, with each CRIU
