@@ -82,6 +82,8 @@ fn build() -> Option<Dirs> {
         .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
         .arg(dirs.build.join("libcuda.so.1"))
         .arg(src.join("fake_libcuda.c"))
+        .arg(src.join("fake_cuda_runtime.c"))
+        .arg(src.join("fake_cuda_controller.c"))
         .arg(src.join("gpu_nodes.c"))
         .arg("-lpthread"));
     run(Command::new("cc")

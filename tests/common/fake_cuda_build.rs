@@ -32,7 +32,12 @@ pub fn build(
         cc(name, &args)
     };
     let libcuda = shared(
-        &["fake-cuda/fake_libcuda.c", "fake-cuda/gpu_nodes.c"],
+        &[
+            "fake-cuda/fake_libcuda.c",
+            "fake-cuda/fake_cuda_runtime.c",
+            "fake-cuda/fake_cuda_controller.c",
+            "fake-cuda/gpu_nodes.c",
+        ],
         "libcuda.so.1",
     );
     let nvml = shared(&["fake-cuda/fake_nvml.c"], "libnvidia-ml.so.1");

@@ -628,9 +628,10 @@ def build_fake(ctx):
     os.makedirs(d, exist_ok=True)
     fx = os.path.join(REPO, "tests", "fixtures")
     link = [f"-L{d}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags", "-lpthread"]
-    run(["cc", "-shared", "-fPIC", "-O2", "-o", ctx.fake_libcuda, os.path.join(fx, "fake-cuda", "fake_libcuda.c"),
-         os.path.join(fx, "fake-cuda", "gpu_nodes.c"),
-         "-lpthread"], 120, os.path.join(ctx.logs, "cc.out"), what="cc fake_libcuda.c")
+    srcs = ["fake_libcuda.c", "fake_cuda_runtime.c", "fake_cuda_controller.c", "gpu_nodes.c"]
+    run(["cc", "-shared", "-fPIC", "-O2", "-o", ctx.fake_libcuda,
+         *(os.path.join(fx, "fake-cuda", s) for s in srcs), "-lpthread"], 120,
+        os.path.join(ctx.logs, "cc.out"), what="cc fake_libcuda.c")
     run(["cc", "-O2", "-o", ctx.workload, os.path.join(fx, "fake-cuda", "workload.c"), *link], 120,
         os.path.join(ctx.logs, "cc.out"), what="cc workload.c")
     gpu_list = os.path.join(d, "gpu_list")

@@ -24,7 +24,8 @@ nv=$t/nvidia/lib64
 mkdir -p "$nv" "$t/bin" "$t/cc"
 
 # The driver directory, laid out as NVIDIA's installer does.
-cc -shared -fPIC -O2 -o "$nv/libcuda.so.580.159.04" "$fx/fake-cuda/fake_libcuda.c" "$fx/fake-cuda/gpu_nodes.c" -lpthread
+cc -shared -fPIC -O2 -o "$nv/libcuda.so.580.159.04" "$fx/fake-cuda/fake_libcuda.c" "$fx/fake-cuda/fake_cuda_runtime.c" \
+    "$fx/fake-cuda/fake_cuda_controller.c" "$fx/fake-cuda/gpu_nodes.c" -lpthread
 ln -s libcuda.so.580.159.04 "$nv/libcuda.so.1"
 ln -s libcuda.so.1 "$nv/libcuda.so"
 cp "$nv/libcuda.so.580.159.04" "$nv/libnvidia-ptxjitcompiler.so.580.159.04"
