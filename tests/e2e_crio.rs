@@ -32,7 +32,8 @@ use std::path::{Path, PathBuf};
 
 use common::{E2e, plugin_libdir};
 use containers_support::cri::{
-    CHECKPOINT_TIMEOUT, CriNode, Images, Registry, assert_archive, calls, restore_from,
+    CHECKPOINT_TIMEOUT, CriNode, Images, Registry, assert_archive, calls, push_checkpoint_image,
+    restore_from,
 };
 use containers_support::crio::{CriO, crio_prefix, push_images};
 use containers_support::{
@@ -177,4 +178,38 @@ fn crio_runc14_cuda_default_conf() {
 #[test]
 fn crio_runc14_cuda_usr_lib_criu() {
     crio_cycle("crio-cuda-usr-lib-criu", CUDA, Reach::DefaultDir);
+}
+
+/// Restore from an OCI checkpoint image, as on a cluster: the archive turned into an image by
+/// buildah (`containers_support::cri::push_checkpoint_image`, with CRI-O's annotation
+/// `io.kubernetes.cri-o.annotations.checkpoint.name`), pushed to the registry, pulled as any
+/// image is (PullImage), and a new pod's container created from it; the workload goes on with
+/// its GPU state.
+#[test]
+fn crio_runc14_cuda_from_checkpoint_image() {
+    let workload = CUDA;
+    let Some((e, prefix)) = start("crio-checkpoint-image", workload) else {
+        return;
+    };
+    let registry = Registry::start(&e);
+    let n = node(&e, &prefix, workload, Reach::RuncConf, &registry);
+    let pod = n.run_pod("pod-a");
+    let c = n.start_container(&pod, "w", workload);
+    let pid = c.running_pid();
+    let files = cycles::device_memory(&c.out);
+    let archive = e.dir().join("checkpoint-w.tar");
+    let low = c.out.mark();
+    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
+        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
+    let high = c.out.mark();
+    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    assert_archive(&n, &archive, workload, pid);
+    let reference = push_checkpoint_image(&e, &archive, "w", &registry);
+    eprintln!("checkpoint image: {reference}");
+
+    let pod_b = n.run_pod("pod-b");
+    n.cri
+        .pull_image(&reference, &pod_b.1)
+        .unwrap_or_else(|err| panic!("PullImage {reference}: {err}\n{}", n.log_tail()));
+    restore_from(&n, &pod_b, "w", &reference, &c, (low, high), Some(&files));
 }
