@@ -29,8 +29,9 @@ mod common;
 mod containers_support;
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use common::{E2e, plugin_libdir};
+use common::{E2e, plugin_libdir, wait_until};
 use containers_support::cri::{
     CHECKPOINT_TIMEOUT, CriNode, Images, Registry, assert_archive, calls, push_checkpoint_image,
     restore_from,
@@ -38,7 +39,7 @@ use containers_support::cri::{
 use containers_support::crio::{CriO, crio_prefix, push_images};
 use containers_support::{
     CUDA, PrivateMounts, Workload, cycles, etc_criu, fake_cuda_env, needs_criu_4_2, tool_2026,
-    write_settings,
+    transitions, write_settings,
 };
 
 fn runc_1_4() -> PathBuf {
@@ -126,7 +127,7 @@ fn crio_cycle(test: &str, workload: Workload, reach: Reach) {
     // The kubelet's checkpoint: the container keeps running, with its GPU.
     let archive = e.dir().join("checkpoint-w.tar");
     let low = c.out.mark();
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
         .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
     eprintln!("CheckpointContainer: {:?}", t0.elapsed());
@@ -137,7 +138,7 @@ fn crio_cycle(test: &str, workload: Workload, reach: Reach) {
 
     // Restored as a new container of the same pod, then as one of a new pod.
     let image = archive.to_str().expect("UTF-8 path");
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let r = restore_from(
         &n,
         &pod,
@@ -152,7 +153,7 @@ fn crio_cycle(test: &str, workload: Workload, reach: Reach) {
         t0.elapsed()
     );
     let pod_b = n.run_pod("pod-b");
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let _r2 = restore_from(&n, &pod_b, "w", image, &r, (low, high), files.as_ref());
     eprintln!("restore in a new pod (with the checks): {:?}", t0.elapsed());
 }
@@ -212,4 +213,78 @@ fn crio_runc14_cuda_from_checkpoint_image() {
         .pull_image(&reference, &pod_b.1)
         .unwrap_or_else(|err| panic!("PullImage {reference}: {err}\n{}", n.log_tail()));
     restore_from(&n, &pod_b, "w", &reference, &c, (low, high), Some(&files));
+}
+
+/// The kubelet's timeout: a CheckpointContainer whose timeout ends before the dump can (the
+/// stand-in workload holds a busy section for 8 s, so the plugin's lock waits for it).
+///
+/// What CRI-O 1.37 does, seen here: the call fails when its deadline passes (CRI-O does not
+/// read the request's `timeout` field), but CRI-O goes on without its caller. The dump runs to
+/// its end, the plugin gives the GPU back as after any `--leave-running` dump, CRI-O thaws the
+/// container and writes the archive to the location anyway. Unlike containerd 2.1 (see
+/// `tests/e2e_cri.rs`) nothing is left paused. The test pins each of those facts, then restores
+/// the archive the abandoned call left into a new pod: the workload goes on with its GPU state.
+#[test]
+fn crio_runc14_checkpoint_timeout() {
+    let workload = Workload::Cuda { hold_ms: 8000 };
+    let Some((e, prefix)) = start("crio-timeout", workload) else {
+        return;
+    };
+    let registry = Registry::start(&e);
+    let n = node(&e, &prefix, workload, Reach::RuncConf, &registry);
+    let pod = n.run_pod("pod-a");
+    let c = n.start_container(&pod, "w", workload);
+    let pid = c.running_pid();
+    let files = c.out.device_files();
+
+    assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
+    c.out.wait_line("hold begin");
+    let archive = e.dir().join("checkpoint-timeout.tar");
+    let low = c.out.mark();
+    let t0 = Instant::now();
+    let err = c
+        .checkpoint(&archive, Duration::from_secs(2))
+        .expect_err("a checkpoint whose timeout ends before the dump");
+    let took = t0.elapsed();
+    eprintln!("CheckpointContainer with a 2 s timeout: {err} after {took:?}");
+    assert!(
+        took < Duration::from_secs(6),
+        "the runtime kept the call {took:?}, past the 2 s timeout"
+    );
+    assert!(!archive.exists(), "an archive when the call failed");
+
+    // The dump goes on without its caller and ends as a `--leave-running` dump does.
+    wait_until("the abandoned dump to give the GPU back", || {
+        transitions(&calls(&e), pid).ends_with(&["restore=0".to_string(), "unlock=0".to_string()])
+    });
+    let high = c.out.mark();
+    // CRI-O logs this once the archive is written.
+    wait_until("CRI-O to write the abandoned checkpoint's archive", || {
+        std::fs::read_to_string(n.cd_log()).is_ok_and(|l| l.contains("Checkpointed container"))
+    });
+    eprintln!(
+        "the abandoned checkpoint's archive written {:?} after the call began",
+        t0.elapsed()
+    );
+    assert_eq!(
+        transitions(&calls(&e), pid),
+        ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+        "driver calls of the abandoned dump"
+    );
+    // Thawed: the workload counts on, with its device memory.
+    assert_eq!(c.running_pid(), pid, "the container after the timeout");
+    c.out.wait_line("hold end");
+    c.out.wait_counting(3);
+    assert_eq!(
+        c.out.device_files(),
+        files,
+        "device memory after the timeout"
+    );
+    c.out.verify(pid);
+
+    // The archive is a whole checkpoint: it restores.
+    assert_archive(&n, &archive, workload, pid);
+    let pod_b = n.run_pod("pod-b");
+    let image = archive.to_str().expect("UTF-8 path");
+    restore_from(&n, &pod_b, "w", image, &c, (low, high), Some(&files));
 }
