@@ -35,14 +35,13 @@ use std::time::Duration;
 use common::{CriuRun, E2e, wait_until};
 use containers_support::cdi::{NVIDIA_MAJOR, NvidiaCdi, StandInGpu, rdev_of, workload_gpus};
 use containers_support::cri::{
-    CriContainer, CriNode, Images, Registry, archive_member, archive_members, cgroup_tree_pids,
-    push_checkpoint_image, push_images,
+    CHECKPOINT_TIMEOUT, CriContainer, CriNode, Images, Registry, archive_member, assert_archive,
+    calls, cgroup_tree_pids, push_checkpoint_image, push_images, restore_from, restore_from_with,
 };
 use containers_support::engines::ContainerdBins;
 use containers_support::{
-    CUDA, Output, Workload, assert_plugin_dumped, assert_plugin_restored, cycles, etc_criu,
-    etc_criu_loading_plugin, fake_cuda, fake_cuda_env, lacks_cgroup2_controllers, needs_criu_4_2,
-    private_tool, run_tool, tool_2026, tool_path, transitions,
+    CUDA, Output, Workload, cycles, etc_criu, etc_criu_loading_plugin, fake_cuda, fake_cuda_env,
+    lacks_cgroup2_controllers, needs_criu_4_2, tool_2026, transitions,
 };
 use cri_client::v1;
 
@@ -53,13 +52,6 @@ fn runc_1_4() -> PathBuf {
 fn runc_1_3() -> PathBuf {
     tool_2026("CRIU_GPU_TEST_RUNC13", "runc-1.3/runc")
 }
-
-fn calls(e: &E2e) -> PathBuf {
-    e.dir().join("cuda-calls")
-}
-
-/// The kubelet's default checkpoint timeout is 4 hours; a test's dump takes seconds.
-const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The test, or `None` (and a SKIPPED line) where it cannot run.
 fn start(test: &str, workload: Workload) -> Option<E2e> {
@@ -97,142 +89,6 @@ fn node<'e>(
     n
 }
 
-/// `criu-gpu` of this workspace, built when the test run did not build it.
-fn criu_gpu() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let bin = profile_dir.join("criu-gpu");
-    if !bin.is_file() {
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "--locked", "-p", "criu-gpu"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let ok = cmd.status().is_ok_and(|s| s.success());
-        assert!(ok && bin.is_file(), "cannot build criu-gpu: {cmd:?}");
-    }
-    bin
-}
-
-/// The archive of a CRI checkpoint, read as an operator would: the plugin's image and log
-/// lines are in it, and `checkpointctl show` and `criu-gpu inspect` read it.
-fn assert_archive(e: &E2e, archive: &Path, workload: Workload, pid: i32) {
-    let members = archive_members(e, archive);
-    for want in [
-        "dump.log",
-        "config.dump",
-        "spec.dump",
-        "checkpoint/inventory.img",
-    ] {
-        assert!(
-            members.iter().any(|m| m == want),
-            "no {want} in the archive: {members:?}"
-        );
-    }
-    let gpu_image = members
-        .iter()
-        .any(|m| m == "checkpoint/gpu-plugin-cuda.img");
-    assert_eq!(
-        gpu_image,
-        workload.is_cuda(),
-        "checkpoint/gpu-plugin-cuda.img in the archive: {members:?}"
-    );
-    let dump = CriuRun {
-        what: "CheckpointContainer".into(),
-        code: Some(0),
-        log: archive_member(e, archive, "dump.log"),
-        output: String::new(),
-        took: Duration::ZERO,
-    };
-    assert_plugin_dumped(e, &dump, workload, pid);
-
-    let mut cmd = e.command(&private_tool("checkpointctl"));
-    cmd.arg("show")
-        .arg(archive)
-        .env("PATH", tool_path(e))
-        .env("TMPDIR", e.dir());
-    let show = run_tool(e.dir(), cmd, "checkpointctl show");
-    show.assert_ok();
-    assert!(
-        show.stdout.contains("containerd"),
-        "checkpointctl show: no engine containerd: {show:?}"
-    );
-
-    let mut cmd = e.command(&criu_gpu());
-    cmd.arg("inspect").arg(archive);
-    let inspect = run_tool(e.dir(), cmd, "criu-gpu inspect");
-    inspect.assert_ok();
-    let want = if workload.is_cuda() {
-        "1 CUDA process(es)"
-    } else {
-        "no GPU state: CRIU restores this checkpoint without the GPU plugin"
-    };
-    assert!(
-        inspect.stdout.contains(want),
-        "criu-gpu inspect: no `{want}`: {inspect:?}"
-    );
-}
-
-/// The checkpointed container removed, a new one created from `archive` in `pod` and started:
-/// it must resume where the checkpoint (taken between output marks `low` and `high`) left it,
-/// with its device memory for CUDA (`files`). Returns the restored container.
-fn restore_from<'e>(
-    n: &'e CriNode<'e>,
-    pod: &(String, v1::PodSandboxConfig),
-    name: &str,
-    image: &str,
-    old: &CriContainer<'_>,
-    marks: (usize, usize),
-    files: Option<&Vec<String>>,
-) -> CriContainer<'e> {
-    restore_from_with(n, pod, name, image, old, marks, files, &|_| {}).0
-}
-
-/// [`restore_from`] with the new container's configuration changed by `edit`; also returns
-/// CRIU's log of the restore.
-#[allow(clippy::too_many_arguments)]
-fn restore_from_with<'e>(
-    n: &'e CriNode<'e>,
-    pod: &(String, v1::PodSandboxConfig),
-    name: &str,
-    image: &str,
-    old: &CriContainer<'_>,
-    (low, high): (usize, usize),
-    files: Option<&Vec<String>>,
-    edit: &dyn Fn(&mut v1::ContainerConfig),
-) -> (CriContainer<'e>, CriuRun) {
-    old.remove();
-    let killed = old.out.mark();
-    let out = Output::new(old.out.dir.clone(), old.out.workload);
-    let id = n
-        .create_from_checkpoint_with(pod, name, image, &out, edit)
-        .unwrap_or_else(|err| panic!("CreateContainer from {image}: {err}\n{}", n.log_tail()));
-    n.cri
-        .start_container(&id)
-        .unwrap_or_else(|err| panic!("StartContainer (restore): {err}\n{}", n.log_tail()));
-    let c = CriContainer { node: n, id, out };
-    let pid = c.running_pid();
-    // CRIU's log of the restore, in the container's work directory.
-    let log = n.restore_log(&c.id);
-    let restore = CriuRun {
-        what: "StartContainer (restore)".into(),
-        code: Some(0),
-        log: std::fs::read_to_string(&log)
-            .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display())),
-        output: String::new(),
-        took: Duration::ZERO,
-    };
-    assert_plugin_restored(n.e, &restore, c.out.workload);
-    c.out.assert_resumes_between(low, high, killed);
-    if let Some(files) = files {
-        c.out.assert_gpu_restored(files, &calls(n.e), pid);
-    }
-    (c, restore)
-}
-
 fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
     let Some(e) = start(test, workload) else {
         return;
@@ -253,7 +109,7 @@ fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
     let high = c.out.mark();
     assert_eq!(c.running_pid(), pid, "the container after its checkpoint");
     c.out.assert_given_back(files.as_ref(), &calls(&e), pid);
-    assert_archive(&e, &archive, workload, pid);
+    assert_archive(&n, &archive, workload, pid);
 
     // Restored as a new container of the same pod, then as one of a new pod.
     let image = archive.to_str().expect("UTF-8 path");
@@ -432,7 +288,7 @@ fn cri_containerd21_runc14_checkpoint_timeout() {
             )
         });
     let high = c.out.mark();
-    assert_archive(&e, &archive, workload, pid);
+    assert_archive(&n, &archive, workload, pid);
     let image = archive.to_str().expect("UTF-8 path");
     restore_from(&n, &pod, "w-restored", image, &c, (low, high), Some(&files));
 }
@@ -475,7 +331,7 @@ fn cri_containerd21_migration_to_node_b() {
     c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
         .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", a.log_tail()));
     let high = c.out.mark();
-    assert_archive(&e, &archive, workload, pid);
+    assert_archive(&a, &archive, workload, pid);
     let reference = push_checkpoint_image(&e, &archive, "w", &registry);
     eprintln!("checkpoint image: {reference}");
 
@@ -674,7 +530,7 @@ fn cri_containerd21_cdi_restore_onto_the_new_pods_gpu() {
         .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
     let high = c.out.mark();
     c.out.assert_given_back(Some(&files), &calls(&e), pid);
-    assert_archive(&e, &archive, CUDA, pid);
+    assert_archive(&n, &archive, CUDA, pid);
     let md = archive_member(&e, &archive, "checkpoint/gpu-plugin-cuda.img");
     assert!(
         md.contains(&gpu0.uuid) && !md.contains(&gpu1.uuid),

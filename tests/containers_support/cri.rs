@@ -12,6 +12,8 @@
 //!   state under the test, `restrict_oom_score_adj` (root here lacks CAP_SYS_RESOURCE), CDI
 //!   specs from the node's own directory, no CNI (pods use the host's network).
 //! - [`CriContainer`]: a container of a pod, its workload's [`Output`].
+//! - [`CriDaemon`]: what a node's runtime is besides its CRI socket, so that the same node,
+//!   containers and checks serve containerd and CRI-O (`containers_support::crio`).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -22,8 +24,11 @@ use std::time::{Duration, Instant};
 use cri_client::{Cri, v1};
 
 use super::engines::{Containerd, ContainerdBins, oci_archive_of};
-use super::{Output, Workload, reap_now};
-use crate::common::{self, E2e, wait_until};
+use super::{
+    Output, Workload, assert_plugin_dumped, assert_plugin_restored, private_tool, reap_now,
+    run_tool, tool_path,
+};
+use crate::common::{self, CriuRun, E2e, wait_until};
 
 /// The sandbox image's process: waits, and ends on SIGTERM.
 const PAUSE: &str =
@@ -216,10 +221,60 @@ fn cri_config(
     )
 }
 
-/// One node: containerd with its CRI, and a CRI client connected to it.
-pub struct CriNode<'e> {
+/// The daemon behind a node's CRI socket (containerd, CRI-O), as the tests read it beside the
+/// CRI. Its state is in the node's directory, `<test dir>/<node name>`.
+pub trait CriDaemon {
+    /// The engine, as `checkpointctl show` names it.
+    const ENGINE: &'static str;
+    /// The daemon's log, in the node's directory.
+    const LOG: &'static str;
+    /// The CRI's unix socket.
+    fn cri_socket(&self) -> &Path;
+    /// The cgroup (cgroupfs path) the node's pods are created under, and removed with.
+    fn cgroup_path(&self) -> &str;
+    /// Where the runtime keeps CRIU's log of the restore of container `id` (`node_dir`: the
+    /// node's directory).
+    fn restore_log(&self, node_dir: &Path, id: &str) -> PathBuf;
+    /// What the runtime needs of a container created from a checkpoint beyond what a container
+    /// created from an image gets.
+    fn restore_config(&self, _config: &mut v1::ContainerConfig) {}
+    /// `start` (the StartContainer of a container created from a checkpoint), with whatever
+    /// the runtime needs done meanwhile for [`CriDaemon::restore_log`] to be readable after.
+    fn around_restore(
+        &self,
+        _node_dir: &Path,
+        _id: &str,
+        start: &dyn Fn() -> cri_client::Result<()>,
+    ) -> cri_client::Result<()> {
+        start()
+    }
+}
+
+impl CriDaemon for Containerd<'_> {
+    const ENGINE: &'static str = "containerd";
+    const LOG: &'static str = "containerd.log";
+
+    fn cri_socket(&self) -> &Path {
+        self.socket()
+    }
+
+    fn cgroup_path(&self) -> &str {
+        &self.cgroup.path
+    }
+
+    fn restore_log(&self, node_dir: &Path, id: &str) -> PathBuf {
+        node_dir
+            .join("root/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("restore.log")
+    }
+}
+
+/// One node: a runtime with its CRI (containerd unless `D` says otherwise), and a CRI client
+/// connected to it.
+pub struct CriNode<'e, D: CriDaemon = Containerd<'e>> {
     pub e: &'e E2e,
-    pub cd: Containerd<'e>,
+    pub cd: D,
     pub cri: Cri,
     pub images: Images,
     pub name: String,
@@ -253,7 +308,26 @@ impl<'e> CriNode<'e> {
         let pause = images.pause.clone();
         let config = move |d: &Path| cri_config(d, &b, registry, &pause, criu_work);
         let cd = Containerd::start_node(e, name, etc_criu, env, bins, Some(&config));
-        let cri = Cri::connect(cd.socket(), CALL_TIMEOUT).expect("connect to the CRI");
+        CriNode::over(e, name, cd, images, criu_work)
+    }
+
+    /// The directory the node's CRI reads CDI specs from (`cdi_spec_dirs`).
+    pub fn cdi_spec_dir(&self) -> PathBuf {
+        self.e.dir().join(&self.name).join("cdi")
+    }
+}
+
+impl<'e, D: CriDaemon> CriNode<'e, D> {
+    /// Node `name` of the started daemon `cd`, once its CRI answers; `images` are the test's,
+    /// `criu_work` the restores' CRIU work directory if the node has one.
+    pub fn over(
+        e: &'e E2e,
+        name: &str,
+        cd: D,
+        images: Images,
+        criu_work: Option<&Path>,
+    ) -> CriNode<'e, D> {
+        let cri = Cri::connect(cd.cri_socket(), CALL_TIMEOUT).expect("connect to the CRI");
         let deadline = Instant::now() + common::WAIT;
         loop {
             match cri.version() {
@@ -337,7 +411,7 @@ impl<'e> CriNode<'e> {
         pod: &(String, v1::PodSandboxConfig),
         name: &str,
         workload: Workload,
-    ) -> CriContainer<'e> {
+    ) -> CriContainer<'e, D> {
         self.start_container_with(pod, name, workload, &|_| {})
     }
 
@@ -349,7 +423,7 @@ impl<'e> CriNode<'e> {
         name: &str,
         workload: Workload,
         edit: &dyn Fn(&mut v1::ContainerConfig),
-    ) -> CriContainer<'e> {
+    ) -> CriContainer<'e, D> {
         let out = Output::new(self.e.dir().join(format!("out-{name}")), workload);
         self.cri
             .pull_image(&self.images.workload, sandbox)
@@ -396,8 +470,16 @@ impl<'e> CriNode<'e> {
         edit: &dyn Fn(&mut v1::ContainerConfig),
     ) -> cri_client::Result<String> {
         let mut config = self.container_config(name, image, out.workload, &out.dir);
+        self.cd.restore_config(&mut config);
         edit(&mut config);
         self.cri.create_container(pod, &config, sandbox)
+    }
+
+    /// StartContainer of container `id`, created from a checkpoint: the restore.
+    pub fn start_restored(&self, id: &str) -> cri_client::Result<()> {
+        let dir = self.e.dir().join(&self.name);
+        self.cd
+            .around_restore(&dir, id, &|| self.cri.start_container(id))
     }
 
     /// The last lines of the daemon's log (for failure messages).
@@ -407,37 +489,27 @@ impl<'e> CriNode<'e> {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// The daemon's log.
     pub fn cd_log(&self) -> PathBuf {
-        self.e.dir().join(&self.name).join("containerd.log")
+        self.e.dir().join(&self.name).join(D::LOG)
     }
 
-    /// CRIU's log of the restore of container `id`: in the node's `CriuWorkPath`, else in
-    /// the container's work directory.
+    /// CRIU's log of the restore of container `id`: in the node's `CriuWorkPath`, else where
+    /// the runtime keeps it for the container.
     pub fn restore_log(&self, id: &str) -> PathBuf {
         match &self.criu_work {
             Some(d) => d.join("restore.log"),
-            None => self
-                .e
-                .dir()
-                .join(&self.name)
-                .join("root/io.containerd.runtime.v2.task/k8s.io")
-                .join(id)
-                .join("restore.log"),
+            None => self.cd.restore_log(&self.e.dir().join(&self.name), id),
         }
-    }
-
-    /// The directory the node's CRI reads CDI specs from (`cdi_spec_dirs`).
-    pub fn cdi_spec_dir(&self) -> PathBuf {
-        self.e.dir().join(&self.name).join("cdi")
     }
 
     /// The cgroup (cgroupfs path) of the containers of `pod`.
     pub fn pod_cgroup(&self, pod: &str) -> String {
-        format!("{}/{pod}", self.cd.cgroup.path)
+        format!("{}/{pod}", self.cd.cgroup_path())
     }
 }
 
-impl Drop for CriNode<'_> {
+impl<D: CriDaemon> Drop for CriNode<'_, D> {
     fn drop(&mut self) {
         // As the kubelet ends pods: stop (the runtime kills the containers), then remove.
         for pod in self.pods.borrow().iter() {
@@ -445,8 +517,8 @@ impl Drop for CriNode<'_> {
             let _ = self.cri.remove_pod_sandbox(pod);
         }
         reap_now();
-        // Whatever is left in the node's cgroups (a container whose shim is gone).
-        kill_cgroup_tree(&self.cd.cgroup.path);
+        // Whatever is left in the node's cgroups (a container whose shim or conmon is gone).
+        kill_cgroup_tree(self.cd.cgroup_path());
     }
 }
 
@@ -488,13 +560,13 @@ fn kill_cgroup_tree(path: &str) {
 }
 
 /// A container of a pod on a [`CriNode`].
-pub struct CriContainer<'e> {
-    pub node: &'e CriNode<'e>,
+pub struct CriContainer<'e, D: CriDaemon = Containerd<'e>> {
+    pub node: &'e CriNode<'e, D>,
     pub id: String,
     pub out: Output,
 }
 
-impl CriContainer<'_> {
+impl<D: CriDaemon> CriContainer<'_, D> {
     /// The CRI's state of the container and the host pid of its init (when running).
     pub fn state(&self) -> (v1::ContainerState, Option<i32>) {
         let s = self
@@ -541,6 +613,159 @@ impl CriContainer<'_> {
             .remove_container(&self.id)
             .unwrap_or_else(|err| panic!("RemoveContainer {}: {err}", self.id));
     }
+}
+
+// ---- what the tests check of a CRI checkpoint and restore -------------------------------
+
+/// The stand-in CUDA driver's log of its calls (`FAKE_CUDA_LOG` of the node's CRIU).
+pub fn calls(e: &E2e) -> PathBuf {
+    e.dir().join("cuda-calls")
+}
+
+/// The kubelet's default checkpoint timeout is 4 hours; a test's dump takes seconds.
+pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `criu-gpu` of this workspace, built when the test run did not build it.
+pub fn criu_gpu() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let bin = profile_dir.join("criu-gpu");
+    if !bin.is_file() {
+        let mut cmd = std::process::Command::new(env!("CARGO"));
+        cmd.args(["build", "--locked", "-p", "criu-gpu"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let ok = cmd.status().is_ok_and(|s| s.success());
+        assert!(ok && bin.is_file(), "cannot build criu-gpu: {cmd:?}");
+    }
+    bin
+}
+
+/// The archive of a CRI checkpoint, read as an operator would: the plugin's image and log
+/// lines are in it, and `checkpointctl show` (which names node `n`'s engine) and `criu-gpu
+/// inspect` read it.
+pub fn assert_archive<D: CriDaemon>(
+    n: &CriNode<'_, D>,
+    archive: &Path,
+    workload: Workload,
+    pid: i32,
+) {
+    let e = n.e;
+    let members = archive_members(e, archive);
+    for want in [
+        "dump.log",
+        "config.dump",
+        "spec.dump",
+        "checkpoint/inventory.img",
+    ] {
+        assert!(
+            members.iter().any(|m| m == want),
+            "no {want} in the archive: {members:?}"
+        );
+    }
+    let gpu_image = members
+        .iter()
+        .any(|m| m == "checkpoint/gpu-plugin-cuda.img");
+    assert_eq!(
+        gpu_image,
+        workload.is_cuda(),
+        "checkpoint/gpu-plugin-cuda.img in the archive: {members:?}"
+    );
+    let dump = CriuRun {
+        what: "CheckpointContainer".into(),
+        code: Some(0),
+        log: archive_member(e, archive, "dump.log"),
+        output: String::new(),
+        took: Duration::ZERO,
+    };
+    assert_plugin_dumped(e, &dump, workload, pid);
+
+    let mut cmd = e.command(&private_tool("checkpointctl"));
+    cmd.arg("show")
+        .arg(archive)
+        .env("PATH", tool_path(e))
+        .env("TMPDIR", e.dir());
+    let show = run_tool(e.dir(), cmd, "checkpointctl show");
+    show.assert_ok();
+    assert!(
+        show.stdout.contains(D::ENGINE),
+        "checkpointctl show: no engine {}: {show:?}",
+        D::ENGINE
+    );
+
+    let mut cmd = e.command(&criu_gpu());
+    cmd.arg("inspect").arg(archive);
+    let inspect = run_tool(e.dir(), cmd, "criu-gpu inspect");
+    inspect.assert_ok();
+    let want = if workload.is_cuda() {
+        "1 CUDA process(es)"
+    } else {
+        "no GPU state: CRIU restores this checkpoint without the GPU plugin"
+    };
+    assert!(
+        inspect.stdout.contains(want),
+        "criu-gpu inspect: no `{want}`: {inspect:?}"
+    );
+}
+
+/// The checkpointed container removed, a new one created from `archive` in `pod` and started:
+/// it must resume where the checkpoint (taken between output marks `low` and `high`) left it,
+/// with its device memory for CUDA (`files`). Returns the restored container.
+pub fn restore_from<'e, D: CriDaemon>(
+    n: &'e CriNode<'e, D>,
+    pod: &(String, v1::PodSandboxConfig),
+    name: &str,
+    image: &str,
+    old: &CriContainer<'_, D>,
+    marks: (usize, usize),
+    files: Option<&Vec<String>>,
+) -> CriContainer<'e, D> {
+    restore_from_with(n, pod, name, image, old, marks, files, &|_| {}).0
+}
+
+/// [`restore_from`] with the new container's configuration changed by `edit`; also returns
+/// CRIU's log of the restore.
+#[allow(clippy::too_many_arguments)]
+pub fn restore_from_with<'e, D: CriDaemon>(
+    n: &'e CriNode<'e, D>,
+    pod: &(String, v1::PodSandboxConfig),
+    name: &str,
+    image: &str,
+    old: &CriContainer<'_, D>,
+    (low, high): (usize, usize),
+    files: Option<&Vec<String>>,
+    edit: &dyn Fn(&mut v1::ContainerConfig),
+) -> (CriContainer<'e, D>, CriuRun) {
+    old.remove();
+    let killed = old.out.mark();
+    let out = Output::new(old.out.dir.clone(), old.out.workload);
+    let id = n
+        .create_from_checkpoint_with(pod, name, image, &out, edit)
+        .unwrap_or_else(|err| panic!("CreateContainer from {image}: {err}\n{}", n.log_tail()));
+    n.start_restored(&id)
+        .unwrap_or_else(|err| panic!("StartContainer (restore): {err}\n{}", n.log_tail()));
+    let c = CriContainer { node: n, id, out };
+    let pid = c.running_pid();
+    // CRIU's log of the restore, in the container's work directory.
+    let log = n.restore_log(&c.id);
+    let restore = CriuRun {
+        what: "StartContainer (restore)".into(),
+        code: Some(0),
+        log: std::fs::read_to_string(&log)
+            .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display())),
+        output: String::new(),
+        took: Duration::ZERO,
+    };
+    assert_plugin_restored(n.e, &restore, c.out.workload);
+    c.out.assert_resumes_between(low, high, killed);
+    if let Some(files) = files {
+        c.out.assert_gpu_restored(files, &calls(n.e), pid);
+    }
+    (c, restore)
 }
 
 /// The member names of tar archive `archive` (through `tar -t`).

@@ -13,9 +13,12 @@
 //!   waits for one, and nothing here waits through `std::process::Child`.
 
 pub mod cdi;
-// Used by tests/e2e_cri.rs only; every test binary compiles this module.
+// Used by tests/e2e_cri.rs and tests/e2e_crio.rs only; every test binary compiles this module.
 #[allow(dead_code)]
 pub mod cri;
+// Used by tests/e2e_crio.rs only.
+#[allow(dead_code)]
+pub mod crio;
 pub mod cycles;
 pub mod docker;
 pub mod engines;
