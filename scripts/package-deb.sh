@@ -57,7 +57,12 @@ SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date -d "$changelog_date" +%s)}
 export SOURCE_DATE_EPOCH
 
 say "cargo build --release --locked ($PKG $version, and criu-gpu)"
-cargo build --release --locked -p "$PKG" -p criu-gpu
+# Two cargo runs: one run builds every crate once, with the union of the features its packages
+# ask for, so the plugin built with criu-gpu would carry what criu-gpu's dependencies turn on in
+# crates they share (libc, nix, ...) and would not be the file the end-to-end suites load
+# (scripts/test.sh builds it alone, as here, and checks the two are the same bytes).
+cargo build --release --locked -p "$PKG" --lib
+cargo build --release --locked -p criu-gpu
 so=target/release/libcriu_gpu_plugin.so
 tool=target/release/criu-gpu
 [ -f "$so" ] || die "$so was not built"

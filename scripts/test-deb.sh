@@ -121,10 +121,11 @@ rc=0
 "$TOOL" inspect /nonexistent-criu-gpu-image >/dev/null 2>&1 || rc=$?
 [ "$rc" = 1 ] || die "$TOOL inspect of a missing path exits $rc, not 1"
 say "$TOOL runs"
-# The end-to-end suites loaded target/release/libcriu_gpu_plugin.so: the package must install
-# that very file.
-cmp -s "$PLUGIN" target/release/libcriu_gpu_plugin.so ||
-    die "$PLUGIN is not byte for byte target/release/libcriu_gpu_plugin.so, the plugin the suites tested"
+# The end-to-end suites loaded target/release/libcriu_gpu_plugin.so (scripts/test.sh keeps a copy
+# of it as they found it, in TESTED_PLUGIN): the package must install that very file.
+tested=${TESTED_PLUGIN:-target/release/libcriu_gpu_plugin.so}
+cmp -s "$PLUGIN" "$tested" ||
+    die "$PLUGIN is not byte for byte $tested, the plugin the end-to-end suites tested"
 say "$PLUGIN is the plugin the end-to-end suites loaded"
 cmp -s "$CONF" packaging/gpu-plugin.conf || die "$CONF differs from packaging/gpu-plugin.conf"
 dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q "^ $CONF " || die "dpkg does not track $CONF as a conffile"
