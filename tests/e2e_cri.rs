@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{CriuRun, E2e, wait_until};
-use containers_support::cdi::{NVIDIA_MAJOR, NvidiaCdi, StandInGpu, rdev_of, workload_gpus};
+use containers_support::cdi::{
+    NVIDIA_MAJOR, NvidiaCdi, StandInGpu, assert_refused_without_gpu, rdev_of, workload_gpus,
+};
 use containers_support::cri::{
     CHECKPOINT_TIMEOUT, CriContainer, CriNode, Images, Registry, archive_member, assert_archive,
     calls, cgroup_tree_pids, push_checkpoint_image, push_images, restore_from, restore_from_with,
@@ -103,12 +105,7 @@ fn cri_cycle(test: &str, workload: Workload, bins: ContainerdBins) {
 
     // The kubelet's checkpoint: the container keeps running, with its GPU.
     let archive = e.dir().join("checkpoint-w.tar");
-    let low = c.out.mark();
-    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
-        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
-    let high = c.out.mark();
-    assert_eq!(c.running_pid(), pid, "the container after its checkpoint");
-    c.out.assert_given_back(files.as_ref(), &calls(&e), pid);
+    let (low, high) = c.kubelet_checkpoint(&archive, files.as_ref());
     assert_archive(&n, &archive, workload, pid);
 
     // Restored as a new container of the same pod, then as one of a new pod.
@@ -525,11 +522,7 @@ fn cri_containerd21_cdi_restore_onto_the_new_pods_gpu() {
     let files = cycles::device_memory(&c.out);
 
     let archive = e.dir().join("checkpoint-w.tar");
-    let low = c.out.mark();
-    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
-        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
-    let high = c.out.mark();
-    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    let (low, high) = c.kubelet_checkpoint(&archive, Some(&files));
     assert_archive(&n, &archive, CUDA, pid);
     let md = archive_member(&e, &archive, "checkpoint/gpu-plugin-cuda.img");
     assert!(
@@ -589,14 +582,9 @@ fn cri_containerd21_cdi_restore_without_a_gpu_is_refused() {
         &gpu_request(&cdi, &gpu0.uuid, GpuBy::Annotation),
     );
     assert_given_gpu(&c, &cdi, gpu0, false);
-    let pid = c.running_pid();
     let files = cycles::device_memory(&c.out);
     let archive = e.dir().join("checkpoint-w.tar");
-    let low = c.out.mark();
-    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
-        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
-    let high = c.out.mark();
-    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    let (low, high) = c.kubelet_checkpoint(&archive, Some(&files));
     c.remove();
     let mark = c.out.mark();
     let restores = driver_restores(&e);
@@ -636,24 +624,7 @@ fn cri_containerd21_cdi_restore_without_a_gpu_is_refused() {
         output: err.clone(),
         took: Duration::ZERO,
     };
-    let refusal = restore
-        .lines_with("gpu_plugin")
-        .into_iter()
-        .find(|l| l.contains("cannot restore"))
-        .unwrap_or_else(|| panic!("no refusal of the plugin: {restore:?}"))
-        .to_string();
-    for needle in [
-        gpu0.uuid.as_str(),
-        "has no counterpart",
-        "GPUs reachable here: none",
-        "refused by the device cgroup",
-    ] {
-        assert!(refusal.contains(needle), "{needle:?} not in {refusal}");
-    }
-    assert!(
-        !restore.has("Forking task"),
-        "CRIU forked tasks before the refusal: {restore:?}"
-    );
+    assert_refused_without_gpu(&restore, &gpu0.uuid);
 
     // Nothing half-restored: the container is not running, no process is in its cgroup, the
     // driver was not asked to restore, the workload wrote nothing.

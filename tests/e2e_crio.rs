@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 
 use common::{E2e, plugin_libdir, wait_until};
 use containers_support::cri::{
-    CHECKPOINT_TIMEOUT, CriNode, Images, Registry, assert_archive, calls, push_checkpoint_image,
-    restore_from,
+    CriNode, Images, Registry, assert_archive, calls, push_checkpoint_image, restore_from,
 };
 use containers_support::crio::{CriO, crio_prefix, push_images};
 use containers_support::{
@@ -126,14 +125,7 @@ fn crio_cycle(test: &str, workload: Workload, reach: Reach) {
 
     // The kubelet's checkpoint: the container keeps running, with its GPU.
     let archive = e.dir().join("checkpoint-w.tar");
-    let low = c.out.mark();
-    let t0 = Instant::now();
-    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
-        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
-    eprintln!("CheckpointContainer: {:?}", t0.elapsed());
-    let high = c.out.mark();
-    assert_eq!(c.running_pid(), pid, "the container after its checkpoint");
-    c.out.assert_given_back(files.as_ref(), &calls(&e), pid);
+    let (low, high) = c.kubelet_checkpoint(&archive, files.as_ref());
     assert_archive(&n, &archive, workload, pid);
 
     // Restored as a new container of the same pod, then as one of a new pod.
@@ -199,11 +191,7 @@ fn crio_runc14_cuda_from_checkpoint_image() {
     let pid = c.running_pid();
     let files = cycles::device_memory(&c.out);
     let archive = e.dir().join("checkpoint-w.tar");
-    let low = c.out.mark();
-    c.checkpoint(&archive, CHECKPOINT_TIMEOUT)
-        .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", n.log_tail()));
-    let high = c.out.mark();
-    c.out.assert_given_back(Some(&files), &calls(&e), pid);
+    let (low, high) = c.kubelet_checkpoint(&archive, Some(&files));
     assert_archive(&n, &archive, workload, pid);
     let reference = push_checkpoint_image(&e, &archive, "w", &registry);
     eprintln!("checkpoint image: {reference}");

@@ -26,7 +26,9 @@ mod containers_support;
 use std::path::Path;
 
 use common::E2e;
-use containers_support::cdi::{NvidiaCdi, OciEdits, rdev_of, workload_gpus};
+use containers_support::cdi::{
+    NvidiaCdi, OciEdits, assert_refused_without_gpu, rdev_of, workload_gpus,
+};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::{
     CUDA, PrivateMounts, assert_plugin_dumped, assert_plugin_restored, etc_criu_loading_plugin,
@@ -165,24 +167,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
             c.respec(&no_gpu);
             let restore = c.restore(&images, &work);
             restore.assert_failed();
-            let refusal = restore
-                .lines_with("gpu_plugin")
-                .into_iter()
-                .find(|l| l.contains("cannot restore"))
-                .unwrap_or_else(|| panic!("no refusal of the plugin: {restore:?}"))
-                .to_string();
-            for needle in [
-                gpu0.uuid.as_str(),
-                "has no counterpart",
-                "GPUs reachable here: none",
-                "refused by the device cgroup",
-            ] {
-                assert!(refusal.contains(needle), "{needle:?} not in {refusal}");
-            }
-            assert!(
-                !restore.has("Forking task"),
-                "CRIU forked tasks before the refusal: {restore:?}"
-            );
+            assert_refused_without_gpu(&restore, &gpu0.uuid);
             assert_eq!(c.state(), None, "runc kept a container after the refusal");
             assert!(
                 !std::fs::read_to_string(&calls)

@@ -469,3 +469,27 @@ impl OciEdits {
         )
     }
 }
+
+/// The plugin's refusal, in CRIU's log of `restore`, of a restore whose container can reach no
+/// GPU: it names the checkpoint's GPU `uuid`, says none is reachable because of the device
+/// cgroup, and came before CRIU forked any task.
+pub fn assert_refused_without_gpu(restore: &crate::common::CriuRun, uuid: &str) {
+    let refusal = restore
+        .lines_with("gpu_plugin")
+        .into_iter()
+        .find(|l| l.contains("cannot restore"))
+        .unwrap_or_else(|| panic!("no refusal of the plugin: {restore:?}"))
+        .to_string();
+    for needle in [
+        uuid,
+        "has no counterpart",
+        "GPUs reachable here: none",
+        "refused by the device cgroup",
+    ] {
+        assert!(refusal.contains(needle), "{needle:?} not in {refusal}");
+    }
+    assert!(
+        !restore.has("Forking task"),
+        "CRIU forked tasks before the refusal: {restore:?}"
+    );
+}

@@ -597,6 +597,31 @@ impl<D: CriDaemon> CriContainer<'_, D> {
             .checkpoint_container(&self.id, archive, timeout)
     }
 
+    /// The kubelet's checkpoint of the running container to `archive` ([`CHECKPOINT_TIMEOUT`]):
+    /// the call succeeds, the container keeps running as the same init, and it has its GPU back
+    /// (device memory `files` of a CUDA workload, the driver calls of a checkpoint that leaves
+    /// it running). The output's marks before and after the call.
+    pub fn kubelet_checkpoint(
+        &self,
+        archive: &Path,
+        files: Option<&Vec<String>>,
+    ) -> (usize, usize) {
+        let pid = self.running_pid();
+        let low = self.out.mark();
+        let t0 = std::time::Instant::now();
+        self.checkpoint(archive, CHECKPOINT_TIMEOUT)
+            .unwrap_or_else(|err| panic!("CheckpointContainer: {err}\n{}", self.node.log_tail()));
+        eprintln!("CheckpointContainer: {:?}", t0.elapsed());
+        let high = self.out.mark();
+        assert_eq!(
+            self.running_pid(),
+            pid,
+            "the container after its checkpoint"
+        );
+        self.out.assert_given_back(files, &calls(self.node.e), pid);
+        (low, high)
+    }
+
     /// StopContainer (the runtime kills it after a second) and RemoveContainer; waits for
     /// its init to be gone.
     pub fn remove(&self) {
