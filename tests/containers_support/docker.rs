@@ -283,8 +283,9 @@ impl DockerContainer<'_> {
     }
 
     /// `docker start --checkpoint CHECKPOINT NAME`, CRIU's log in `log`. docker's containerd
-    /// now and then reports "content ... already exists" for a checkpoint it just unpacked (a
-    /// race of docker with containerd): one more try then.
+    /// now and then reports "content ... already exists" when docker uploads the checkpoint to
+    /// it (a race of docker with containerd, before CRIU runs): tried again then, after a
+    /// pause, up to four times in all (a second try passed in most runs, not in every one).
     pub fn start_from(&self, checkpoint: &str, log: &Path) -> crate::common::CriuRun {
         self.dk.criu_log_to(log);
         let start = || {
@@ -292,11 +293,15 @@ impl DockerContainer<'_> {
                 .docker(&["start", "--checkpoint", checkpoint, &self.name])
         };
         let mut run = start();
-        if !run.ok() && run.stderr.contains("already exists") {
+        for _ in 1..4 {
+            if run.ok() || !run.stderr.contains("already exists") {
+                break;
+            }
             eprintln!(
-                "docker start --checkpoint: {}; once more",
+                "docker start --checkpoint: {}; again in a second",
                 run.stderr.trim()
             );
+            std::thread::sleep(std::time::Duration::from_secs(1));
             run = start();
         }
         super::criu_run(&run, log)
