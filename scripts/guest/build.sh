@@ -10,8 +10,11 @@
 #   .guest/initrd.img          busybox (busybox-static) and the root's modules, as newc cpio
 #   .guest/rootfs/             the root file system: trixie minbase, the tools the tests call
 #                              (util-linux, mount, iproute2, procps, tar, gzip, zstd, xz,
-#                              iptables, kmod), gcc and libc6-dev (the tests compile their
-#                              fixtures when they run), the kernel's modules, our init
+#                              iptables, kmod), gcc, libc6-dev and make (the tests compile their
+#                              fixtures when they run; scripts/guest/build-module.sh builds
+#                              kernel modules in it), the kernel's modules, and its headers
+#                              (linux-headers-<version>-amd64, -common, linux-kbuild) in
+#                              /usr/src and /usr/lib/linux-kbuild-*, our init
 #   .guest/rootfs.img          that tree as an ext4 image; run.sh boots it with -snapshot, so
 #                              that every run starts from the same state
 #   .guest/VERSION             the stamp: layout, suite, kernel, package versions
@@ -25,12 +28,13 @@
 # only re-makes rootfs.img. --update asks the mirror and rebuilds when trixie has a newer
 # kernel; --force rebuilds everything.
 #
-# --headers also fetches the kernel's headers (linux-headers-<version>-amd64, its -common
-# package, linux-kbuild) and unpacks them into .guest/headers/, for building a module against
-# the guest's kernel; nothing is built with them here.
+# The kernel's headers are always unpacked into the root (at the absolute paths their Makefile
+# names), so that scripts/guest/build-module.sh can build a module against the guest's kernel
+# by chroot; --headers is accepted for older callers and does nothing more.
 #
-# Usage: scripts/guest/build.sh [--force] [--update] [--headers] [--print-kernel]
+# Usage: scripts/guest/build.sh [--force] [--update] [--headers] [--print-kernel] [--print-dir]
 #   --print-kernel   prints the built kernel's version and exits
+#   --print-dir      prints the guest's folder and exits
 # Environment: GUEST_DIR (default <repo>/.guest), DEBIAN_MIRROR, GUEST_SUITE (default trixie).
 set -euo pipefail
 
@@ -42,21 +46,23 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${GUEST_SUITE:-trixie}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # Bumped when what this script makes changes shape.
-LAYOUT=1
-# What the root file system holds beyond minbase: the tools the tests and runtimes call.
-PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils"
+LAYOUT=2
+# What the root file system holds beyond minbase: the tools the tests and runtimes call, and
+# make and pahole for kernel modules (build-module.sh; Debian's kernels give modules BTF).
+PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils make pahole"
 # The modules the initramfs loads (with what they depend on) to mount the root.
 ROOT_MODULES="virtio_blk crc32c_generic ext4"
 
 say() { printf '[guest-build] %s\n' "$*" >&2; }
 die() { printf '[guest-build] ERROR: %s\n' "$*" >&2; exit 1; }
 
-force=0 update=0 headers=0
+force=0 update=0
 for arg in "$@"; do
     case $arg in
         --force) force=1 ;;
         --update) update=1 ;;
-        --headers) headers=1 ;;
+        --headers) ;; # the headers are always in the root now
+        --print-dir) echo "$OUT"; exit 0 ;;
         --print-kernel) sed -n 's/^kernel //p' "$OUT/VERSION" 2>/dev/null | grep . || die "no guest built in $OUT"; exit 0 ;;
         -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SCRIPT"; exit 0 ;;
         *) die "unknown argument: $arg (try --help)" ;;
@@ -84,7 +90,9 @@ complete() {
 }
 
 make_image() {
-    # rootfs.img from rootfs/, with our init (re-made when init.sh changed).
+    # rootfs.img from rootfs/, with our init (re-made when init.sh changed). A module build
+    # killed before it cleaned up must not leave its scratch folder in the image.
+    rm -rf "$OUT/rootfs/build"
     install -m 0755 "$HERE/init.sh" "$OUT/rootfs/sbin/guest-init"
     local size
     # The tree plus room for what a run writes before tmpfs takes over (logs, apt state).
@@ -95,20 +103,22 @@ make_image() {
     echo "$init_sum" >"$OUT/rootfs.img.init"
 }
 
-fetch_headers() {
-    # $1 kernel version: its headers unpacked into .guest/headers (not built against here).
-    local kver=$1 want
-    [ -f "$OUT/headers/VERSION" ] && [ "$(cat "$OUT/headers/VERSION")" = "$kver" ] && return 0
-    private_setup
+install_headers() {
+    # $1 kernel package, $2 its version: linux-headers-<version> (and what of linux-headers-* and
+    # linux-kbuild-* it depends on) unpacked into the root, where its Makefile expects them:
+    # /usr/src/linux-headers-<version> includes the -common tree by its absolute path, and its
+    # scripts link relatively to /usr/lib/linux-kbuild-*.
+    local kver=${1#linux-image-} version=$2 want deb
     want=$(apt_ apt-cache depends "linux-headers-$kver" 2>/dev/null \
         | awk '/Depends:/ && $2 ~ /^linux-(headers|kbuild)-/ { print $2 }' | sort -u)
-    say "fetching linux-headers-$kver $(echo "$want" | tr '\n' ' ')"
-    rm -rf "$OUT/headers" "$work/hdebs"
-    mkdir -p "$OUT/headers" "$work/hdebs"
-    (cd "$work/hdebs" && apt_ apt-get -q download "linux-headers-$kver" $want >/dev/null)
-    for deb in "$work"/hdebs/*.deb; do dpkg-deb -x "$deb" "$OUT/headers"; done
-    echo "$kver" >"$OUT/headers/VERSION"
-    say "headers in $OUT/headers/usr/src/linux-headers-$kver"
+    say "unpacking into the root: linux-headers-$kver $(echo "$want" | tr '\n' ' ')"
+    mkdir -p "$work/hdebs"
+    (cd "$work/hdebs" && apt_ apt-get -q download "linux-headers-$kver=$version" $want >/dev/null)
+    for deb in "$work"/hdebs/*.deb; do dpkg-deb -x "$deb" "$OUT/rootfs"; done
+    [ -f "$OUT/rootfs/usr/src/linux-headers-$kver/Makefile" ] \
+        || die "no /usr/src/linux-headers-$kver/Makefile in the root after unpacking the headers"
+    (cd "$work/hdebs" && for deb in *.deb; do dpkg-deb -f "$deb" Package Version | paste -sd' '; done) \
+        >"$OUT/headers.txt"
 }
 
 work=""
@@ -133,7 +143,6 @@ if [ "$force" = 0 ] && [ "$update" = 0 ] && complete; then
         say "init changed: re-making rootfs.img"
         make_image
     fi
-    [ "$headers" = 0 ] || fetch_headers "$kver"
     say "guest already built in $OUT (kernel $kver; --update to look for a newer one, --force to rebuild)"
     exit 0
 fi
@@ -149,14 +158,13 @@ bb_version=$(candidate busybox-static)
 if [ "$force" = 0 ] && complete && [ "$(sed -n 's/^kernel //p' "$OUT/VERSION")" = "$kver" ] \
     && grep -qx "kernel-package $kpkg $kpkg_version" "$OUT/VERSION"; then
     say "guest in $OUT is current (kernel $kver)"
-    [ "$headers" = 0 ] || fetch_headers "$kver"
     exit 0
 fi
 
 say "building the guest: kernel $kpkg $kpkg_version, busybox-static $bb_version, $SUITE minbase + $PACKAGES"
 t0=$(date +%s)
 rm -rf "$OUT/kernel" "$OUT/rootfs" "$OUT/rootfs.img" "$OUT/rootfs.img.init" "$OUT/initrd.img" \
-    "$OUT/vmlinuz" "$OUT/VERSION" "$OUT/headers"
+    "$OUT/vmlinuz" "$OUT/VERSION" "$OUT/headers" "$OUT/headers.txt"
 mkdir -p "$work/debs" "$OUT/kernel/$kver"
 (cd "$work/debs" && apt_ apt-get -q download "$kpkg=$kpkg_version" "busybox-static=$bb_version" >/dev/null)
 dpkg-deb -x "$work"/debs/linux-image-*.deb "$OUT/kernel/$kver"
@@ -176,6 +184,7 @@ mmdebstrap --quiet --variant=minbase --mode=root \
 mkdir -p "$OUT/rootfs/usr/lib/modules"
 cp -a "$OUT/kernel/$kver/usr/lib/modules/$kver" "$OUT/rootfs/usr/lib/modules/"
 chroot "$OUT/rootfs" depmod -a "$kver"
+install_headers "$kpkg" "$kpkg_version"
 echo guest >"$OUT/rootfs/etc/hostname"
 printf '127.0.0.1 localhost guest\n::1 localhost\n' >"$OUT/rootfs/etc/hosts"
 : >"$OUT/rootfs/etc/fstab"
@@ -219,8 +228,8 @@ make_image
     echo "kernel $kver"
     echo "kernel-package $kpkg $kpkg_version"
     echo "busybox-static $bb_version"
+    sed 's/^/headers /' "$OUT/headers.txt"
     echo "mirror $MIRROR"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(( $(date +%s) - t0 )) s"
 } >"$OUT/VERSION"
-[ "$headers" = 0 ] || fetch_headers "$kver"
 say "built in $(( $(date +%s) - t0 )) s: $OUT (kernel $kver, initramfs modules: $(tr '\n' ' ' <"$ird/lib/modules/order"))"
