@@ -12,8 +12,8 @@
 # "kernel <version>"); make's output goes to stderr.
 #
 # Usage: scripts/guest/build-module.sh SRC_DIR OUT_DIR
-# Environment: GUEST_SUITE, GUEST_DIR (which guest; as for build.sh and run.sh),
-#              MAKEFLAGS (passed to make as usual)
+# Environment: GUEST_SUITE, GUEST_DIR (which guest; as for build.sh and run.sh). The caller's
+# environment (MAKEFLAGS with a jobserver of a make above us among it) stays outside the chroot.
 set -euo pipefail
 
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
@@ -65,7 +65,6 @@ say "building $src against $kver (chroot $root, make -C $headers M=$scratch modu
 if ! unshare --mount --propagation private sh -c '
         mount -t proc proc "$1/proc" && shift && exec chroot "$@"' sh \
         "$root" "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 \
-        ${MAKEFLAGS:+MAKEFLAGS="$MAKEFLAGS"} \
         make -C "$headers" M="$scratch" -j"$(nproc)" modules >&2; then
     die "the module build of $src failed (against $kver)"
 fi
