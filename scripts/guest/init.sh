@@ -13,6 +13,7 @@
 #           runtimes stack on it, cannot use 9p as an upper layer)
 #   rc      written here: the program's exit status
 #   booted  written here once this init runs (run.sh's probe of an accelerator)
+#   started written here just before the program runs: after it, run.sh never boots again
 # The program's stdout and stderr go to the virtio serial ports named guest.stdout and
 # guest.stderr; this init's own messages go to the console (run.sh keeps it in a log).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -78,6 +79,7 @@ mapfile -d '' -t argv <"$ctl/argv"
 while IFS= read -r -d '' kv; do export "${kv?}"; done <"$ctl/env"
 cd "$(cat "$ctl/cwd")" || { say "no directory $(cat "$ctl/cwd")"; echo 125 >"$ctl/rc"; halt_guest; }
 say "running ${argv[*]} ($(uname -r), cgroup2 controllers: $(cat /sys/fs/cgroup/cgroup.controllers))"
+: >"$ctl/started"
 "${argv[@]}" </dev/null >"$out" 2>"$err"
 rc=$?
 echo "$rc" >"$ctl/rc"

@@ -30,7 +30,11 @@
 #                   GPU_PLUGIN_*, FAKE_CUDA_*, RUST_*, CARGO_*, NO_COLOR
 #   GUEST_KEEP=1    keeps the run folder (console log, control files) and says where
 #   GUEST_DIR       the guest's folder (default <repo>/.guest)
-# Exit status: the program's; 124 on timeout; 125 when the guest could not run it.
+#   GUEST_BOOT_TRIES  boots before giving up when the guest ends before the program started, or
+#                   its init has not run after GUEST_BOOT_TIMEOUT s (default 600) (default 3);
+#                   never booted again once the program has started
+# Exit status: the program's; 124 on timeout; 125 when the guest could not run it (or died
+# while it ran).
 set -euo pipefail
 
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
@@ -224,32 +228,74 @@ else
 fi
 
 case $accel in kvm|tcg) ;; *) die "no accelerator '$accel' (GUEST_ACCEL: auto, kvm or tcg)" ;; esac
-fifos "$run"
-cat "$run/out.out" & readers="$!"
-cat "$run/err.out" >&2 & readers="$readers $!"
+# One boot of the guest running the program. When the guest ends before the program started
+# (QEMU failed or the kernel died on the way: infrastructure, not the program's doing), it is
+# booted again, up to GUEST_BOOT_TRIES times in all; once the program has started (init.sh
+# writes `started` to the control share just before running it), its end is final.
+tries=${GUEST_BOOT_TRIES:-3}
+boot_limit=${GUEST_BOOT_TIMEOUT:-600}
 mapfile -d '' -t a < <(qemu_args "$accel" "$run")
 t0=$(date +%s)
-set +e
-timeout -k 10 "$timeout_s" "$QEMU" "${a[@]}" </dev/null >"$run/qemu.log" 2>&1 &
-qemu_pid=$!
-wait "$qemu_pid"
-qrc=$?
-set -e
-qemu_pid=""
-# The readers end when the last writer (QEMU) has gone.
-for p in $readers; do wait "$p" 2>/dev/null || true; done
-readers=""
+try=1
+while :; do
+    rm -f "$run/rc" "$run/started" "$run/booted" "$run/console.log" "$run/qemu.log"
+    fifos "$run"
+    cat "$run/out.out" & readers="$!"
+    cat "$run/err.out" >&2 & readers="$readers $!"
+    tb=$(date +%s)
+    timeout -k 10 "$timeout_s" "$QEMU" "${a[@]}" </dev/null >"$run/qemu.log" 2>&1 &
+    qemu_pid=$!
+    # A boot that hangs before the guest's init runs counts as one that failed.
+    hung=0
+    while kill -0 "$qemu_pid" 2>/dev/null; do
+        if [ ! -e "$run/booted" ] && [ $(( $(date +%s) - tb )) -ge "$boot_limit" ]; then
+            hung=1
+            kill "$qemu_pid" 2>/dev/null || true
+            break
+        fi
+        sleep 1
+    done
+    set +e
+    wait "$qemu_pid"
+    qrc=$?
+    set -e
+    qemu_pid=""
+    # The readers end when the last writer (QEMU) has gone. One still waiting to open its FIFO
+    # (QEMU failed before it opened the pipes) is let through by an open and close of the write
+    # end here, which never blocks read-write.
+    for f in out.out err.out; do exec {w}<>"$run/$f"; exec {w}>&-; done
+    for p in $readers; do wait "$p" 2>/dev/null || true; done
+    readers=""
+    [ ! -f "$run/rc" ] && [ ! -e "$run/started" ] && [ "$qrc" != 124 ] || break
+    [ "$try" -lt "$tries" ] || break
+    try=$((try + 1))
+    if [ "$hung" = 1 ]; then
+        why="the guest's init had not run after $boot_limit s (GUEST_BOOT_TIMEOUT)"
+    else
+        why="the guest ended before running the program (QEMU exit $qrc)"
+    fi
+    last=""
+    [ "$hung" = 1 ] || last=$(grep -v '^$' "$run/qemu.log" 2>/dev/null | head -n1 | head -c 200)
+    [ -n "$last" ] || last="console: $(grep -v '^$' "$run/console.log" 2>/dev/null | tail -n1 | head -c 200)"
+    say "$why; booting again, try $try of $tries ($last)"
+done
 took=$(( $(date +%s) - t0 ))
 if [ -f "$run/rc" ]; then
     rc=$(cat "$run/rc")
     say "guest ($accel, $kver) ran $(basename "$program"): exit status $rc in ${took} s"
     exit "$rc"
 fi
-if [ "$qrc" = 124 ]; then
+if [ "$hung" = 1 ]; then
+    say "the guest's init had not run after $boot_limit s (GUEST_BOOT_TIMEOUT), $try boot(s) tried; console:"
+    rc=125
+elif [ "$qrc" = 124 ]; then
     say "timeout: the guest was still running after $timeout_s s (GUEST_TIMEOUT); console:"
     rc=124
+elif [ -e "$run/started" ]; then
+    say "the guest ended while the program ran, without its exit status (QEMU exit $qrc: $(head -c 500 "$run/qemu.log")); console:"
+    rc=125
 else
-    say "the guest ended without an exit status (QEMU exit $qrc: $(head -c 500 "$run/qemu.log")); console:"
+    say "the guest ended before running the program, $try boot(s) tried (QEMU exit $qrc: $(head -c 500 "$run/qemu.log")); console:"
     rc=125
 fi
 tail -n 30 "$run/console.log" >&2 2>/dev/null || true
