@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test guest of scripts/guest/run.sh from Debian packages only, into <repo>/.guest/:
-# a Debian 13 (trixie) kernel, a root file system made by mmdebstrap, and a small initramfs
-# that loads the modules the kernel needs to mount that root (virtio_blk, ext4). The guest
+# a Debian 13 (trixie, kernel 6.12) kernel, a root file system made by mmdebstrap, and a small
+# initramfs that loads the modules the kernel needs to mount that root (virtio_blk, ext4); with
+# GUEST_SUITE=bookworm the same of Debian 12 (kernel 6.1), into <repo>/.guest/bookworm/. The guest
 # exists to give the container tests a cgroup-v2-only system with every controller, which
 # this hybrid host cannot (docs/guest.md).
 #
@@ -35,23 +36,33 @@
 # Usage: scripts/guest/build.sh [--force] [--update] [--headers] [--print-kernel] [--print-dir]
 #   --print-kernel   prints the built kernel's version and exits
 #   --print-dir      prints the guest's folder and exits
-# Environment: GUEST_DIR (default <repo>/.guest), DEBIAN_MIRROR, GUEST_SUITE (default trixie).
+# Environment: GUEST_SUITE (default trixie; bookworm: Debian 12, kernel 6.1, the same layout,
+# its own folder), GUEST_DIR (default <repo>/.guest for trixie, <repo>/.guest/bookworm for
+# bookworm), DEBIAN_MIRROR.
 set -euo pipefail
 
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
 HERE=$(dirname "$SCRIPT")
 REPO=$(cd "$HERE/../.." && pwd -P)
-OUT=${GUEST_DIR:-$REPO/.guest}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${GUEST_SUITE:-trixie}
+# Each suite its own folder: trixie's the original .guest, another's inside it (ignored by git
+# with it), so that both guests can stay built.
+case $SUITE in
+    trixie) OUT=${GUEST_DIR:-$REPO/.guest} ;;
+    bookworm) OUT=${GUEST_DIR:-$REPO/.guest/$SUITE} ;;
+    *) printf '[guest-build] ERROR: GUEST_SUITE %s: trixie (Debian 13) or bookworm (Debian 12)\n' "$SUITE" >&2; exit 1 ;;
+esac
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # Bumped when what this script makes changes shape.
 LAYOUT=2
 # What the root file system holds beyond minbase: the tools the tests and runtimes call, and
 # make and pahole for kernel modules (build-module.sh; Debian's kernels give modules BTF).
 PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils make pahole"
-# The modules the initramfs loads (with what they depend on) to mount the root.
+# The modules the initramfs loads (with what they depend on) to mount the root; those a kernel
+# has built in are left out. virtio_pci is built into 6.12 and may be a module of 6.1.
 ROOT_MODULES="virtio_blk crc32c_generic ext4"
+[ "$SUITE" = trixie ] || ROOT_MODULES="virtio_pci $ROOT_MODULES"
 
 say() { printf '[guest-build] %s\n' "$*" >&2; }
 die() { printf '[guest-build] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -114,7 +125,19 @@ install_headers() {
     say "unpacking into the root: linux-headers-$kver $(echo "$want" | tr '\n' ' ')"
     mkdir -p "$work/hdebs"
     (cd "$work/hdebs" && apt_ apt-get -q download "linux-headers-$kver=$version" $want >/dev/null)
-    for deb in "$work"/hdebs/*.deb; do dpkg-deb -x "$deb" "$OUT/rootfs"; done
+    # Unpacked aside, then copied in: bookworm's packages still name /lib (/lib/modules/<ver>/build),
+    # and dpkg-deb -x straight into the merged-/usr root would put a folder in place of its /lib
+    # link, and the root would not boot.
+    rm -rf "$work/hroot"
+    mkdir -p "$work/hroot"
+    for deb in "$work"/hdebs/*.deb; do dpkg-deb -x "$deb" "$work/hroot"; done
+    local top dest
+    for top in "$work"/hroot/*; do
+        dest=$OUT/rootfs/${top##*/}
+        [ ! -L "$dest" ] || dest=$OUT/rootfs/$(readlink "$dest")
+        mkdir -p "$dest"
+        cp -a "$top/." "$dest/"
+    done
     [ -f "$OUT/rootfs/usr/src/linux-headers-$kver/Makefile" ] \
         || die "no /usr/src/linux-headers-$kver/Makefile in the root after unpacking the headers"
     (cd "$work/hdebs" && for deb in *.deb; do dpkg-deb -f "$deb" Package Version | paste -sd' '; done) \
@@ -182,7 +205,11 @@ mmdebstrap --quiet --variant=minbase --mode=root \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
     "$SUITE" "$OUT/rootfs" "deb [signed-by=$KEYRING] $MIRROR $SUITE main" >&2
 mkdir -p "$OUT/rootfs/usr/lib/modules"
-cp -a "$OUT/kernel/$kver/usr/lib/modules/$kver" "$OUT/rootfs/usr/lib/modules/"
+# trixie's kernel package has its modules in /usr/lib, bookworm's in /lib (both roots merged-usr).
+kmods=$OUT/kernel/$kver/usr/lib/modules/$kver
+[ -d "$kmods" ] || kmods=$OUT/kernel/$kver/lib/modules/$kver
+[ -d "$kmods" ] || die "no modules/$kver in $kpkg"
+cp -a "$kmods" "$OUT/rootfs/usr/lib/modules/"
 chroot "$OUT/rootfs" depmod -a "$kver"
 install_headers "$kpkg" "$kpkg_version"
 echo guest >"$OUT/rootfs/etc/hostname"
@@ -194,10 +221,15 @@ dpkg-query --admindir="$OUT/rootfs/var/lib/dpkg" -W -f '${Package} ${Version}\n'
 # ---- the initramfs ------------------------------------------------------------------------
 
 # The root's modules and their dependencies, in load order (modules.dep lists a module's
-# dependencies deepest last), decompressed: busybox's insmod reads plain ELF.
+# dependencies deepest last), decompressed: busybox's insmod reads plain ELF. A module built
+# into the kernel (modules.builtin) needs no loading.
 order() {
     local m path deps d
     for m in "$@"; do
+        if awk -v m="$m" '{ n = $1; sub(/.*\//, "", n); sub(/\.ko$/, "", n); gsub(/-/, "_", n) }
+            n == m { found = 1; exit } END { exit !found }' "$OUT/rootfs/usr/lib/modules/$kver/modules.builtin"; then
+            continue
+        fi
         path=$(awk -F: -v m="$m" '{ n = $1; sub(/.*\//, "", n); sub(/\.ko(\.xz|\.zst|\.gz)?$/, "", n); gsub(/-/, "_", n) }
             n == m { print; exit }' "$OUT/rootfs/usr/lib/modules/$kver/modules.dep")
         [ -n "$path" ] || die "module $m not in modules.dep of $kver"
@@ -208,7 +240,10 @@ order() {
 }
 ird=$work/initrd
 mkdir -p "$ird/bin" "$ird/lib/modules" "$ird/proc" "$ird/sys" "$ird/dev" "$ird/newroot"
-cp "$work/busybox/usr/bin/busybox" "$ird/bin/busybox"
+# trixie's busybox-static has it in /usr/bin, bookworm's in /bin.
+for bb in "$work/busybox/usr/bin/busybox" "$work/busybox/bin/busybox" ""; do [ ! -f "$bb" ] || break; done
+[ -n "$bb" ] || die "no busybox in busybox-static $bb_version"
+cp "$bb" "$ird/bin/busybox"
 install -m 0755 "$HERE/initramfs-init.sh" "$ird/init"
 : >"$ird/lib/modules/order"
 for rel in $(order $ROOT_MODULES); do

@@ -44,7 +44,8 @@ ip link set lo up
 ulimit -n 1048576 2>/dev/null || true
 
 # /dev/net/tun as on a host (CRIU probes it); nothing loads it on demand without udev.
-modprobe -a 9pnet_virtio 9p overlay tun
+# virtio_console (the program's stdout and stderr) is built into 6.12, a module of 6.1.
+modprobe -a virtio_console 9pnet_virtio 9p overlay tun
 mkdir -p /run/guest-ctl
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 guest.ctl /run/guest-ctl; then
     say "no guest.ctl share: nothing to run"

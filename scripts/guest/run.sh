@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one program inside the test guest (scripts/guest/build.sh; docs/guest.md): a QEMU virtual
-# machine with Debian 13's kernel booted cgroup-v2-only (cgroup_no_v1=all), every controller in
-# the unified hierarchy. The checkout is shared at the same path (9p), with the folders its
+# machine with Debian 13's kernel (6.12; GUEST_SUITE=bookworm: Debian 12's, 6.1) booted
+# cgroup-v2-only (cgroup_no_v1=all), every controller in the unified hierarchy. The checkout is shared at the same path (9p), with the folders its
 # top-level links point at (the tools .criu-*, .runtimes* of another checkout) and those of
 # GUEST_SHARES; cargo's scratch folder (<target>/tmp) is a tmpfs in the guest. The program
 # runs as root in the current folder with the environment the tests read (below); its stdout
@@ -29,7 +29,8 @@
 #   GUEST_ENV       more variable names to pass in (space-separated); always passed: CRIU_*,
 #                   GPU_PLUGIN_*, FAKE_CUDA_*, RUST_*, CARGO_*, NO_COLOR
 #   GUEST_KEEP=1    keeps the run folder (console log, control files) and says where
-#   GUEST_DIR       the guest's folder (default <repo>/.guest)
+#   GUEST_SUITE     trixie (default) or bookworm: which guest (built when missing)
+#   GUEST_DIR       the guest's folder (default <repo>/.guest, <repo>/.guest/bookworm for bookworm)
 #   GUEST_BOOT_TRIES  boots before giving up when the guest ends before the program started, or
 #                   its init has not run after GUEST_BOOT_TIMEOUT s (default 600) (default 3);
 #                   never booted again once the program has started
@@ -40,8 +41,9 @@ set -euo pipefail
 SCRIPT=$(readlink -f -- "${BASH_SOURCE[0]}")
 HERE=$(dirname "$SCRIPT")
 REPO=$(cd "$HERE/../.." && pwd -P)
-OUT=${GUEST_DIR:-$REPO/.guest}
 QEMU=${GUEST_QEMU:-qemu-system-x86_64}
+# The guest's folder as build.sh chooses it (GUEST_DIR, else by GUEST_SUITE).
+OUT=$("$HERE/build.sh" --print-dir)
 
 say() { printf '[guest] %s\n' "$*" >&2; }
 die() { printf '[guest] ERROR: %s\n' "$*" >&2; exit 125; }
@@ -275,8 +277,8 @@ while :; do
         why="the guest ended before running the program (QEMU exit $qrc)"
     fi
     last=""
-    [ "$hung" = 1 ] || last=$(grep -v '^$' "$run/qemu.log" 2>/dev/null | head -n1 | head -c 200)
-    [ -n "$last" ] || last="console: $(grep -v '^$' "$run/console.log" 2>/dev/null | tail -n1 | head -c 200)"
+    [ "$hung" = 1 ] || last=$(grep -v '^$' "$run/qemu.log" 2>/dev/null | head -n1 | head -c 200 || true)
+    [ -n "$last" ] || last="console: $(grep -v '^$' "$run/console.log" 2>/dev/null | tail -n1 | head -c 200 || true)"
     say "$why; booting again, try $try of $tries ($last)"
 done
 took=$(( $(date +%s) - t0 ))
