@@ -84,6 +84,13 @@ else
         guest_test "$release" --test e2e_cri cri_containerd21_runc14_cgroup2_cuda
     done
     guest_test 4.3 --test e2e_containers_2026 podman61_cgroup2_cuda_export_and_import
+    # The kernel Debian 12 users run (6.1; the host's is 6.18, the guest above 6.12): the plain
+    # suite (CRIU dump and restore with the plugin) with CRIU 4.3, about 2.5 minutes under TCG
+    # (docs/guest.md). a_failed_dump_leaves_the_tree_running is left out there: on a kernel
+    # before 6.7 the first CRIU run after boot logs CRIU's own binfmt_misc probe as an error
+    # ("Unable to create the binfmt_misc file system"), ahead of the one the test checks for.
+    echo "[test] in the Debian 12 guest (kernel 6.1), CRIU 4.3: the plain suite"
+    scripts/guest/suites.sh --suite bookworm --criu 4.3 plain -- --skip a_failed_dump_leaves_the_tree_running
     echo "[test] the cgroup-v2-only guest block took $(( $(date +%s) - guest_t0 )) s"
 fi
 echo "[test] Debian package: build, install, container test with the installed plugin, purge"

@@ -124,13 +124,17 @@ for d in ${GUEST_SHARES:-}; do
     share "$d"
 done
 
-# cargo's target folder of the program (the one with CACHEDIR.TAG above it): its tmp/ is the
-# tests' scratch folder (CARGO_TARGET_TMPDIR), a tmpfs in the guest.
+# cargo's target folder of the program (the nearest folder above it with cargo's CACHEDIR.TAG
+# or .rustc_info.json: cargo writes the tag only into a target folder it creates itself, and one
+# made before, by `mkdir -p target/x`, has none): its tmp/ is the tests' scratch folder
+# (CARGO_TARGET_TMPDIR), a tmpfs in the guest.
 tmpfs=()
 if [[ $program == /* ]]; then
     d=$(dirname "$program")
     while [ "$d" != / ]; do
-        if [ -f "$d/CACHEDIR.TAG" ]; then mkdir -p "$d/tmp"; tmpfs+=("$d/tmp"); break; fi
+        if [ -f "$d/CACHEDIR.TAG" ] || [ -f "$d/.rustc_info.json" ]; then
+            mkdir -p "$d/tmp"; tmpfs+=("$d/tmp"); break
+        fi
         d=$(dirname "$d")
     done
 fi
