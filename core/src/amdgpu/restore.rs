@@ -61,6 +61,8 @@ pub struct TaskState {
     pub kfd_files: Vec<u32>,
     /// dma-bufs of restored BOs by cross-reference key, for the task's dma-buf files.
     pub dmabufs: HashMap<u32, OwnedFd>,
+    /// dma-buf files this task was asked to restore and answered "retry", by file id.
+    pub dmabuf_retries: HashMap<u32, u32>,
 }
 
 /// What the restore needs from the backend.
@@ -402,11 +404,20 @@ fn publish_dmabufs(
     Ok(())
 }
 
+/// How long a task waits for another task to restore the BO of one of its dma-buf files.
+pub const DMABUF_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Restores dma-buf file `id` (key `key`): a dma-buf of the restored BO with that key, from
 /// this task or another. `Ok(None)` asks CRIU to retry later (the BO is not restored yet).
+///
+/// CRIU runs a task's files again after a "retry" only when the task made progress with
+/// others or another task sent it a file; the task restoring the BO sends it none. So the
+/// first answer is "retry" (the BO may be this task's own, with its KFD file further on),
+/// and the second time the task waits here, bounded, for another task to publish the
+/// dma-buf: answering "retry" again would leave the task, and the restore, asleep for ever.
 pub fn restore_dmabuf(
     ctx: &RestoreCtx<'_>,
-    task: &TaskState,
+    task: &mut TaskState,
     id: u32,
     key: u32,
     can_retry: bool,
@@ -420,14 +431,36 @@ pub fn restore_dmabuf(
     if let Some(fd) = ctx.handover.map(|h| h.find(key)).transpose()?.flatten() {
         return Ok(Some(fd));
     }
-    if can_retry {
+    let asked = task.dmabuf_retries.entry(id).or_insert(0);
+    *asked += 1;
+    if can_retry && *asked == 1 {
         log::debug!("amdgpu: file {id}: the BO with key {key} is not restored yet; retrying later");
         return Ok(None);
+    }
+    if let Some(h) = ctx.handover {
+        let started = std::time::Instant::now();
+        while started.elapsed() < DMABUF_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            if let Some(fd) = h.find(key)? {
+                log::debug!(
+                    "amdgpu: file {id}: the BO with key {key} was restored by another task after {:.3} s",
+                    started.elapsed().as_secs_f64()
+                );
+                return Ok(Some(fd));
+            }
+        }
+        return Err(device_error(
+            libc::ETIMEDOUT,
+            format!(
+                "dma-buf file {id}: no task restored the BO it refers to (key {key}) within {} s",
+                DMABUF_WAIT.as_secs()
+            ),
+        ));
     }
     Err(device_error(
         libc::ENOENT,
         format!(
-            "dma-buf file {id}: the BO it refers to (key {key}) has not been restored, and this CRIU cannot retry files"
+            "dma-buf file {id}: the BO it refers to (key {key}) is not this task's, and this CRIU has no fdstore to take it from another task"
         ),
     ))
 }
