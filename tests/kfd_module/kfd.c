@@ -681,40 +681,54 @@ static int export_dmabuf(struct standin_proc *p, void *data)
 /* The CRIU operations. */
 #include "criu.c"
 
+static int map_to_gpu(struct standin_proc *p, void *data)
+{
+	return map_memory(p, data, true);
+}
+
+static int unmap_from_gpu(struct standin_proc *p, void *data)
+{
+	return map_memory(p, data, false);
+}
+
+/* The ioctls, by number: the command (so its argument size) and the handler. */
+static const struct {
+	unsigned int cmd;
+	int (*fn)(struct standin_proc *p, void *data);
+} kfd_ioctls[] = {
+	{ AMDKFD_IOC_GET_VERSION, get_version },
+	{ AMDKFD_IOC_CREATE_QUEUE, create_queue },
+	{ AMDKFD_IOC_DESTROY_QUEUE, destroy_queue },
+	{ AMDKFD_IOC_CREATE_EVENT, create_event },
+	{ AMDKFD_IOC_DESTROY_EVENT, destroy_event },
+	{ AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, get_apertures },
+	{ AMDKFD_IOC_ACQUIRE_VM, acquire_vm },
+	{ AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, alloc_memory },
+	{ AMDKFD_IOC_FREE_MEMORY_OF_GPU, free_memory },
+	{ AMDKFD_IOC_MAP_MEMORY_TO_GPU, map_to_gpu },
+	{ AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, unmap_from_gpu },
+	{ AMDKFD_IOC_CRIU_OP, criu_op },
+	{ AMDKFD_IOC_EXPORT_DMABUF, export_dmabuf },
+};
+
 static long kfd_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 {
 	struct standin_proc *p = filp->private_data;
-	unsigned int nr = _IOC_NR(cmd);
-	unsigned int usize = _IOC_SIZE(cmd), ksize;
+	unsigned int nr = _IOC_NR(cmd), usize = _IOC_SIZE(cmd), ksize, i;
 	u64 buf[16] = {};
 	int ret;
 
 	if (_IOC_TYPE(cmd) != AMDKFD_IOCTL_BASE)
 		return -ENOTTY;
-	switch (nr) {
-	case _IOC_NR(AMDKFD_IOC_GET_VERSION): ksize = _IOC_SIZE(AMDKFD_IOC_GET_VERSION); break;
-	case _IOC_NR(AMDKFD_IOC_CREATE_QUEUE): ksize = _IOC_SIZE(AMDKFD_IOC_CREATE_QUEUE); break;
-	case _IOC_NR(AMDKFD_IOC_DESTROY_QUEUE): ksize = _IOC_SIZE(AMDKFD_IOC_DESTROY_QUEUE); break;
-	case _IOC_NR(AMDKFD_IOC_CREATE_EVENT): ksize = _IOC_SIZE(AMDKFD_IOC_CREATE_EVENT); break;
-	case _IOC_NR(AMDKFD_IOC_DESTROY_EVENT): ksize = _IOC_SIZE(AMDKFD_IOC_DESTROY_EVENT); break;
-	case _IOC_NR(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW):
-		ksize = _IOC_SIZE(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW); break;
-	case _IOC_NR(AMDKFD_IOC_ACQUIRE_VM): ksize = _IOC_SIZE(AMDKFD_IOC_ACQUIRE_VM); break;
-	case _IOC_NR(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU):
-		ksize = _IOC_SIZE(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU); break;
-	case _IOC_NR(AMDKFD_IOC_FREE_MEMORY_OF_GPU):
-		ksize = _IOC_SIZE(AMDKFD_IOC_FREE_MEMORY_OF_GPU); break;
-	case _IOC_NR(AMDKFD_IOC_MAP_MEMORY_TO_GPU):
-		ksize = _IOC_SIZE(AMDKFD_IOC_MAP_MEMORY_TO_GPU); break;
-	case _IOC_NR(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU):
-		ksize = _IOC_SIZE(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU); break;
-	case _IOC_NR(AMDKFD_IOC_CRIU_OP): ksize = _IOC_SIZE(AMDKFD_IOC_CRIU_OP); break;
-	case _IOC_NR(AMDKFD_IOC_EXPORT_DMABUF): ksize = _IOC_SIZE(AMDKFD_IOC_EXPORT_DMABUF); break;
-	default:
+	for (i = 0; i < ARRAY_SIZE(kfd_ioctls) && _IOC_NR(kfd_ioctls[i].cmd) != nr; i++)
+		;
+	if (i == ARRAY_SIZE(kfd_ioctls))
 		return -EINVAL; /* amdkfd answers EINVAL for an ioctl it does not have */
-	}
+	ksize = _IOC_SIZE(kfd_ioctls[i].cmd);
 	BUILD_BUG_ON(sizeof(struct kfd_ioctl_create_queue_args) > sizeof(buf));
 	BUILD_BUG_ON(sizeof(struct kfd_ioctl_criu_args) > sizeof(buf));
+	if (ksize > sizeof(buf))
+		return -EINVAL;
 	if (nr == _IOC_NR(AMDKFD_IOC_CRIU_OP)) {
 		if (!capable(CAP_CHECKPOINT_RESTORE) && !capable(CAP_SYS_ADMIN))
 			return -EACCES;
@@ -726,22 +740,7 @@ static long kfd_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	    copy_from_user(buf, (void __user *)arg, min(usize, ksize)))
 		return -EFAULT;
 	mutex_lock(&standin_kfd_lock);
-	switch (nr) {
-	case _IOC_NR(AMDKFD_IOC_GET_VERSION): ret = get_version(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_CREATE_QUEUE): ret = create_queue(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_DESTROY_QUEUE): ret = destroy_queue(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_CREATE_EVENT): ret = create_event(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_DESTROY_EVENT): ret = destroy_event(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW): ret = get_apertures(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_ACQUIRE_VM): ret = acquire_vm(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU): ret = alloc_memory(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_FREE_MEMORY_OF_GPU): ret = free_memory(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_MAP_MEMORY_TO_GPU): ret = map_memory(p, buf, true); break;
-	case _IOC_NR(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU): ret = map_memory(p, buf, false); break;
-	case _IOC_NR(AMDKFD_IOC_CRIU_OP): ret = criu_op(p, buf); break;
-	case _IOC_NR(AMDKFD_IOC_EXPORT_DMABUF): ret = export_dmabuf(p, buf); break;
-	default: ret = -EINVAL;
-	}
+	ret = kfd_ioctls[i].fn(p, buf);
 	mutex_unlock(&standin_kfd_lock);
 	if (ret == 0 && (_IOC_DIR(cmd) & _IOC_READ) &&
 	    copy_to_user((void __user *)arg, buf, min(usize, ksize)))
