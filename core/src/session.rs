@@ -176,10 +176,13 @@ impl Session {
         });
         let states = states.into_inner().unwrap_or_else(|e| e.into_inner());
         for p in &mut out {
-            if let (Found::Cuda { state, .. }, Some(s)) = (&mut p.found, states.get(&p.pid)) {
-                *state = s
-                    .clone()
-                    .map_err(|e| format!("the driver cannot tell its state: {e}"));
+            if let (Found::Cuda { state, tid }, Some(s)) = (&mut p.found, states.get(&p.pid)) {
+                // A stop that lands while the driver is asked (SIGSTOP reaches threads one by
+                // one) fails the call; say what the user can act on, not the driver's errno.
+                *state = s.clone().map_err(|e| match runnable(p.pid, *tid) {
+                    Err(why) => why,
+                    Ok(()) => format!("the driver cannot tell its state: {e}"),
+                });
             }
         }
         out

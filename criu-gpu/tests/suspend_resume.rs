@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{Cgroup, T};
+use support::{Cgroup, T, wait_until};
 
 fn count(hay: &str, needle: &str) -> usize {
     hay.matches(needle).count()
@@ -255,6 +255,10 @@ fn a_stopped_process_is_refused_before_anything_changes() {
     let w = t.workload("w", 1, 4);
     // SAFETY: kill(2) of a workload this test started.
     unsafe { libc::kill(w.pids[1], libc::SIGSTOP) };
+    // SIGSTOP reaches the threads one by one: suspend only once every one has stopped.
+    wait_until(&format!("pid {} stopped", w.pids[1]), || {
+        all_threads_stopped(w.pids[1])
+    });
     let s = t.tool(&["suspend", &w.root().to_string()], &[]);
     assert_eq!(s.code, Some(1), "{s:?}");
     assert!(s.stderr.contains("nothing was changed"), "{}", s.stderr);
@@ -371,4 +375,17 @@ fn resume_reports_only_what_the_driver_confirms() {
     let r = t.tool(&["resume", &root], &[("FAKE_CUDA_FAIL", &rule)]);
     assert!(r.stdout.contains("already running"), "{}", r.stdout);
     w.assert_running();
+}
+
+/// Whether every thread of `pid` is in state T (stopped).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
 }
