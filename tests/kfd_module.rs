@@ -160,8 +160,8 @@ impl Bench {
         (pid, st["child"].parse().unwrap())
     }
 
-    /// Runs CRIU; panics with the log's errors when it fails.
-    fn criu(&self, action: &str, images: &Path, extra: &[&str], env: &[(&str, &str)]) {
+    /// Runs CRIU and returns its log; panics with the log's errors when it fails.
+    fn criu(&self, action: &str, images: &Path, extra: &[&str], env: &[(&str, &str)]) -> String {
         std::fs::create_dir_all(images).unwrap();
         let log = format!("{action}.log");
         let mut cmd = Command::new(&self.criu);
@@ -178,14 +178,23 @@ impl Bench {
         }
         let out = cmd.output().unwrap();
         let text = std::fs::read_to_string(images.join(&log)).unwrap_or_default();
+        // The whole log outlives the test's folder and the guest in cargo's target folder
+        // (its tmp/ is a tmpfs in the guest).
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+        let kept = target.join(format!("kfd-module/criu-{action}.log"));
+        if !out.status.success() {
+            let _ = std::fs::write(&kept, &text);
+        }
         assert!(
             out.status.success(),
-            "criu {action} failed:\n{}",
+            "criu {action} failed (whole log: {}):\n{}",
+            kept.display(),
             text.lines()
                 .filter(|l| l.contains("Error") || l.contains("gpu_plugin"))
                 .collect::<Vec<_>>()
                 .join("\n")
         );
+        text
     }
 
     fn dump(&self, pid: i32, images: &Path, leave_running: bool) {
@@ -197,9 +206,10 @@ impl Bench {
         self.criu("dump", images, &extra, &[]);
     }
 
-    fn restore(&self, images: &Path, pids: (i32, i32), env: &[(&str, &str)]) {
+    /// Restores `images` and returns CRIU's log.
+    fn restore(&self, images: &Path, pids: (i32, i32), env: &[(&str, &str)]) -> String {
         wait_gone(&[pids.0, pids.1]);
-        self.criu("restore", images, &["-d"], env);
+        self.criu("restore", images, &["-d"], env)
     }
 }
 
@@ -277,13 +287,14 @@ fn stand_in_kfd_module_under_real_criu() {
     .unwrap();
     let workload = dir.path().join("workload");
     let cc = Command::new("cc")
+        .args(uapi_fallback())
         .args(["-O2", "-Wall", "-o"])
         .arg(&workload)
         .arg(Path::new(REPO).join("tests/kfd_module/workload.c"))
         .status()
         .unwrap();
     assert!(cc.success(), "cannot build the workload");
-    let (ckpt_topo, _) = swapped_gpu_topologies();
+    let (ckpt_topo, rest_topo) = swapped_gpu_topologies();
     let b = Bench {
         criu,
         lib,
@@ -293,22 +304,130 @@ fn stand_in_kfd_module_under_real_criu() {
     };
     let img = |n: &str| b.dir.path().join(n);
 
-    let _module = Module::load(&ko, [GPU0, GPU1]);
+    let module = Module::load(&ko, [GPU0, GPU1]);
     // 1. Dump and restore.
     let pids = b.start();
     let kid_before = b.status(pids.1); // the child writes its first marker
-    assert_eq!(kid_before["dmabuf_pattern"], "1");
+    assert_eq!(
+        kid_before.get("dmabuf_pattern").map(String::as_str),
+        Some("1"),
+        "the child's dma-buf: {kid_before:?}"
+    );
     let before = b.status(pids.0);
     assert_eq!(before["marker"], kid_before["dmabuf_marker_written"]);
     b.dump(pids.0, &img("one"), false);
     b.restore(&img("one"), pids, &[]);
     check_restored(&b, pids, &before, [GPU0, GPU1], "restore");
     println!("kfd_module: dump and restore: contents, addresses, doorbells, dma-buf: ok");
+    let fds_one = fd_kinds(pids.0);
 
+    // 2. The restored workload dumped again, left running, and restored from that image.
+    let before = b.status(pids.0);
+    b.dump(pids.0, &img("two"), true);
+    // The image holds the state at the dump (`before`), not what the check changes.
+    check_restored(&b, pids, &before, [GPU0, GPU1], "left running");
+    kill_both(pids);
+    b.restore(&img("two"), pids, &[]);
+    check_restored(&b, pids, &before, [GPU0, GPU1], "second restore");
+    println!("kfd_module: a restored workload dumped (left running) and restored again: ok");
+    let fds_two = fd_kinds(pids.0);
+    assert_eq!(
+        fds_two.get("dmabuf"),
+        fds_one.get("dmabuf"),
+        "the dma-bufs the restore kept became the process's files: {fds_one:?} -> {fds_two:?}"
+    );
+    println!("kfd_module: the parent's files after one restore {fds_one:?}, after two {fds_two:?}");
+
+    // 3. The same image restored in parallel (BO contents copied by CRIU's main process).
+    // CRIU before 4.2 has no POST_FORKING hook: the plugin then restores in each task and
+    // says so.
+    kill_both(pids);
+    let log = b.restore(
+        &img("two"),
+        pids,
+        &[("CRIU_GPU_AMDGPU_PARALLEL_RESTORE", "true")],
+    );
+    let mode = log
+        .lines()
+        .find_map(|l| l.split_once("parallel restore ").map(|(_, m)| m.trim()))
+        .unwrap_or("(not logged)");
+    check_restored(&b, pids, &before, [GPU0, GPU1], "parallel restore");
+    println!("kfd_module: restore with parallel restore asked for (the plugin: {mode}): ok");
+
+    // 4. Onto other GPUs, the other way round: the module loaded again with other ids.
+    kill_both(pids);
+    wait_gone(&[pids.0, pids.1]);
+    drop(module);
+    let _module = Module::load(&ko, [0x1111, 0x2222]);
+    let rest_topo = rest_topo.path().to_str().unwrap().to_string();
+    b.restore(
+        &img("two"),
+        pids,
+        &[("CRIU_GPU_AMDGPU_TOPOLOGY", rest_topo.as_str())],
+    );
+    check_restored(
+        &b,
+        pids,
+        &before,
+        [0x2222, 0x1111],
+        "restore onto swapped GPUs",
+    );
+    println!("kfd_module: restore onto the GPUs swapped (0x2222, 0x1111): ok");
+    kill_both(pids);
+    wait_gone(&[pids.0, pids.1]);
+}
+
+fn kill_both(pids: (i32, i32)) {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
         libc::kill(pids.1, libc::SIGKILL);
         libc::kill(pids.0, libc::SIGKILL);
     }
-    wait_gone(&[pids.0, pids.1]);
+}
+
+/// The open files of `pid` by kind: `dmabuf`, `kfd`, `render` and `other`.
+fn fd_kinds(pid: i32) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        let t = target.to_string_lossy();
+        let kind = if t.contains("dmabuf") {
+            "dmabuf"
+        } else if t == "/dev/kfd" {
+            "kfd"
+        } else if t.starts_with("/dev/dri/renderD") {
+            "render"
+        } else {
+            "other"
+        };
+        *out.entry(kind).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Where `<drm/drm.h>` (which `<linux/kfd_ioctl.h>` includes) is not among the system
+/// headers (Debian 12's linux-libc-dev lacks it), the kernel headers' uapi folder, searched
+/// after the system's (unsanitised: `__user` is defined away, as `make headers` does).
+fn uapi_fallback() -> Vec<String> {
+    if Path::new("/usr/include/drm/drm.h").exists() {
+        return Vec::new();
+    }
+    let Ok(dirs) = std::fs::read_dir("/usr/src") else {
+        return Vec::new();
+    };
+    dirs.flatten()
+        .map(|d| d.path().join("include/uapi"))
+        .filter(|u| u.join("drm/drm.h").exists())
+        .take(1)
+        .flat_map(|u| {
+            [
+                "-D__user=".to_string(),
+                "-idirafter".to_string(),
+                u.display().to_string(),
+            ]
+        })
+        .collect()
 }

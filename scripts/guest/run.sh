@@ -304,5 +304,11 @@ else
     say "the guest ended before running the program, $try boot(s) tried (QEMU exit $qrc: $(head -c 500 "$run/qemu.log")); console:"
     rc=125
 fi
+# A kernel oops: from its first line (what failed, where), not only the panic's tail.
+oops=$(grep -n -m1 -E 'BUG: |Oops: |general protection fault|WARNING: CPU|Kernel panic' "$run/console.log" 2>/dev/null | cut -d: -f1 || true)
+if [ -n "$oops" ]; then
+    sed -n "$(( oops > 5 ? oops - 5 : 1 )),$(( oops + 60 ))p" "$run/console.log" >&2 || true
+    echo "[guest] ... (the console's last lines:)" >&2
+fi
 tail -n 30 "$run/console.log" >&2 2>/dev/null || true
 exit "$rc"

@@ -112,6 +112,8 @@ struct standin_proc {
 };
 
 static LIST_HEAD(procs);
+/* The queues' ticks run on a workqueue of the module's own, drained at unload. */
+static struct workqueue_struct *tick_wq;
 
 /* ---- processes ---------------------------------------------------------------------------- */
 
@@ -143,7 +145,7 @@ static void tick(struct work_struct *w)
 				(*(u64 *)(k->bo->vaddr + (q->ring_base - k->va)))++;
 		}
 	}
-	schedule_delayed_work(&p->tick, msecs_to_jiffies(TICK_MS));
+	queue_delayed_work(tick_wq, &p->tick, msecs_to_jiffies(TICK_MS));
 	mutex_unlock(&standin_kfd_lock);
 }
 
@@ -303,7 +305,7 @@ static int kfd_open(struct inode *inode, struct file *filp)
 		return -ENOMEM;
 	}
 	list_add(&p->link, &procs);
-	schedule_delayed_work(&p->tick, msecs_to_jiffies(TICK_MS));
+	queue_delayed_work(tick_wq, &p->tick, msecs_to_jiffies(TICK_MS));
 found:
 	mutex_unlock(&standin_kfd_lock);
 	filp->private_data = p;
@@ -778,9 +780,14 @@ int standin_kfd_init(void)
 {
 	int ret;
 
+	tick_wq = alloc_workqueue("kfd_standin_tick", 0, 0);
+	if (!tick_wq)
+		return -ENOMEM;
 	kfd_major = register_chrdev(0, "kfd", &kfd_fops);
-	if (kfd_major < 0)
+	if (kfd_major < 0) {
+		destroy_workqueue(tick_wq);
 		return kfd_major;
+	}
 #if LINUX_VERSION_CODE < KERNEL_VERSION(6, 4, 0)
 	kfd_class = class_create(THIS_MODULE, "kfd");
 #else
@@ -799,12 +806,25 @@ destroy_class:
 	class_destroy(kfd_class);
 unregister:
 	unregister_chrdev(kfd_major, "kfd");
+	destroy_workqueue(tick_wq);
 	return ret;
 }
 
 void standin_kfd_exit(void)
 {
+	struct standin_proc *p;
+
 	device_destroy(kfd_class, MKDEV(kfd_major, 0));
 	class_destroy(kfd_class);
 	unregister_chrdev(kfd_major, "kfd");
+	/* Every process went with its last file, which pins the module: one left is a bug here. */
+	mutex_lock(&standin_kfd_lock);
+	list_for_each_entry(p, &procs, link) {
+		WARN(1, "kfd_standin: a process is left at unload");
+		p->dying = true;
+	}
+	mutex_unlock(&standin_kfd_lock);
+	list_for_each_entry(p, &procs, link)
+		cancel_delayed_work_sync(&p->tick);
+	destroy_workqueue(tick_wq);
 }

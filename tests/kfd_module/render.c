@@ -679,6 +679,8 @@ static const struct drm_driver standin_driver = {
 #if LINUX_VERSION_CODE < KERNEL_VERSION(6, 6, 0)
 	.prime_handle_to_fd = drm_gem_prime_handle_to_fd,
 	.prime_fd_to_handle = drm_gem_prime_fd_to_handle,
+	/* Before 6.6 a dma-buf mmap asks the driver for this hook (else ENOSYS). */
+	.gem_prime_mmap = drm_gem_prime_mmap,
 #endif
 	.ioctls = standin_ioctls,
 	.num_ioctls = ARRAY_SIZE(standin_ioctls),

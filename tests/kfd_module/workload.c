@@ -6,8 +6,10 @@
  *
  * Per GPU of /dev/kfd (GET_PROCESS_APERTURES_NEW): ACQUIRE_VM with its render node, a 4 MiB
  * VRAM BO and a 1 MiB GTT BO mapped for the CPU at their GPU addresses (MAP_FIXED through the
- * render node, as libhsakmt maps them), a doorbell slice and the MMIO page mapped through
- * /dev/kfd, a compute queue whose ring is the GTT BO (the stand-in adds one to its first
+ * render node, as libhsakmt maps them), a doorbell slice mapped at its GPU address through
+ * /dev/kfd (as libhsakmt does) and the MMIO page mapped through /dev/kfd wherever mmap puts
+ * it (libhsakmt maps it at its GPU address too: elsewhere tests that the plugin finds the
+ * mapping by its offset alone), a compute queue whose ring is the GTT BO (the stand-in adds one to its first
  * word every 10 ms while the queue runs), and an event. The BOs hold a pattern.
  *
  * With "share", a child process (forked before any of that) gets a dma-buf of GPU 0's VRAM
@@ -173,7 +175,8 @@ static void set_up_gpu(int i)
 	g->gtt = p;
 	alloc_bo(g, (uintptr_t)base + VRAM_BYTES + GTT_BYTES, DOORBELL_BYTES,
 		 KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &off);
-	p = mmap(NULL, DOORBELL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, kfd, off);
+	p = mmap(base + VRAM_BYTES + GTT_BYTES, DOORBELL_BYTES, PROT_READ | PROT_WRITE,
+		 MAP_SHARED | MAP_FIXED, kfd, off);
 	if (p == MAP_FAILED)
 		die("mmap doorbells");
 	g->doorbell = p;

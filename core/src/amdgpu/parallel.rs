@@ -552,10 +552,10 @@ impl Handover {
     }
 
     /// Publishes the dma-buf `fd` of the restored BO with cross-reference key `key` for
-    /// other tasks (nothing without a key table).
-    pub fn publish(&self, key: u32, fd: BorrowedFd<'_>) -> Result<()> {
+    /// every task; false when it could not be (no key table, or the table is full).
+    pub fn publish(&self, key: u32, fd: BorrowedFd<'_>) -> Result<bool> {
         let Some(table) = &self.keys else {
-            return Ok(());
+            return Ok(false);
         };
         let id = self
             .store
@@ -563,8 +563,9 @@ impl Handover {
             .map_err(|e| Error::io(&e, "cannot pass a dma-buf to CRIU's fdstore"))?;
         if !table.insert(key, id) {
             log::warn!("amdgpu: dma-buf key {key} published twice or table full");
+            return Ok(false);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// A dma-buf of the BO with key `key` that another task published; `None` when none did

@@ -59,7 +59,8 @@ pub struct TaskState {
     pub remaps: Vec<VmaRemap>,
     /// KFD files restored.
     pub kfd_files: Vec<u32>,
-    /// dma-bufs of restored BOs by cross-reference key, for the task's dma-buf files.
+    /// dma-bufs of restored BOs by cross-reference key, for the task's dma-buf files (only
+    /// without an fdstore, which serves them otherwise).
     pub dmabufs: HashMap<u32, OwnedFd>,
     /// dma-buf files this task was asked to restore and answered "retry", by file id.
     pub dmabuf_retries: HashMap<u32, u32>,
@@ -248,7 +249,7 @@ pub fn restore_kfd(
     }
 
     if ctx.publish_dmabufs {
-        publish_dmabufs(ctx, task, image, &dmabufs)?;
+        publish_dmabufs(ctx, task, image, &dmabufs, fd_min)?;
     }
 
     let bytes = image
@@ -382,24 +383,32 @@ pub fn dup_for_criu(task: &TaskState, minor: u32) -> Result<OwnedFd> {
 }
 
 /// Makes the dma-bufs of the restored BOs that have a cross-reference key available to the
-/// task's own dma-buf files and, through CRIU's fdstore, to other tasks'.
+/// task's dma-buf files and other tasks': through CRIU's fdstore, held by CRIU's main process
+/// until CRIU exits. Only where that fails does the task keep a copy, placed at or above
+/// `fd_min`: an fd the plugin holds when the task leaves CRIU's code becomes one of the
+/// restored process's files, so it must not take a number CRIU restores, and it keeps the BO
+/// alive, so it is kept only where nothing else can serve the task's own dma-buf files.
 fn publish_dmabufs(
     ctx: &RestoreCtx<'_>,
     task: &mut TaskState,
     image: &KfdCheckpoint,
     dmabufs: &[Option<OwnedFd>],
+    fd_min: std::ffi::c_int,
 ) -> Result<()> {
     for (b, fd) in image.bos.iter().zip(dmabufs) {
         let (Some(key), Some(fd)) = (b.handle, fd) else {
             continue;
         };
+        if let Some(h) = ctx.handover {
+            if h.publish(key, fd.as_fd())? {
+                continue;
+            }
+        }
         let copy = fd
             .try_clone()
+            .and_then(|c| fds::place_fd(c, fd_min))
             .map_err(|e| Error::io(&e, "cannot duplicate a dma-buf"))?;
         task.dmabufs.insert(key, copy);
-        if let Some(h) = ctx.handover {
-            h.publish(key, fd.as_fd())?;
-        }
     }
     Ok(())
 }

@@ -162,10 +162,23 @@ impl RestoreRun {
         };
         let me = self.base.dev.current_task();
         let found = self.tasks.get(&me).and_then(|t| {
-            t.remaps
+            let at_va = t
+                .remaps
                 .iter()
-                .find(|r| r.addr == addr && r.old_offset == old_pgoff)
-                .map(|r| (t, r))
+                .find(|r| r.addr == addr && r.old_offset == old_pgoff);
+            // libhsakmt maps doorbells and MMIO pages at their BO's GPU address; a program
+            // that maps them elsewhere is found by the offset, which names the page's kind
+            // and GPU and so is one BO's alone.
+            let by_offset = || {
+                let mut same = t.remaps.iter().filter(|r| {
+                    kind == MappedPath::Kfd && r.render_minor.is_none() && r.old_offset == old_pgoff
+                });
+                match (same.next(), same.next()) {
+                    (Some(r), None) => Some(r),
+                    _ => None,
+                }
+            };
+            at_va.or_else(by_offset).map(|r| (t, r))
         });
         let Some((task, r)) = found else {
             if kind == MappedPath::Render {
