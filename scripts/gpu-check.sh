@@ -22,6 +22,15 @@
 #                                   and CRIU 4.2 or newer (CRIU=.criu-4.3/bin/criu)
 #   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
 #                                   ones: postfail,mapopt,mapmissing)
+#   scripts/gpu-check.sh --two-gpus [ARGS]
+#                                   moving work between GPUs (tests/gpu/two_gpu_check.py): a pair
+#                                   of 8 GiB processes one per GPU (beside one alone and, with
+#                                   .gpu-carry, CRIU's C plugin), restored with the GPUs swapped
+#                                   (both option names), both onto one GPU, criu-gpu suspend and
+#                                   resume --device-map swapping them, criu-gpu check against each
+#                                   GPU and a missing one; the two-GPU cases say SKIPPED on one
+#                                   GPU; needs target/release/criu-gpu and CRIU 4.3
+#                                   (CRIU=.criu-4.3/bin/criu). The default run ends with it.
 # The plugin comes from $PLUGIN (default target/release/libcriu_gpu_plugin.so) and CRIU from
 # $CRIU (default .criu/bin/criu, scripts/install-criu.sh; e.g. CRIU=.criu-4.3/bin/criu; copy the
 # folder along where the GPU machine has no network).
@@ -73,6 +82,22 @@ if [ "${1:-}" = --kills ]; then
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kill_check.py --criu "$CRIU" --libdir "$lib" \
         --work "$WORK/kills" --logs "$LOGS/kills" "${c[@]}" "$@"
 fi
+two_gpus() {
+    local c=()
+    if [ -f .gpu-carry/cuda_plugin.so ] && [ -x .gpu-carry/bin/cuda-checkpoint ]; then
+        local clib
+        clib=$(mktemp -d)
+        cp .gpu-carry/cuda_plugin.so "$clib/"
+        c=(--c-libdir "$clib" --c-path .gpu-carry/bin)
+    fi
+    PYTHONUNBUFFERED=1 python3 tests/gpu/two_gpu_check.py --criu "$CRIU" --libdir "$lib" \
+        --tool "${TOOL:-target/release/criu-gpu}" --work "$WORK/two-gpus" --logs "$LOGS/two-gpus" "${c[@]}" "$@"
+}
+if [ "${1:-}" = --two-gpus ]; then
+    shift
+    two_gpus "$@"
+    exit
+fi
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 if [ "${1:-}" = --cases ]; then
     cases=${2:?--cases needs a list}
@@ -82,5 +107,10 @@ else
     cases=basic1,tree,multi4,torch,leave,basic8
     [ "$gpus" -ge 2 ] && cases=$cases,mgpu_two,mgpu_conc,mgpu_seq,remap,refuse
 fi
+rc=0
 PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py --criu "$CRIU" --libdir "$lib" \
-    --work "$WORK" --logs "$LOGS" --cases "$cases"
+    --work "$WORK" --logs "$LOGS" --cases "$cases" || rc=1
+if [ "${1:-}" != --cases ] && [ "${1:-}" != --bench ]; then
+    two_gpus || rc=1
+fi
+exit "$rc"
