@@ -28,15 +28,21 @@ import ctypes
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gpu_check  # noqa: E402
+import tool_check  # noqa: E402
 
 MISSING = "GPU-0badc0de-0000-4000-8000-000000000000"
+
+
+def discard(pids, img):
+    """Kills a case's processes (waiting until they are gone) and removes its images."""
+    gpu_check.kill_all(pids)
+    shutil.rmtree(img, ignore_errors=True)
 
 
 def needs_two(name, uuids):
@@ -109,8 +115,7 @@ def pair_case(ctx, wl, args, uuids):
         rc, t_rest, _ = restore(ctx, "pair_c", img, libdir=args.c_libdir, env=env)
         ok_c, _ = verified_on(prefix, pids, {pids[0]: on[pids[0]][0], pids[1]: on[pids[1]][0]})
         res["c_plugin"] = {"dump_s": t_dump, "restore_s": t_rest, "ok": ok_c and rc == 0}
-        gpu_check.kill_all(pids)
-        shutil.rmtree(img, ignore_errors=True)
+        discard(pids, img)
     ctx.results.append(res)
     return res
 
@@ -129,8 +134,7 @@ def swap_case(ctx, wl, uuids):
         ok, detail = verified_on(prefix, pids, want)
         res["runs"].append({"option": opt, "restore_s": t, "named_in_log": f"(plugin option {opt})" in log,
                             "detail": detail, "ok": ok and rc == 0})
-        gpu_check.kill_all(pids)
-        shutil.rmtree(img, ignore_errors=True)
+        discard(pids, img)
     res["ok"] = all(r["ok"] and r["named_in_log"] for r in res["runs"])
     ctx.results.append(res)
     return res
@@ -167,12 +171,8 @@ def onto_one_case(ctx, wl, uuids):
 
 
 def tool(args, *cmd):
-    p = subprocess.run([args.tool, *cmd, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out = json.loads(p.stdout) if p.stdout.strip() else {}
-    except json.JSONDecodeError:
-        out = {"unparsed": p.stdout[-2000:]}
-    return p.returncode, out, p.stderr[-2000:]
+    rc, out, _, err = tool_check.tool(args, *cmd)
+    return rc, out, err
 
 
 def suspend_case(ctx, wl, args, uuids):
