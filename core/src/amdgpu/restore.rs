@@ -15,10 +15,15 @@
 //! 4. `RESTORE` recreates the BOs; their new mmap offsets are kept for `UPDATE_VMA_MAP`.
 //! 5. The BO contents are written through the copy pipeline, or handed to CRIU's main
 //!    process (parallel restore).
+//!
+//! No fd the plugin opens in a task may stay behind as one of the restored process's files
+//! (it would be dumped with the process next time and collide or pile up): dma-bufs are
+//! passed through CRIU's fdstore, and the render fds bound to the VMs are closed at the
+//! task's first `UPDATE_VMA_MAP` where the task holds the same files itself.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Instant;
 
 use kfd_sys::{kfd_criu_bo_bucket, kfd_criu_device_bucket};
@@ -53,8 +58,13 @@ pub struct VmaRemap {
 pub struct TaskState {
     /// The GPU map of this task's process.
     pub map: Option<GpuMap>,
-    /// Render nodes bound to the process's KFD VMs, by restore minor (kept open).
+    /// Render nodes bound to the process's KFD VMs, by restore minor (kept open until the
+    /// task holds the same file under a number of its own: [`drop_kept_renders`]).
     pub render: HashMap<u32, OwnedFd>,
+    /// The task's own fd of the file a dropped entry of `render` was, by restore minor.
+    pub render_own: HashMap<u32, RawFd>,
+    /// Whether [`drop_kept_renders`] ran.
+    pub renders_settled: bool,
     /// Offset remapping for `UPDATE_VMA_MAP`.
     pub remaps: Vec<VmaRemap>,
     /// KFD files restored.
@@ -374,12 +384,62 @@ pub fn restore_render(
 /// A copy of the task's render fd for `minor`, for CRIU to own (the task keeps the original,
 /// to which the KFD VM is bound).
 pub fn dup_for_criu(task: &TaskState, minor: u32) -> Result<OwnedFd> {
-    let fd = task
-        .render
-        .get(&minor)
-        .ok_or_else(|| device_error(libc::EBADF, format!("renderD{minor} is not open")))?;
-    fd.try_clone()
-        .map_err(|e| Error::io(&e, format!("cannot duplicate the fd of renderD{minor}")))
+    let dup = match (task.render.get(&minor), task.render_own.get(&minor)) {
+        (Some(fd), _) => fd.try_clone(),
+        // SAFETY: `fd` is a number of the task's own files that CRIU restored before the
+        // task's mappings and closes none of until the task runs; it is only duplicated.
+        (None, Some(&fd)) => unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned(),
+        (None, None) => {
+            return Err(device_error(
+                libc::EBADF,
+                format!("renderD{minor} is not open"),
+            ));
+        }
+    };
+    dup.map_err(|e| Error::io(&e, format!("cannot duplicate the fd of renderD{minor}")))
+}
+
+/// Closes each render fd the plugin kept in the task for which the task now holds the same
+/// open file under a number of its own (the program's render fd, restored by CRIU from the
+/// plugin's copy). Called at the task's first `UPDATE_VMA_MAP`: CRIU restores all of a
+/// task's files before its mappings. A kept fd would otherwise become one of the restored
+/// process's files, one more per GPU at every restore; KFD holds its own reference to the
+/// file its VM is bound to, and later mappings are given copies of the task's own fd.
+pub fn drop_kept_renders(task: &mut TaskState) {
+    if std::mem::replace(&mut task.renders_settled, true) || task.render.is_empty() {
+        return;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .take(1 << 16)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let minors: Vec<u32> = task.render.keys().copied().collect();
+    for minor in minors {
+        let ours = task.render[&minor].as_raw_fd();
+        if let Some(&own) = fds
+            .iter()
+            .find(|&&fd| fd != ours && same_open_file(ours, fd))
+        {
+            log::debug!("amdgpu: renderD{minor}: the task holds it as fd {own}; closing fd {ours}");
+            task.render.remove(&minor);
+            task.render_own.insert(minor, own);
+        }
+    }
+}
+
+/// Whether fds `a` and `b` of the calling process are the same open file (`kcmp`; false
+/// where the kernel cannot tell).
+fn same_open_file(a: RawFd, b: RawFd) -> bool {
+    const KCMP_FILE: libc::c_int = 0;
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: kcmp(2) with KCMP_FILE compares two fd numbers of a process; it reads and
+    // writes no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b) };
+    r == 0
 }
 
 /// Makes the dma-bufs of the restored BOs that have a cross-reference key available to the

@@ -161,6 +161,9 @@ impl RestoreRun {
             return Err(HookError::NotMine);
         };
         let me = self.base.dev.current_task();
+        if let Some(t) = self.tasks.get_mut(&me) {
+            restore::drop_kept_renders(t);
+        }
         let found = self.tasks.get(&me).and_then(|t| {
             let at_va = t
                 .remaps
