@@ -65,6 +65,9 @@ pub struct TaskState {
     pub render_own: HashMap<u32, RawFd>,
     /// Whether [`drop_kept_renders`] ran.
     pub renders_settled: bool,
+    /// One above every fd number CRIU restores in the task, as far as known (the lowest
+    /// number the plugin's own fds were placed at).
+    pub fd_limit: std::ffi::c_int,
     /// Offset remapping for `UPDATE_VMA_MAP`.
     pub remaps: Vec<VmaRemap>,
     /// KFD files restored.
@@ -361,9 +364,12 @@ pub fn restore_render(
                         ),
                     )
                 })?;
+                // No KFD VM to bind: CRIU gets the file, and the task keeps nothing.
                 let minor = g.drm_render_minor;
-                open_task_render(ctx, task, minor, fd_min)?;
-                return dup_for_criu(task, minor);
+                return ctx
+                    .dev
+                    .open_render_node(minor)
+                    .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")));
             };
             check_image(&k, &ctx.limits)?;
             fd_min = fds::first_free_fd(k.pid);
@@ -409,21 +415,13 @@ pub fn drop_kept_renders(task: &mut TaskState) {
     if std::mem::replace(&mut task.renders_settled, true) || task.render.is_empty() {
         return;
     }
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<RawFd> = dir
-        .flatten()
-        .take(1 << 16)
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
+    // Only the numbers CRIU restored are the program's (and no /proc is needed: the task
+    // may already be in a mount namespace without one).
+    let limit = task.fd_limit.clamp(0, 1 << 20);
     let minors: Vec<u32> = task.render.keys().copied().collect();
     for minor in minors {
         let ours = task.render[&minor].as_raw_fd();
-        if let Some(&own) = fds
-            .iter()
-            .find(|&&fd| fd != ours && same_open_file(ours, fd))
-        {
+        if let Some(own) = (0..limit).find(|&fd| fd != ours && same_open_file(ours, fd)) {
             log::debug!("amdgpu: renderD{minor}: the task holds it as fd {own}; closing fd {ours}");
             task.render.remove(&minor);
             task.render_own.insert(minor, own);
@@ -438,7 +436,16 @@ fn same_open_file(a: RawFd, b: RawFd) -> bool {
     let pid = std::process::id() as libc::pid_t;
     // SAFETY: kcmp(2) with KCMP_FILE compares two fd numbers of a process; it reads and
     // writes no memory of ours.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(pid),
+            libc::c_long::from(pid),
+            libc::c_long::from(KCMP_FILE),
+            a as libc::c_ulong,
+            b as libc::c_ulong,
+        )
+    };
     r == 0
 }
 
@@ -551,6 +558,7 @@ fn open_task_render(
     let fd = fds::place_fd(fd, fd_min)
         .map_err(|e| Error::io(&e, format!("cannot move the fd of renderD{minor}")))?;
     let raw = fd.as_raw_fd();
+    task.fd_limit = task.fd_limit.max(fd_min);
     task.render.insert(minor, fd);
     Ok(raw)
 }
