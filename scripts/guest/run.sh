@@ -25,6 +25,8 @@
 #   GUEST_TIMEOUT   seconds before the guest is killed (default 3600); exit status 124 then
 #   GUEST_MEM       memory in MiB (default 4096); GUEST_CPUS (default: the host's, at most 4)
 #   GUEST_CPU       QEMU's CPU model (default: host under KVM, Nehalem under TCG)
+#   GUEST_TCG_THREAD  single (default: every vCPU on one host thread) or multi (a thread per
+#                   vCPU: faster, but the guest kernel's text patching can race; see qemu_args)
 #   GUEST_SHARES    more host folders to share at their paths (space-separated)
 #   GUEST_ENV       more variable names to pass in (space-separated); always passed: CRIU_*,
 #                   GPU_PLUGIN_*, FAKE_CUDA_*, RUST_*, CARGO_*, NO_COLOR
@@ -172,10 +174,13 @@ cmdline="console=ttyS0 loglevel=4 cgroup_no_v1=all panic=-1 mitigations=off root
 qemu_args() {
     # $1 accelerator, $2 run folder
     local accel=$1 dir=$2 cpu=max
-    # Multi-threaded TCG, a larger translation cache than the default for a guest this busy.
+    # TCG: a larger translation cache than the default for a guest this busy.
     # TCG: a CPU without AVX, whose emulation costs most (glibc's and Go's string and memory
     # functions take the AVX paths when the CPU has them); KVM: the host's.
-    if [ "$accel" = kvm ]; then cpu=host; else accel=tcg,thread=multi,tb-size=512; cpu=Nehalem; fi
+    # TCG: one host thread for all vCPUs by default. With a thread per vCPU, a vCPU can run a
+    # stale translation of kernel text another vCPU is patching (static keys, alternatives),
+    # hitting the patch's int3 after the patch is done: "Oops: int3" and a panic, seen in CI.
+    if [ "$accel" = kvm ]; then cpu=host; else accel=tcg,thread=${GUEST_TCG_THREAD:-single},tb-size=512; cpu=Nehalem; fi
     cpu=${GUEST_CPU:-$cpu}
     printf '%s\0' -nodefaults -no-user-config -display none -no-reboot \
         -machine q35 -accel "$accel" -cpu "$cpu" -smp "$cpus" -m "$mem" \
