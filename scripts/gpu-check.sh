@@ -71,25 +71,20 @@ if [ "${1:-}" = --cri ]; then
         --containerd-bin "$rt/usr/bin" --runc "$rt/usr/sbin/runc" --registry "$registry" \
         --cri-client .gpu-cri/cri-client --busybox .gpu-cri/busybox --out "$LOGS/cri/results.json" "$@"
 fi
+# CRIU's C plugin and cuda-checkpoint from .gpu-carry (scripts/gpu-carry.sh), when both are
+# there: the options that put them beside this plugin, in the array c.
+c=()
+if [ -f .gpu-carry/cuda_plugin.so ] && [ -x .gpu-carry/bin/cuda-checkpoint ]; then
+    clib=$(mktemp -d)
+    cp .gpu-carry/cuda_plugin.so "$clib/"
+    c=(--c-libdir "$clib" --c-path .gpu-carry/bin)
+fi
 if [ "${1:-}" = --kills ]; then
     shift
-    c=()
-    if [ -f .gpu-carry/cuda_plugin.so ]; then
-        clib=$(mktemp -d)
-        cp .gpu-carry/cuda_plugin.so "$clib/"
-        c=(--c-libdir "$clib" --c-path .gpu-carry/bin)
-    fi
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kill_check.py --criu "$CRIU" --libdir "$lib" \
         --work "$WORK/kills" --logs "$LOGS/kills" "${c[@]}" "$@"
 fi
 two_gpus() {
-    local c=()
-    if [ -f .gpu-carry/cuda_plugin.so ] && [ -x .gpu-carry/bin/cuda-checkpoint ]; then
-        local clib
-        clib=$(mktemp -d)
-        cp .gpu-carry/cuda_plugin.so "$clib/"
-        c=(--c-libdir "$clib" --c-path .gpu-carry/bin)
-    fi
     PYTHONUNBUFFERED=1 python3 tests/gpu/two_gpu_check.py --criu "$CRIU" --libdir "$lib" \
         --tool "${TOOL:-target/release/criu-gpu}" --work "$WORK/two-gpus" --logs "$LOGS/two-gpus" "${c[@]}" "$@"
 }

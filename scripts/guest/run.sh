@@ -174,12 +174,12 @@ cmdline="console=ttyS0 loglevel=4 cgroup_no_v1=all panic=-1 mitigations=off root
 qemu_args() {
     # $1 accelerator, $2 run folder
     local accel=$1 dir=$2 cpu=max
-    # TCG: a larger translation cache than the default for a guest this busy.
-    # TCG: a CPU without AVX, whose emulation costs most (glibc's and Go's string and memory
-    # functions take the AVX paths when the CPU has them); KVM: the host's.
-    # TCG: one host thread for all vCPUs by default. With a thread per vCPU, a vCPU can run a
-    # stale translation of kernel text another vCPU is patching (static keys, alternatives),
-    # hitting the patch's int3 after the patch is done: "Oops: int3" and a panic, seen in CI.
+    # TCG: one host thread for all vCPUs by default (with a thread per vCPU, a vCPU can run a
+    # stale translation of kernel text another vCPU is patching, static keys or alternatives,
+    # and hit the patch's int3 after it is done: "Oops: int3" and a panic, seen in CI); a
+    # larger translation cache than the default for a guest this busy; a CPU without AVX,
+    # whose emulation costs most (glibc's and Go's string and memory functions take the AVX
+    # paths when the CPU has them). KVM: the host's CPU.
     if [ "$accel" = kvm ]; then cpu=host; else accel=tcg,thread=${GUEST_TCG_THREAD:-single},tb-size=512; cpu=Nehalem; fi
     cpu=${GUEST_CPU:-$cpu}
     printf '%s\0' -nodefaults -no-user-config -display none -no-reboot \

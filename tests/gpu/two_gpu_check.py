@@ -170,11 +170,6 @@ def onto_one_case(ctx, wl, uuids):
     return res
 
 
-def tool(args, *cmd):
-    rc, out, _, err = tool_check.tool(args, *cmd)
-    return rc, out, err
-
-
 def suspend_case(ctx, wl, args, uuids):
     skip = needs_two("suspend", uuids)
     if skip:
@@ -184,8 +179,8 @@ def suspend_case(ctx, wl, args, uuids):
     prefix, root, pids = gpu_check.start_workload(ctx, "suspend", pair_argv(wl, 1), 2, "counter")
     gpu_check.wait_ready(prefix, pids)
     on = {p: gpu_check.gpu_of(p) for p in pids}
-    rc_s, _, err_s = tool(args, "suspend", str(root))
-    rc_r, _, err_r = tool(args, "resume", str(root), "--device-map", f"{a}={b},{b}={a}")
+    rc_s, _, _, err_s = tool_check.tool(args, "suspend", str(root))
+    rc_r, _, _, err_r = tool_check.tool(args, "resume", str(root), "--device-map", f"{a}={b},{b}={a}")
     ok, detail = verified_on(prefix, pids, {p: (b if on[p] == [a] else a) for p in pids})
     res = {"case": "suspend", "suspend_rc": rc_s, "resume_rc": rc_r, "stderr": (err_s + err_r)[-500:],
            "detail": detail, "ok": ok and rc_s == 0 and rc_r == 0}
@@ -199,10 +194,10 @@ def check_case(ctx, wl, args, uuids):
     prefix, pids, img, _ = gpu_check.dump_only(ctx, "check", [wl, "--gib", "1", "--device", "0", "--out"], 1)
     ok = True
     for u in uuids:
-        rc, out, err = tool(args, "check", img, "--device-map", f"{uuids[0]}={u}")
+        rc, _, _, _ = tool_check.tool(args, "check", img, "--device-map", f"{uuids[0]}={u}")
         res["maps"].append({"to": u, "rc": rc, "ok": rc == 0})
         ok = ok and rc == 0
-    rc, out, err = tool(args, "check", img, "--device-map", f"{uuids[0]}={MISSING}")
+    rc, out, _, err = tool_check.tool(args, "check", img, "--device-map", f"{uuids[0]}={MISSING}")
     said = MISSING in json.dumps(out) or MISSING in err
     res["maps"].append({"to": MISSING, "rc": rc, "named": said, "ok": rc != 0 and said})
     ok = ok and rc != 0 and said

@@ -9,8 +9,9 @@
  * render node, as libhsakmt maps them), a doorbell slice mapped at its GPU address through
  * /dev/kfd (as libhsakmt does) and the MMIO page mapped through /dev/kfd wherever mmap puts
  * it (libhsakmt maps it at its GPU address too: elsewhere tests that the plugin finds the
- * mapping by its offset alone), a compute queue whose ring is the GTT BO (the stand-in adds one to its first
- * word every 10 ms while the queue runs), and an event. The BOs hold a pattern.
+ * mapping by its offset alone), a compute queue whose ring is the GTT BO (the stand-in adds
+ * one to its first word every 10 ms while the queue runs), and an event. The BOs hold a
+ * pattern.
  *
  * With "share", a child process (forked before any of that) gets a dma-buf of GPU 0's VRAM
  * BO (EXPORT_DMABUF) over a socket and keeps it open, as a process sharing GPU memory does.

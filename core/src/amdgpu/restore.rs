@@ -366,10 +366,7 @@ pub fn restore_render(
                 })?;
                 // No KFD VM to bind: CRIU gets the file, and the task keeps nothing.
                 let minor = g.drm_render_minor;
-                return ctx
-                    .dev
-                    .open_render_node(minor)
-                    .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")));
+                return open_render(ctx, minor);
             };
             check_image(&k, &ctx.limits)?;
             fd_min = fds::first_free_fd(k.pid);
@@ -387,8 +384,8 @@ pub fn restore_render(
     dup_for_criu(task, minor)
 }
 
-/// A copy of the task's render fd for `minor`, for CRIU to own (the task keeps the original,
-/// to which the KFD VM is bound).
+/// A copy of the task's render fd for `minor`, for CRIU to own: of the plugin's fd, to which
+/// the KFD VM is bound, or, once [`drop_kept_renders`] closed that, of the task's own.
 pub fn dup_for_criu(task: &TaskState, minor: u32) -> Result<OwnedFd> {
     let dup = match (task.render.get(&minor), task.render_own.get(&minor)) {
         (Some(fd), _) => fd.try_clone(),
@@ -551,16 +548,19 @@ fn open_task_render(
     if let Some(fd) = task.render.get(&minor) {
         return Ok(fd.as_raw_fd());
     }
-    let fd = ctx
-        .dev
-        .open_render_node(minor)
-        .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))?;
-    let fd = fds::place_fd(fd, fd_min)
+    let fd = fds::place_fd(open_render(ctx, minor)?, fd_min)
         .map_err(|e| Error::io(&e, format!("cannot move the fd of renderD{minor}")))?;
     let raw = fd.as_raw_fd();
     task.fd_limit = task.fd_limit.max(fd_min);
     task.render.insert(minor, fd);
     Ok(raw)
+}
+
+/// Opens render node `minor`.
+fn open_render(ctx: &RestoreCtx<'_>, minor: u32) -> Result<OwnedFd> {
+    ctx.dev
+        .open_render_node(minor)
+        .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))
 }
 
 /// Kind of a mapped device path (`UPDATE_VMA_MAP`).

@@ -173,9 +173,13 @@ impl RestoreRun {
             // that maps them elsewhere is found by the offset, which names the page's kind
             // and GPU and so is one BO's alone.
             let by_offset = || {
-                let mut same = t.remaps.iter().filter(|r| {
-                    kind == MappedPath::Kfd && r.render_minor.is_none() && r.old_offset == old_pgoff
-                });
+                if kind != MappedPath::Kfd {
+                    return None;
+                }
+                let mut same = t
+                    .remaps
+                    .iter()
+                    .filter(|r| r.render_minor.is_none() && r.old_offset == old_pgoff);
                 match (same.next(), same.next()) {
                     (Some(r), None) => Some(r),
                     _ => None,
