@@ -23,7 +23,7 @@ use super::{
     BoMem, FileObj, PAGE, Process, SIM_KFD_MAJOR, SIM_KFD_VERSION, SIM_PRIV_VERSION, SimEvent,
     SimKfd, SimQueue, State, einval, err,
 };
-use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, FileIdentity, KfdDevice};
+use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, FileIdentity, KfdDevice, KfdHolder};
 
 /// The caller's device buckets, BO buckets and private data of a CHECKPOINT or RESTORE.
 ///
@@ -608,5 +608,36 @@ impl KfdDevice for SimKfd {
 
     fn current_task(&self) -> u32 {
         self.inner.current_task.load(Ordering::SeqCst)
+    }
+
+    fn kfd_holder(&self, kfd: BorrowedFd<'_>) -> io::Result<Option<KfdHolder>> {
+        let st = self.state();
+        // The test hands the backend the process's own fd, as CRIU hands it a copy.
+        Ok(match self.file(&st, kfd.as_raw_fd())? {
+            (_, FileObj::Kfd { owner: Some(pid) }) => Some(KfdHolder {
+                pid: pid as i32,
+                start: 0,
+                fd: kfd.as_raw_fd(),
+            }),
+            _ => None,
+        })
+    }
+
+    fn unpause_holder(
+        &self,
+        holder: &KfdHolder,
+        _pidfd: Option<BorrowedFd<'_>>,
+    ) -> io::Result<u32> {
+        let mut st = self.state();
+        let pid = Some(holder.pid as u32);
+        let mut done = 0;
+        while done < 8 && Self::process_mut(&mut st, pid)?.evicted > 0 {
+            if let Err(e) = fire(&mut st.faults.unpause) {
+                return if done == 0 { Err(e) } else { Ok(done) };
+            }
+            Self::process_mut(&mut st, pid)?.evicted -= 1;
+            done += 1;
+        }
+        Ok(done)
     }
 }

@@ -23,6 +23,9 @@
 //!   version that is consumed exactly; it recreates the BOs at the same addresses with new
 //!   mmap offsets (doorbell and MMIO offsets carry the new gpu id), exports their dma-bufs,
 //!   and leaves the queues evicted until RESUME, which finds the process by pid (`ESRCH`).
+//! * What a dump's guardian asks: the process behind a KFD file (its simulated pid, the fd
+//!   number the test passed), and UNPAUSE of that process from outside (the UNPAUSE fault
+//!   applies).
 //! * BO contents live in memfds, filled with a deterministic pattern, so a restore can be
 //!   verified byte for byte; dma-buf fds are memfds the simulator recognises by name. A
 //!   process can export a BO as a dma-buf of its own ([`SimKfd::export_dmabuf`]); importing

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use criu_gpu_core::amdgpu::AmdgpuBackend;
 use criu_gpu_core::amdgpu::LocalFdStore;
 use criu_gpu_core::amdgpu::device::KfdDevice;
+use criu_gpu_core::amdgpu::guardian::QueueGuardFactory;
 use criu_gpu_core::amdgpu::{BackendOptions, CopyObserver, CopyRecord};
 use criu_gpu_core::backend::{GpuBackend, HookHandler, InitContext};
 use criu_gpu_core::config::Config;
@@ -159,6 +160,17 @@ fn backend_observed(
     quota: Option<u64>,
     copies: Option<Arc<CopyLog>>,
 ) -> AmdgpuBackend {
+    backend_guarded(sim, images, quota, copies, None)
+}
+
+/// A backend on `sim` whose dumps report their paused processes to `guard`.
+pub fn backend_guarded(
+    sim: &SimKfd,
+    images: &Path,
+    quota: Option<u64>,
+    copies: Option<Arc<CopyLog>>,
+    guard: Option<QueueGuardFactory>,
+) -> AmdgpuBackend {
     init_log();
     let s = sim.clone();
     AmdgpuBackend::with_device_factory(
@@ -169,6 +181,7 @@ fn backend_observed(
             use_process_env: false,
             fdstore: Some(Arc::new(LocalFdStore::default())),
             copy_observer: copies.map(|c| c as Arc<dyn CopyObserver>),
+            queue_guard: guard,
         },
     )
 }

@@ -4,9 +4,9 @@
 //! |---|---|---|
 //! | `init` (dump, pre-dump) | dumper | active when `/dev/kfd` exists |
 //! | `HANDLE_DEVICE_VMA` | dumper | claims mappings of `/dev/kfd` and of KFD GPUs' render nodes; records `amdgpu_plugin` in the inventory |
-//! | `DUMP_EXT_FILE` | dumper | KFD file: PROCESS_INFO, CHECKPOINT, images, BO contents ([`super::dump`]); render node of a KFD GPU: its image; dma-buf: matched to a dumped KFD BO (or deferred until that BO is dumped); anything else is not ours |
+//! | `DUMP_EXT_FILE` | dumper | KFD file: the guardian started (first file) and told of the process, PROCESS_INFO, CHECKPOINT, images, BO contents ([`super::dump`]); render node of a KFD GPU: its image; dma-buf: matched to a dumped KFD BO (or deferred until that BO is dumped); anything else is not ours |
 //! | `DUMP_DEVICES_LATE` | dumper | UNPAUSE every paused process (all, even after a failure); fail on dma-bufs of no dumped BO |
-//! | `exit` (dump) | dumper | UNPAUSE whatever is still paused: hosts without `DUMP_DEVICES_LATE`, failed dumps |
+//! | `exit` (dump) | dumper | UNPAUSE whatever is still paused: hosts without `DUMP_DEVICES_LATE`, failed dumps; release the guardian ([`super::guardian`]) once every queue runs |
 //! | `init` (restore) | master | active when the image lists `amdgpu_plugin`; maps the parallel-restore queue before CRIU forks |
 //! | `RESTORE_INIT` | master | preflight: every KFD image readable and its GPUs mappable onto this machine, before anything is forked |
 //! | `POST_FORKING` | master | claims the parallel restore (no thread: CRIU's process must stay single-threaded, it enters the restored tree's mount namespace before `RESUME_DEVICES_LATE`) |
@@ -32,6 +32,7 @@ use criu_plugin::{HookError, HookHandler, HookId, HookResult, InventoryListing, 
 
 use super::device::{self, CriuLimits, KfdDevice};
 use super::error::{Error, FailureKind, device_error};
+use super::guardian::QueueGuardFactory;
 use super::image::{DMABUF_FILE_PREFIX, open_image_dir};
 use super::kernel::KernelKfd;
 use super::parallel::{CriuFdStore, FdStore, Handover};
@@ -61,6 +62,10 @@ pub struct BackendOptions {
     pub fdstore: Option<Arc<dyn FdStore>>,
     /// Told of every BO content copy (tests and benchmarks check and time them).
     pub copy_observer: Option<Arc<dyn CopyObserver>>,
+    /// What restarts a dump's paused queues should CRIU end in the middle of it
+    /// ([`super::guardian`]); `None`: nothing does (tests on the simulator, which pass their
+    /// own). [`AmdgpuBackend::new`] uses [`super::guardian::guardian_process`].
+    pub queue_guard: Option<QueueGuardFactory>,
 }
 
 /// Watches the BO content copies of a backend's runs, as each one ends. Called in the process
@@ -155,6 +160,7 @@ impl AmdgpuBackend {
             Box::new(|| Ok(Arc::new(KernelKfd::new()) as Arc<dyn KfdDevice>)),
             BackendOptions {
                 use_process_env: true,
+                queue_guard: Some(super::guardian::guardian_process()),
                 ..Default::default()
             },
         )
@@ -249,7 +255,8 @@ impl AmdgpuBackend {
         };
         if stage != Stage::Restore {
             log_start(&base, stage, false);
-            let run = DumpRun::new(base, kfd_rdev, settings_error, ctx);
+            let guard = self.options.queue_guard.clone();
+            let run = DumpRun::new(base, kfd_rdev, settings_error, guard, ctx);
             return Ok(if stage == Stage::Dump {
                 Run::Dump(run)
             } else {

@@ -412,6 +412,29 @@ pub trait KfdDevice: AmdgpuRender + Send + Sync {
     /// The pid of the calling task as its own pid namespace sees it (`getpid()`): the key of
     /// per-task restore state.
     fn current_task(&self) -> u32;
+
+    /// The process that holds the KFD file `kfd` (a file CRIU took from a process it dumps),
+    /// among the processes the caller traces; `None` when none of them does.
+    fn kfd_holder(&self, kfd: BorrowedFd<'_>) -> io::Result<Option<KfdHolder>>;
+
+    /// Restarts the queues of `holder` from a process that is neither it nor its tracer (the
+    /// dump's guardian, once CRIU has ended): UNPAUSE on the process's own KFD file until
+    /// KFD answers that nothing is paused (`EINVAL`), a few times at most, with whatever
+    /// amdkfd asks of such a caller. `pidfd`, when the caller holds one, names the process
+    /// exactly. Returns how many UNPAUSEs went through (0: the queues were running).
+    fn unpause_holder(&self, holder: &KfdHolder, pidfd: Option<BorrowedFd<'_>>) -> io::Result<u32>;
+}
+
+/// A process that holds a KFD file, as a dump's guardian needs to find it again: the file
+/// CRIU hands the dump is a copy, and the process is not named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KfdHolder {
+    /// Pid in the caller's pid namespace.
+    pub pid: i32,
+    /// Start time (clock ticks since boot): with the pid, it names one process.
+    pub start: u64,
+    /// The number under which the process holds the file.
+    pub fd: i32,
 }
 
 /// What PROCESS_INFO reports about a process (its queues are now evicted).

@@ -7,7 +7,8 @@
 //! 2. `PROCESS_INFO` on the drained fd: the process's queues are now evicted. From here on the
 //!    file is on the backend's "paused" list, so every later failure restarts the queues
 //!    (the C plugin leaves them evicted when a dump fails, so the process goes on without
-//!    its GPU work).
+//!    its GPU work); the dump's guardian ([`super::guardian`]), told of the process just
+//!    before, restarts them should CRIU end first.
 //! 3. `CHECKPOINT` into arrays sized from PROCESS_INFO (bounded by [`CriuLimits`]).
 //! 4. The image: one device entry per topology node that the process uses, recorded under
 //!    the process's *user* gpu ids (BOs are matched and pages files named by the user id,
@@ -58,6 +59,8 @@ pub struct PausedKfd {
     pub fd: OwnedFd,
     /// Whether the queues are still evicted.
     pub paused: bool,
+    /// The process's pid in CRIU's namespace, when the guardian watches it.
+    pub guarded: Option<i32>,
 }
 
 /// What the dumper keeps between files.
@@ -131,12 +134,14 @@ fn render_fd<'s>(
 }
 
 /// Evicts the queues of the process behind the drained KFD fd `fd` (PROCESS_INFO) and
-/// records it in `state.paused`. Returns the process information.
+/// records it in `state.paused` (`guarded`: its pid, when the guardian watches it). Returns
+/// the process information.
 pub fn pause(
     ctx: &DumpCtx<'_>,
     state: &mut DumpState,
     fd: BorrowedFd<'_>,
     id: u32,
+    guarded: Option<i32>,
 ) -> Result<device::ProcessInfo> {
     // Copy the fd first: once the queues are evicted, nothing may stop us restarting them.
     let keep = fd
@@ -149,6 +154,7 @@ pub fn pause(
         pid: info.pid,
         fd: keep,
         paused: true,
+        guarded,
     });
     Ok(info)
 }

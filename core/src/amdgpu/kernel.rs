@@ -31,8 +31,10 @@ use kfd_sys::{
 };
 
 use super::device::{
-    AmdgpuRender, FileIdentity, GemCensus, HostMapping, KfdDevice, RenderInfo, VmFaultState,
+    AmdgpuRender, FileIdentity, GemCensus, HostMapping, KfdDevice, KfdHolder, RenderInfo,
+    VmFaultState,
 };
+use super::holder;
 
 /// Path of libhsakmt's shared memory file.
 const HSAKMT_SHM_PATH: &str = "/dev/shm/hsakmt_shared_mem";
@@ -42,13 +44,16 @@ const HSAKMT_SHM_NAME: &std::ffi::CStr = c"/hsakmt_shared_mem";
 const HSAKMT_SEM_NAME: &std::ffi::CStr = c"hsakmt_semaphore";
 
 /// The real kernel.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KernelKfd;
+#[derive(Debug, Default)]
+pub struct KernelKfd {
+    /// The processes a dump traces, looked up once for every KFD file of the dump.
+    tracees: holder::Tracees,
+}
 
 impl KernelKfd {
     /// The machine's amdkfd.
     pub fn new() -> KernelKfd {
-        KernelKfd
+        KernelKfd::default()
     }
 }
 
@@ -419,5 +424,14 @@ impl KfdDevice for KernelKfd {
 
     fn current_task(&self) -> u32 {
         std::process::id()
+    }
+
+    fn kfd_holder(&self, kfd: BorrowedFd<'_>) -> io::Result<Option<KfdHolder>> {
+        Ok(self.tracees.holder_of(kfd))
+    }
+
+    fn unpause_holder(&self, holder: &KfdHolder, pidfd: Option<BorrowedFd<'_>>) -> io::Result<u32> {
+        let unpause = |file: BorrowedFd<'_>| super::device::unpause(self, file);
+        holder::unpause_from_outside(holder, pidfd, self.kfd_rdev()?, &unpause)
     }
 }

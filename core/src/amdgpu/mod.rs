@@ -2,8 +2,9 @@
 //!
 //! Public: the backend with its options, the device seam ([`device`]: what the KFD simulator of
 //! the `kfd-sim` crate implements), the image format ([`image`]), the KFD topology
-//! ([`topology`]) and the SDMA copy engine ([`sdma`], which the simulator's SDMA model is
-//! tested against). The rest (dump, restore, contents, copy pipeline, parallel restore, image
+//! ([`topology`]), the SDMA copy engine ([`sdma`], which the simulator's SDMA model is
+//! tested against) and what restarts a dump's paused queues should CRIU end early
+//! ([`guardian`]). The rest (dump, restore, contents, copy pipeline, parallel restore, image
 //! store, kernel ioctls) is the backend's own.
 
 pub(crate) mod backend;
@@ -12,6 +13,8 @@ pub(crate) mod copy;
 pub mod device;
 pub(crate) mod dump;
 pub(crate) mod error;
+pub mod guardian;
+pub(crate) mod holder;
 pub mod image;
 pub(crate) mod kernel;
 pub(crate) mod parallel;

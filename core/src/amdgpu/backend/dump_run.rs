@@ -1,6 +1,7 @@
 //! A dump run: the dumper's hooks (`HANDLE_DEVICE_VMA`, `DUMP_EXT_FILE`, `DUMP_DEVICES_LATE`,
-//! `DUMP_FINISH`, `exit`) over what [`super::super::dump`] does per file, and the processes
-//! whose queues the run stopped.
+//! `DUMP_FINISH`, `exit`) over what [`super::super::dump`] does per file, the processes
+//! whose queues the run stopped, and the guardian that restarts them should CRIU end first
+//! ([`super::super::guardian`]).
 
 use std::cell::OnceCell;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -12,6 +13,7 @@ use criu_plugin::{CriuSymbols, HookError, HookId, HookResult};
 use super::super::device::{self, FileIdentity, FileKind, classify};
 use super::super::dump::{self, DumpCtx, DumpState};
 use super::super::error::{Error, FailureKind, device_error};
+use super::super::guardian::{QueueGuard, QueueGuardFactory};
 use super::super::topology::Topology;
 use super::{CopyKind, INVENTORY_NAME, RunBase, fail};
 use crate::backend::InitContext;
@@ -29,6 +31,12 @@ pub(super) struct DumpRun {
     /// CRIU's image stream (`--stream`), looked up on first need.
     stream: OnceCell<Option<ImageStream>>,
     state: DumpState,
+    /// Starts the guard, `None`: the run has none.
+    guard_factory: Option<QueueGuardFactory>,
+    /// What restarts the paused queues should CRIU end first; started before the first pause.
+    guard: Option<Box<dyn QueueGuard>>,
+    /// No guard can run here (a kernel without pidfds), or the run has none.
+    unguarded: bool,
 }
 
 impl RunBase {
@@ -47,6 +55,7 @@ impl DumpRun {
         base: RunBase,
         kfd_rdev: u64,
         settings_error: Option<String>,
+        guard_factory: Option<QueueGuardFactory>,
         ctx: &InitContext<'_>,
     ) -> DumpRun {
         DumpRun {
@@ -57,6 +66,93 @@ impl DumpRun {
             settings_error,
             stream: OnceCell::new(),
             state: DumpState::default(),
+            guard_factory,
+            guard: None,
+            unguarded: false,
+        }
+    }
+
+    /// Starts the guard (once, before the first pause): no queue is paused unless something
+    /// outside CRIU restarts it should CRIU end before the dump does.
+    fn start_guard(&mut self) -> HookResult {
+        if let Some(g) = &self.guard {
+            if g.alive() {
+                return Ok(());
+            }
+            return Err(fail(device_error(
+                libc::ESRCH,
+                "the guardian process that restarts GPU queues should CRIU end early is gone (killed?); no more queues are paused without it".to_string(),
+            )));
+        }
+        if self.unguarded {
+            return Ok(());
+        }
+        let Some(factory) = &self.guard_factory else {
+            self.unguarded = true;
+            return Ok(());
+        };
+        match factory(self.base.dev.clone()) {
+            Ok(Some(g)) => {
+                self.guard = Some(g);
+                Ok(())
+            }
+            Ok(None) => {
+                log::warn!(
+                    "amdgpu: this kernel has no pidfd_open: no guardian, so GPU queues stay paused should CRIU be killed in the middle of this dump"
+                );
+                self.unguarded = true;
+                Ok(())
+            }
+            Err(e) => Err(fail(Error::io(
+                &e,
+                "cannot start the guardian process that restarts GPU queues should CRIU end early; nothing is paused without it",
+            ))),
+        }
+    }
+
+    /// Tells the guard of the process that holds KFD file `fd` (file `id`), before its queues
+    /// are paused. Returns its pid when the guard watches it.
+    fn watch(&self, fd: BorrowedFd<'_>, id: u32) -> Option<i32> {
+        let g = self.guard.as_ref()?;
+        let holder = match self.base.dev.kfd_holder(fd) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                log::warn!(
+                    "amdgpu: file {id}: no process this CRIU traces holds the KFD file; the guardian cannot restart its queues should CRIU end early"
+                );
+                return None;
+            }
+            Err(e) => {
+                log::warn!(
+                    "amdgpu: file {id}: cannot tell which process holds the KFD file ({e}); the guardian cannot restart its queues should CRIU end early"
+                );
+                return None;
+            }
+        };
+        match g.watch(&holder) {
+            Ok(()) => Some(holder.pid),
+            Err(e) => {
+                log::warn!(
+                    "amdgpu: pid {}: the guardian was not told of it ({e}); its queues are paused unguarded",
+                    holder.pid
+                );
+                None
+            }
+        }
+    }
+
+    /// Tells the guard that `pid`'s queues run again, once no file of it is paused.
+    fn forget(&self, pid: Option<i32>) {
+        let (Some(g), Some(pid)) = (&self.guard, pid) else {
+            return;
+        };
+        let still = self
+            .state
+            .paused
+            .iter()
+            .any(|p| p.paused && p.guarded == Some(pid));
+        if !still && let Err(e) = g.forget(pid) {
+            log::debug!("amdgpu: pid {pid}: the guardian was not told its queues run: {e}");
         }
     }
 
@@ -207,8 +303,17 @@ impl DumpRun {
         device::check_kfd_version(ctx.dev, own.as_fd())
             .map_err(|e| fail(e.context(format!("file {id}"))))?;
         drop(own);
-        let info = dump::pause(&ctx, &mut self.state, fd, id)
-            .map_err(|e| fail(e.context(format!("file {id}"))))?;
+        self.start_guard()?;
+        let guarded = self.watch(fd, id);
+        let ctx = self.base.dump_ctx();
+        let info = match dump::pause(&ctx, &mut self.state, fd, id, guarded) {
+            Ok(info) => info,
+            Err(e) => {
+                self.forget(guarded);
+                return Err(fail(e.context(format!("file {id}"))));
+            }
+        };
+        log::info!("amdgpu: file {id} (pid {}): GPU queues paused", info.pid);
         match dump::checkpoint(&ctx, &mut self.state, fd, id, &info) {
             Ok(stats) => {
                 dump::log_stats(id, info.pid, &stats, started);
@@ -221,15 +326,20 @@ impl DumpRun {
                 // The reason first, then the clean-up.
                 let errno = e.errno.get();
                 log::error!("amdgpu: file {id} (pid {}): {e}", info.pid);
+                let mut restarted = None;
                 if let Some(p) = self.state.paused.iter_mut().rev().find(|p| p.id == id) {
                     match dump::unpause(ctx.dev, p) {
-                        Ok(()) => log::info!(
-                            "amdgpu: pid {}: GPU queues restarted after the failed checkpoint",
-                            p.pid
-                        ),
+                        Ok(()) => {
+                            log::info!(
+                                "amdgpu: pid {}: GPU queues restarted after the failed checkpoint",
+                                p.pid
+                            );
+                            restarted = p.guarded;
+                        }
                         Err(u) => log::error!("amdgpu: {u}; will retry at the end of the dump"),
                     }
                 }
+                self.forget(restarted);
                 Err(HookError::logged(errno))
             }
         }
@@ -243,14 +353,21 @@ impl DumpRun {
     /// UNPAUSE every paused process; every one is tried. Returns the failures.
     fn unpause_all(&mut self) -> usize {
         let mut failures = 0;
+        let mut restarted = Vec::new();
         for p in self.state.paused.iter_mut().filter(|p| p.paused) {
             match dump::unpause(self.base.dev.as_ref(), p) {
-                Ok(()) => log::debug!("amdgpu: pid {}: GPU queues restarted", p.pid),
+                Ok(()) => {
+                    log::debug!("amdgpu: pid {}: GPU queues restarted", p.pid);
+                    restarted.push(p.guarded);
+                }
                 Err(e) => {
                     log::error!("amdgpu: {e}");
                     failures += 1;
                 }
             }
+        }
+        for pid in restarted {
+            self.forget(pid);
         }
         failures
     }
@@ -300,7 +417,8 @@ impl DumpRun {
     }
 
     /// `exit`: restarts whatever is still stopped (hosts without `DUMP_DEVICES_LATE`, failed
-    /// dumps).
+    /// dumps), then releases the guardian, or leaves it to try again once CRIU has ended
+    /// (CRIU then no longer traces the processes).
     pub(super) fn finish(&mut self, ret: i32) {
         let n = self.paused();
         if n > 0 {
@@ -311,6 +429,17 @@ impl DumpRun {
             if self.unpause_all() > 0 {
                 log::error!("amdgpu: some GPU queues could not be restarted");
             }
+        }
+        let Some(g) = self.guard.take() else {
+            return;
+        };
+        let left = self.paused();
+        if left == 0 {
+            g.release();
+        } else {
+            log::warn!(
+                "amdgpu: the GPU queues of {left} process(es) are still paused; the guardian tries again once CRIU has ended"
+            );
         }
     }
 }
