@@ -6,7 +6,9 @@
  * - A process is its mm: the first open of /dev/kfd by an mm makes it, with one device per
  *   GPU; later opens (CRIU re-opening /dev/kfd for a restored mapping) get the same one. Its
  *   ioctls must come from that mm (EBADF otherwise), except CRIU_OP, which CRIU issues on the
- *   fd it took from the process and which needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN.
+ *   fd it took from the process: it must come from the process's main thread's group or from
+ *   that thread's tracer (EBADF otherwise, as amdkfd's ptrace_parent check) and needs
+ *   CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN.
  * - ACQUIRE_VM binds a render-node file of the same GPU; BOs of VRAM and GTT are GEM objects
  *   of that GPU with a handle in that file and its fake mmap offset (mapped through the
  *   render node), doorbells and the MMIO page are mapped through /dev/kfd at
@@ -39,6 +41,7 @@
 #include <linux/mm.h>
 #include <linux/pid.h>
 #include <linux/pid_namespace.h>
+#include <linux/ptrace.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -713,6 +716,20 @@ static const struct {
 	{ AMDKFD_IOC_EXPORT_DMABUF, export_dmabuf },
 };
 
+/* As amdkfd: a CRIU operation comes from the process itself or from the tracer of its main
+ * thread (CRIU during a dump; a guardian that traces the process after CRIU ended). */
+static bool caller_may_criu(struct standin_proc *p)
+{
+	struct task_struct *lead;
+	bool ok;
+
+	rcu_read_lock();
+	lead = pid_task(p->lead, PIDTYPE_PID);
+	ok = lead && (lead == current->group_leader || ptrace_parent(lead) == current);
+	rcu_read_unlock();
+	return ok;
+}
+
 static long kfd_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 {
 	struct standin_proc *p = filp->private_data;
@@ -732,6 +749,8 @@ static long kfd_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	if (ksize > sizeof(buf))
 		return -EINVAL;
 	if (nr == _IOC_NR(AMDKFD_IOC_CRIU_OP)) {
+		if (!caller_may_criu(p))
+			return -EBADF; /* amdkfd: "Using KFD FD in wrong process" */
 		if (!capable(CAP_CHECKPOINT_RESTORE) && !capable(CAP_SYS_ADMIN))
 			return -EACCES;
 	} else if (p->mm != current->mm) {

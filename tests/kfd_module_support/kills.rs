@@ -1,0 +1,398 @@
+//! CRIU killed (`SIGKILL`) at random moments of AMD dumps and restores of the workload: a dump
+//! killed leaves the workload running with its queues advancing again (the dump's guardian
+//! restarts what it paused), a restore killed leaves nothing holding the image's pids, and
+//! no process of a killed run stays behind; a whole dump and restore afterwards still verify.
+//!
+//! The kill moments are spread over 1.2 times a whole run's length, from a seeded generator:
+//! `KFD_KILLS` kills per test (default 12), `KFD_KILL_SEED` to repeat a sequence (printed).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::bench::{
+    Bench, GPU0, GPU1, Module, Status, check_restored, kill_both, reap, setup, wait_gone,
+};
+
+/// How many kills each test makes.
+fn kills() -> usize {
+    std::env::var("KFD_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+}
+
+/// The seed of the kill moments: `KFD_KILL_SEED`, or the clock.
+fn seed() -> u64 {
+    std::env::var("KFD_KILL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        })
+}
+
+/// xorshift64*: enough to spread kill moments, and repeatable from its seed.
+struct Moments(u64);
+
+impl Moments {
+    fn below(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        max.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+/// When (since CRIU's start) CRIU's log `log` first says `marker`.
+fn logged_at(log: &str, marker: &str) -> Option<Duration> {
+    let line = log.lines().find(|l| l.contains(marker))?;
+    let stamp = line.strip_prefix('(')?.split(')').next()?;
+    Some(Duration::from_secs_f64(stamp.trim().parse().ok()?))
+}
+
+/// Waits until `log` says `marker` (CRIU writes its log line by line), `criu` ends or `within`
+/// passes; returns whether it said it.
+fn wait_logged(log: &Path, marker: &str, criu: &mut Child, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(log).is_ok_and(|t| t.contains(marker)) {
+            return true;
+        }
+        if criu.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    false
+}
+
+/// Lets `criu` run until the `i`th kill moment and says what it was: every other one anywhere
+/// in 1.2 times a whole run (`whole`), the others within 1.5 times `window` after its log
+/// says `marker` (the stretch where the run holds the most: the queues paused, the tasks
+/// forked).
+fn run_until_kill(
+    m: &mut Moments,
+    i: usize,
+    criu: &mut Child,
+    log: &Path,
+    whole: Duration,
+    (marker, window): (&str, Duration),
+) -> String {
+    if i % 2 == 1 {
+        let at = m.below(whole.mul_f64(1.2));
+        std::thread::sleep(at);
+        return format!("at {:.3} s", at.as_secs_f64());
+    }
+    if !wait_logged(log, marker, criu, whole * 3) {
+        return format!("(CRIU ended before \"{marker}\")");
+    }
+    let at = m.below(window.mul_f64(1.5));
+    std::thread::sleep(at);
+    format!("{:.3} s after \"{marker}\"", at.as_secs_f64())
+}
+
+/// CRIU started on `images` (its log `ACTION.log` there), not waited for.
+fn spawn_criu(b: &Bench, action: &str, images: &Path, extra: &[&str]) -> Child {
+    std::fs::create_dir_all(images).unwrap();
+    Command::new(&b.criu)
+        .arg(action)
+        .arg("-D")
+        .arg(images)
+        .arg("-L")
+        .arg(&b.lib)
+        .args(["-v4", "-o", &format!("{action}.log")])
+        .args(extra)
+        .env("CRIU_GPU_AMDGPU_TOPOLOGY", &b.topology)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn kill_criu(criu: &mut Child) {
+    let _ = criu.kill();
+    let _ = criu.wait();
+}
+
+fn status_of(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
+}
+
+fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
+}
+
+/// Processes named `criu` that are not zombies: CRIU, its forks, the plugin's helpers and
+/// guardian (only the test runs CRIU in the guest).
+fn criu_processes() -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let s = status_of(pid)?;
+            let alive = field(&s, "State:").is_some_and(|st| !st.starts_with('Z'));
+            (field(&s, "Name:") == Some("criu") && alive).then(|| {
+                format!(
+                    "{pid} ({}, parent {})",
+                    field(&s, "State:").unwrap_or("?"),
+                    field(&s, "PPid:").unwrap_or("?")
+                )
+            })
+        })
+        .collect()
+}
+
+/// Waits until no process of a killed run is left.
+fn wait_no_criu(within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        reap();
+        let left = criu_processes();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("processes of the killed CRIU run left: {left:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn counters(s: &Status) -> [u64; 2] {
+    [0, 1].map(|g| s[&format!("gpu{g}_counter")].parse().unwrap())
+}
+
+/// Waits until `pid` runs untraced and its queues advance; returns how long that took.
+fn queues_run(b: &Bench, pid: i32, within: Duration) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut last = String::new();
+    while t.elapsed() < within {
+        let Some(s) = status_of(pid) else {
+            return Err(format!("pid {pid} is gone"));
+        };
+        let state = field(&s, "State:").unwrap_or("?").to_string();
+        let tracer = field(&s, "TracerPid:").unwrap_or("?").to_string();
+        if tracer != "0" || state.starts_with('t') || state.starts_with('T') {
+            last = format!("state {state}, tracer {tracer}");
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let a = counters(&b.status(pid));
+        std::thread::sleep(Duration::from_millis(300));
+        let z = counters(&b.status(pid));
+        if z[0] > a[0] && z[1] > a[1] {
+            return Ok(t.elapsed());
+        }
+        last = format!("queue counters {a:?} -> {z:?}");
+    }
+    Err(format!(
+        "pid {pid}'s queues do not run again within {within:?} ({last})"
+    ))
+}
+
+#[test]
+fn criu_killed_in_the_middle_of_amd_dumps() {
+    let Some(setup) = setup("kfd-dump-kills") else {
+        return;
+    };
+    let b = &setup.bench;
+    let img = |n: &str| b.dir.path().join(n);
+    let _module = Module::load(&setup.ko, [GPU0, GPU1]);
+    let pids = b.start();
+    let t = Instant::now();
+    let log = b.criu(
+        "dump",
+        &img("timed"),
+        &["-t", &pids.0.to_string(), "--leave-running"],
+        &[],
+    );
+    let whole = t.elapsed();
+    let paused = (
+        logged_at(&log, "GPU queues paused").expect("the pause is logged"),
+        logged_at(&log, "GPU queues of").expect("the restart is logged"),
+    );
+    let (n, seed) = (kills(), seed());
+    println!(
+        "kfd_module: {n} dumps killed, seed {seed} (KFD_KILL_SEED); a whole dump takes {:.2} s, the queues paused from {:.2} to {:.2} s of it",
+        whole.as_secs_f64(),
+        paused.0.as_secs_f64(),
+        paused.1.as_secs_f64()
+    );
+    let mut moments = Moments(seed);
+    let (mut by_guardian, mut finished, mut slowest) = (0, 0, Duration::ZERO);
+    for i in 1..=n {
+        let images = img(&format!("dump-kill-{i}"));
+        let pid = pids.0.to_string();
+        let mut criu = spawn_criu(b, "dump", &images, &["-t", &pid, "--leave-running"]);
+        let log = images.join("dump.log");
+        let window = ("GPU queues paused", paused.1.saturating_sub(paused.0));
+        let at = run_until_kill(&mut moments, i, &mut criu, &log, whole, window);
+        kill_criu(&mut criu);
+        let what = format!("dump kill {i} {at} (seed {seed})");
+        let ran = queues_run(b, pids.0, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            b.status(pids.1).contains_key("dmabuf_sum"),
+            "{what}: the child"
+        );
+        wait_no_criu(Duration::from_secs(10)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        let outcome = if log.contains("GPU queues run again (KFD UNPAUSE)") {
+            by_guardian += 1;
+            "the guardian restarted the queues"
+        } else if log.contains("Dumping finished successfully") {
+            finished += 1;
+            "the dump had finished"
+        } else if log.contains("GPU queues of") {
+            "the dump had restarted the queues"
+        } else if log.contains("GPU queues paused") {
+            "the queues were paused, the guardian left no word (its log?)"
+        } else {
+            "before the pause"
+        };
+        slowest = slowest.max(ran);
+        println!(
+            "kfd_module: {what}: {outcome}; queues running {:.2} s after the kill",
+            ran.as_secs_f64()
+        );
+        let _ = std::fs::remove_dir_all(&images);
+    }
+    println!(
+        "kfd_module: {n} dumps killed: queues restarted by the guardian {by_guardian} times, dump finished first {finished} times; queues ran again within {:.2} s each time",
+        slowest.as_secs_f64()
+    );
+    // The workload lost nothing: a whole dump and restore still verify.
+    let before = b.status(pids.0);
+    b.dump(pids.0, &img("after"), false);
+    b.restore(&img("after"), pids, &[]);
+    check_restored(
+        b,
+        pids,
+        &before,
+        [GPU0, GPU1],
+        "restore after the dump kills",
+    );
+    println!("kfd_module: a whole dump and restore after the dump kills: ok");
+    kill_both(pids);
+    wait_gone(&[pids.0, pids.1]);
+}
+
+/// Waits until no process started since `since` (clock ticks) holds one of `pids`. Returns
+/// what still does at the deadline.
+fn wait_freed(pids: &[i32], since: u64, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        reap();
+        let held: Vec<String> = pids
+            .iter()
+            .filter(|&&p| criu_plugin::guardian::start_time(p).is_some_and(|s| s >= since))
+            .map(|&p| {
+                let s = status_of(p).unwrap_or_default();
+                format!(
+                    "{p} ({}, tracer {}, blocked signals {})",
+                    field(&s, "State:").unwrap_or("gone"),
+                    field(&s, "TracerPid:").unwrap_or("?"),
+                    field(&s, "SigBlk:").unwrap_or("?")
+                )
+            })
+            .collect();
+        if held.is_empty() || Instant::now() > deadline {
+            return held;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn criu_killed_in_the_middle_of_amd_restores() {
+    let Some(setup) = setup("kfd-restore-kills") else {
+        return;
+    };
+    let b = &setup.bench;
+    let img = |n: &str| b.dir.path().join(n);
+    let _module = Module::load(&setup.ko, [GPU0, GPU1]);
+    let pids = b.start();
+    let before = b.status(pids.0);
+    b.dump(pids.0, &img("base"), false);
+    let t = Instant::now();
+    let log = b.restore(&img("base"), pids, &[]);
+    let whole = t.elapsed();
+    let busy = (
+        logged_at(&log, "KFD file(s) can be restored here").expect("the preflight is logged"),
+        logged_at(&log, "Restore finished successfully").expect("the end is logged"),
+    );
+    check_restored(b, pids, &before, [GPU0, GPU1], "restore");
+    kill_both(pids);
+    let (n, seed) = (kills(), seed());
+    println!(
+        "kfd_module: {n} restores killed, seed {seed} (KFD_KILL_SEED); a whole restore takes {:.2} s, from {:.2} to {:.2} s of it from the AMD preflight to its end",
+        whole.as_secs_f64(),
+        busy.0.as_secs_f64(),
+        busy.1.as_secs_f64()
+    );
+    let mut moments = Moments(seed);
+    let (mut finished, mut failures) = (0, Vec::new());
+    for i in 1..=n {
+        wait_gone(&[pids.0, pids.1]);
+        // A CRIU killed before it opened its log must not leave the last run's to be read.
+        let log = img("base").join("restore.log");
+        let _ = std::fs::remove_file(&log);
+        let mut criu = spawn_criu(b, "restore", &img("base"), &["-d"]);
+        let since = criu_plugin::guardian::start_time(criu.id() as i32).unwrap_or(0);
+        let window = (
+            "KFD file(s) can be restored here",
+            busy.1.saturating_sub(busy.0),
+        );
+        let at = run_until_kill(&mut moments, i, &mut criu, &log, whole, window);
+        kill_criu(&mut criu);
+        let what = format!("restore kill {i} {at} (seed {seed})");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        if log.contains("Restore finished successfully") {
+            // The restore won the race: a restored tree, as any other.
+            finished += 1;
+            println!("kfd_module: {what}: the restore had finished");
+            kill_both(pids);
+        } else {
+            let held = wait_freed(&[pids.0, pids.1], since, Duration::from_secs(15));
+            let last = log.lines().last().unwrap_or("(no log)");
+            let last: String = last.chars().take(120).collect();
+            if held.is_empty() {
+                println!(
+                    "kfd_module: {what}: the image's pids are free (CRIU's last word: {last})"
+                );
+            } else {
+                println!("kfd_module: {what}: still held: {held:?} (CRIU's last word: {last})");
+                failures.push(format!("{what}: the image's pids still held: {held:?}"));
+                kill_both(pids);
+            }
+        }
+        if let Err(e) = wait_no_criu(Duration::from_secs(10)) {
+            println!("kfd_module: {what}: {e}");
+            failures.push(format!("{what}: {e}"));
+        }
+    }
+    // A restore from the same images still succeeds and verifies.
+    b.restore(&img("base"), pids, &[]);
+    check_restored(
+        b,
+        pids,
+        &before,
+        [GPU0, GPU1],
+        "restore after the restore kills",
+    );
+    println!("kfd_module: {n} restores killed ({finished} had finished), then a whole restore: ok");
+    kill_both(pids);
+    wait_gone(&[pids.0, pids.1]);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
