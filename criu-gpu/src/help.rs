@@ -92,7 +92,8 @@ EXAMPLES
 
 const RESUME: &str = "\
 NAME
-    criu-gpu resume - give every suspended CUDA process of TARGET its GPUs back
+    criu-gpu resume - give every suspended CUDA process of TARGET its GPUs back, and every AMD
+    process a dump left paused its GPU queues
 
 SYNOPSIS
     criu-gpu resume PID [--device-map OLD=NEW,...] [--serial] [--json]
@@ -110,6 +111,11 @@ DESCRIPTION
 
     All or nothing: when one process fails, those already resumed are suspended again (locked
     and checkpointed) and the command fails naming the pid and why.
+
+    AMD processes of TARGET whose GPU queues a CRIU dump left paused (CRIU killed in the
+    middle of the dump, and its guardian could not restart them) get them restarted first,
+    through each process's own /dev/kfd file; those whose queues run are skipped. This needs
+    no CUDA driver.
 
 EXAMPLES
     criu-gpu resume 4242

@@ -2,6 +2,7 @@
 //! plugin's library. `main` parses the command line, runs one command and turns its result
 //! into output and an exit status (0 done, 1 failed, 2 usage, 3 failed and not all put back).
 
+mod amd;
 mod archive;
 mod args;
 mod check;
@@ -107,7 +108,21 @@ fn run(a: &Args) -> Result<i32, Failed> {
         }
         Command::Resume { target, device_map } => {
             let pids = targets::resolve(target)?;
-            let s = criu_gpu_core::session::Session::open(a.serial)?;
+            // AMD first: it needs no CUDA driver, which a machine with AMD GPUs may lack.
+            let amd = amd::resume(&pids);
+            if let Some(r) = &amd
+                && !r.failed.is_empty()
+            {
+                return Ok(emit_report(a, r));
+            }
+            let s = match (criu_gpu_core::session::Session::open(a.serial), amd) {
+                (Ok(s), _) => s,
+                (Err(why), Some(r)) => {
+                    log::info!("no CUDA processes resumed: {why}");
+                    return Ok(emit_report(a, &r));
+                }
+                (Err(why), None) => return Err(why.into()),
+            };
             let r = suspend::resume(&s, &pids, device_map.as_deref())?;
             Ok(emit_report(a, &r))
         }

@@ -272,6 +272,7 @@ fn criu_killed_in_the_middle_of_amd_dumps() {
         "kfd_module: {n} dumps killed: queues restarted by the guardian {by_guardian} times, dump finished first {finished} times; queues ran again within {:.2} s each time",
         slowest.as_secs_f64()
     );
+    resume_by_hand(b, pids.0, &img("guardian-stopped"));
     // The workload lost nothing: a whole dump and restore still verify.
     let before = b.status(pids.0);
     b.dump(pids.0, &img("after"), false);
@@ -286,6 +287,86 @@ fn criu_killed_in_the_middle_of_amd_dumps() {
     println!("kfd_module: a whole dump and restore after the dump kills: ok");
     kill_both(pids);
     wait_gone(&[pids.0, pids.1]);
+}
+
+/// `criu-gpu` of this workspace (built before the tests: the guest cannot build it).
+fn criu_gpu() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("criu-gpu");
+    assert!(
+        bin.is_file(),
+        "no {}: run `cargo build --locked -p criu-gpu` first",
+        bin.display()
+    );
+    bin
+}
+
+/// The guardian stopped (`SIGSTOP`) before CRIU is killed with the queues paused: they stay
+/// paused until `criu-gpu resume` restarts them; the guardian, continued, finds nothing left
+/// to do and ends.
+fn resume_by_hand(b: &Bench, pid: i32, images: &Path) {
+    let p = pid.to_string();
+    let mut criu = spawn_criu(b, "dump", images, &["-t", &p, "--leave-running"]);
+    let log = images.join("dump.log");
+    assert!(
+        wait_logged(
+            &log,
+            "GPU queues paused",
+            &mut criu,
+            Duration::from_secs(60)
+        ),
+        "the dump did not pause the queues"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let guardian: i32 = text
+        .lines()
+        .find_map(|l| l.split("amdgpu: guardian ").nth(1))
+        .and_then(|r| r.split(' ').next()?.parse().ok())
+        .expect("the guardian's pid is logged");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(guardian, libc::SIGSTOP) };
+    kill_criu(&mut criu);
+    // Untraced, running on the CPU, its queues paused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(pid)
+        .and_then(|s| field(&s, "TracerPid:").map(|t| t != "0"))
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < deadline, "pid {pid} is still traced");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let a = counters(&b.status(pid));
+    std::thread::sleep(Duration::from_millis(500));
+    let z = counters(&b.status(pid));
+    assert_eq!(a, z, "the queues run without the guardian");
+    let out = Command::new(criu_gpu())
+        .args(["resume", &p])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("queues paused"),
+        "criu-gpu resume {p}: {}\n{said}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ran = queues_run(b, pid, Duration::from_secs(20)).unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(guardian, libc::SIGCONT) };
+    wait_no_criu(Duration::from_secs(10)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("its GPU queues were not paused"),
+        "the guardian, continued, says nothing of pid {pid}"
+    );
+    println!(
+        "kfd_module: guardian stopped, CRIU killed with the queues paused: `criu-gpu resume {pid}` restarted them ({:.2} s); the guardian, continued, found them running",
+        ran.as_secs_f64()
+    );
 }
 
 /// Waits until no process started since `since` (clock ticks) holds one of `pids`. Returns

@@ -9,7 +9,8 @@
 //! [`KfdDevice::kfd_holder`]), and that it needs nothing more once the queues run again
 //! ([`QueueGuard::forget`]); a run that ends with every queue running releases it. Should
 //! CRIU end first, the guardian's [`RestartQueues`] restarts the queues of every process it
-//! still watches ([`restart_queues`], through [`KfdDevice::unpause_holder`]).
+//! still watches ([`restart_queues`], through [`KfdDevice::unpause_holder`]). `criu-gpu
+//! resume` does the same by hand ([`restart_queues_of`]).
 //!
 //! The dump reaches the guardian through [`QueueGuard`], made by the backend's
 //! [`QueueGuardFactory`]: the plugin's backend spawns the guardian process
@@ -99,7 +100,20 @@ impl Duty for RestartQueues {
                 (holder, Some(w.pidfd().as_fd()))
             })
             .collect();
-        restart_queues(self.dev.as_ref(), &left);
+        for (pid, r) in restart_queues(self.dev.as_ref(), &left) {
+            match r {
+                Restart::Restarted(_) => log::warn!(
+                    "guardian: CRIU ended in the middle of the dump; pid {pid}'s GPU queues run again (KFD UNPAUSE)"
+                ),
+                Restart::WasRunning => {
+                    log::info!("guardian: pid {pid}: its GPU queues were not paused")
+                }
+                Restart::Failed(e) => log::error!(
+                    "guardian: pid {pid}'s GPU queues stay paused: {e}; run `{}`",
+                    recovery_command(pid)
+                ),
+            }
+        }
     }
 }
 
@@ -120,32 +134,18 @@ pub fn recovery_command(pid: i32) -> String {
 }
 
 /// Restarts the queues of each process of `left` (with a pidfd of it where there is one), all
-/// at once, and logs each outcome: a warning for every process restarted, an error naming
-/// the command to run for every one that stays paused. Runs outside CRIU (threads).
+/// at once. Runs outside CRIU (threads).
 pub fn restart_queues(
     dev: &dyn KfdDevice,
     left: &[(KfdHolder, Option<BorrowedFd<'_>>)],
 ) -> Vec<(i32, Restart)> {
     let outcome = |(holder, pidfd): &(KfdHolder, Option<BorrowedFd<'_>>)| {
-        let pid = holder.pid;
         let r = match dev.unpause_holder(holder, *pidfd) {
             Ok(0) => Restart::WasRunning,
             Ok(n) => Restart::Restarted(n),
             Err(e) => Restart::Failed(e),
         };
-        match &r {
-            Restart::Restarted(_) => log::warn!(
-                "guardian: CRIU ended in the middle of the dump; pid {pid}'s GPU queues run again (KFD UNPAUSE)"
-            ),
-            Restart::WasRunning => {
-                log::info!("guardian: pid {pid}: its GPU queues were not paused")
-            }
-            Restart::Failed(e) => log::error!(
-                "guardian: pid {pid}'s GPU queues stay paused: {e}; run `{}`",
-                recovery_command(pid)
-            ),
-        }
-        (pid, r)
+        (holder.pid, r)
     };
     std::thread::scope(|s| {
         let workers: Vec<_> = left
@@ -169,4 +169,24 @@ pub fn restart_queues(
             })
             .collect()
     })
+}
+
+/// Restarts, on this machine's amdkfd, the GPU queues of each process of `pids` that holds a
+/// `/dev/kfd` file and has them paused (what `criu-gpu resume` does for a process a killed
+/// dump left paused). Processes without a `/dev/kfd` file are left out; a machine without
+/// `/dev/kfd` has none.
+pub fn restart_queues_of(pids: &[i32]) -> Vec<(i32, Restart)> {
+    let dev = super::kernel::KernelKfd::new();
+    let Ok(kfd_rdev) = dev.kfd_rdev() else {
+        return Vec::new();
+    };
+    let holders: Vec<(KfdHolder, Option<BorrowedFd<'_>>)> = pids
+        .iter()
+        .filter_map(|&pid| {
+            let fd = super::holder::kfd_fd_number(pid, kfd_rdev)?;
+            let start = criu_plugin::guardian::start_time(pid)?;
+            Some((KfdHolder { pid, start, fd }, None))
+        })
+        .collect();
+    restart_queues(&dev, &holders)
 }

@@ -122,6 +122,14 @@ impl Tracees {
     }
 }
 
+/// The number of the first `/dev/kfd` file (device `kfd_rdev`) `pid` holds.
+pub fn kfd_fd_number(pid: i32, kfd_rdev: u64) -> Option<RawFd> {
+    fds_of(pid).into_iter().find(|fd| {
+        nix::sys::stat::stat(format!("/proc/{pid}/fd/{fd}").as_str())
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == kfd_rdev)
+    })
+}
+
 /// A copy of fd `fd` of the process of `pidfd`.
 fn take_fd(pidfd: BorrowedFd<'_>, fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_getfd(2) takes a pidfd, an fd number of that process and flags; it
