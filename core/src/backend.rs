@@ -17,7 +17,7 @@
 //! | `RESTORE_INIT` | [`HookHandler::restore_init`] | — | shared restore state |
 //! | `RESTORE_EXT_FILE` | [`HookHandler::restore_ext_file`] | — | KFD restore |
 //! | `UPDATE_VMA_MAP` | [`HookHandler::update_vma_map`] | — | offset remapping |
-//! | `POST_FORKING` | [`HookHandler::post_forking`] | — | claims the parallel restore |
+//! | `POST_FORKING` | [`HookHandler::post_forking`] | tells the guardian of the root (never answers) | claims the parallel restore |
 //! | `RESUME_DEVICES_LATE` | [`HookHandler::resume_devices_late`] | restore + unlock | KFD resume |
 //! | `exit` | [`GpuBackend::exit`] | put every touched process back | unpause on failure |
 //!

@@ -45,6 +45,9 @@ pub struct DumpRun {
     /// The process that puts everything back should CRIU end first; started before the
     /// first lock.
     guardian: Option<Guardian>,
+    /// What the guardian was told, by pid (start time, action): told again to a new guardian
+    /// should the first one die.
+    watches: BTreeMap<i32, (u64, u32)>,
     /// No guardian can run here (a kernel without pidfds): warned about once.
     unguarded: bool,
     inventory_added: bool,
@@ -130,6 +133,7 @@ impl DumpRun {
             abandoned_locks: Vec::new(),
             claims: BTreeMap::new(),
             guardian: None,
+            watches: BTreeMap::new(),
             unguarded: false,
             inventory_added: false,
         }))
@@ -220,21 +224,30 @@ impl DumpRun {
         Ok(())
     }
 
-    /// Starts the guardian (once): no process is locked unless something outside CRIU will
-    /// put it back should CRIU end before the dump does.
+    /// Starts the guardian (once, or again if it died): no process is locked unless something
+    /// outside CRIU will put it back should CRIU end before the dump does.
     fn start_guardian(&mut self) -> HookResult {
         if let Some(g) = &self.guardian {
+            if g.stopped() {
+                return Err(Failure::new(
+                    FailureKind::System,
+                    libc::EAGAIN,
+                    format!(
+                        "cuda: the guardian process {pid} that puts CUDA processes back should CRIU end early is stopped; nothing more is locked until it runs again (`kill -CONT {pid}`)",
+                        pid = g.pid()
+                    ),
+                ).into());
+            }
             if g.alive() {
                 return Ok(());
             }
-            return Err(Failure::new(
-                FailureKind::System,
-                libc::ESRCH,
-                format!(
-                    "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); nothing more is locked without it",
-                    g.pid()
-                ),
-            ).into());
+            // Killed (the OOM killer, say): the dump goes on under a new one, told of every
+            // process the first one looked after.
+            log::warn!(
+                "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); starting another",
+                g.pid()
+            );
+            self.guardian = None;
         }
         if self.unguarded {
             return Ok(());
@@ -243,7 +256,13 @@ impl DumpRun {
             driver: &self.driver,
         }) {
             Ok(g) => {
-                log::debug!("cuda: guardian {} started", g.pid());
+                log::info!("cuda: guardian {} started", g.pid());
+                for (&pid, &(start, action)) in &self.watches {
+                    let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
+                    if let Err(e) = g.watch(pid, start, action, claim) {
+                        log::warn!("cuda: pid {pid}: the new guardian was not told of it: {e}");
+                    }
+                }
                 self.guardian = Some(g);
                 Ok(())
             }
@@ -267,7 +286,7 @@ impl DumpRun {
 
     /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
     /// holds too), once the lock helper said how it found the process.
-    fn watch(&self, pid: i32, start: Option<u64>, locked: &Locked) {
+    fn watch(&mut self, pid: i32, start: Option<u64>, locked: &Locked) {
         let (Some(g), Some(start)) = (&self.guardian, start) else {
             return;
         };
@@ -277,6 +296,7 @@ impl DumpRun {
             (FoundState::Locked, false) => Action::RESTORE,
             _ => return,
         };
+        self.watches.insert(pid, (start, action.bits()));
         let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
         if let Err(e) = g.watch(pid, start, action.bits(), claim) {
             log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}");
@@ -284,7 +304,8 @@ impl DumpRun {
     }
 
     /// Tells the guardian that `pid` needs nothing more from it.
-    fn forget(&self, pid: i32) {
+    fn forget(&mut self, pid: i32) {
+        self.watches.remove(&pid);
         if let Some(g) = &self.guardian {
             let _ = g.forget(pid);
         }

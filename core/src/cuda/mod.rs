@@ -149,6 +149,13 @@ impl HookHandler for CudaBackend {
         }
     }
 
+    fn post_forking(&mut self) -> HookResult {
+        match &mut self.run {
+            Some(Run::Restore(r)) => r.post_forking(),
+            _ => Err(HookError::NotMine),
+        }
+    }
+
     fn resume_devices_late(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Restore(r)) => r.resume(pid),
