@@ -1,7 +1,8 @@
 //! The per-process claims with real CRIU (the plugin, the stand-in CUDA driver). A
 //! `--leave-running` dump is held in its post-dump action script, every process checkpointed:
 //! - its guardian killed, then CRIU killed: the claims die with them, and `criu-gpu resume`
-//!   brings every process back;
+//!   brings every process back (also when CRIU is stopped and killed with both processes only
+//!   locked);
 //! - its guardian stopped, then CRIU killed: `criu-gpu resume` and a new dump are refused,
 //!   naming the stopped guardian and what to do; once it is continued, the guardian puts
 //!   every process back by itself;
@@ -195,6 +196,65 @@ fn criu_gpu_resume_recovers_what_a_dead_guardian_left() {
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("total: 2 process(es) resumed"), "{r:?}");
     w.assert_running();
+}
+
+/// The same with CRIU stopped as soon as both processes are locked, before their checkpoint:
+/// `criu-gpu resume` unlocks what the dead guardian left locked. (A try in which the
+/// checkpoint came first, on a busy machine, is resumed and tried again, three times at most.)
+#[test]
+fn criu_gpu_resume_unlocks_what_a_dead_guardian_left_locked() {
+    let t = T::start("dead-guardian-locked");
+    for round in 0..3 {
+        let w = t.workload(&format!("w{round}"), 1, 8);
+        let root = w.root().to_string();
+        let images = t.dir.join(format!("img{round}"));
+        t.clear_calls();
+        let mut criu = criu_dump(&t, &[], w.root(), &images, &[])
+            .spawn()
+            .expect("criu");
+        let calls = t.dir.join("calls");
+        let count = |op: &str| {
+            std::fs::read_to_string(&calls)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with(op))
+                .count()
+        };
+        let t0 = Instant::now();
+        while count("lock ") < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "no locks");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        signal(criu.id() as i32, libc::SIGSTOP);
+        let early = count("checkpoint ") == 0;
+        let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+        let g: i32 = log
+            .lines()
+            .find_map(|l| {
+                l.split("cuda: guardian ")
+                    .nth(1)?
+                    .strip_suffix(" started")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no guardian in CRIU's log:\n{log}"));
+        signal(g, libc::SIGKILL);
+        signal(criu.id() as i32, libc::SIGKILL);
+        criu.wait().unwrap();
+        wait_untraced(&w);
+        let st = t.tool(&["status", &root], &[]);
+        if early {
+            assert_eq!(st.stdout.matches(" locked ").count(), 2, "{st:?}");
+        }
+        let r = t.tool(&["resume", &root], &[]);
+        assert_eq!(r.code, Some(0), "{r:?}");
+        w.assert_running();
+        if early {
+            return;
+        }
+        eprintln!("try {round}: CRIU was stopped after a checkpoint; again");
+    }
+    panic!("CRIU was never stopped between the locks and the checkpoint");
 }
 
 #[test]
