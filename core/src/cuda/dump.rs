@@ -2,6 +2,7 @@
 //! the first `CHECKPOINT_DEVICES`, then the metadata is written; what must run on afterwards
 //! is put back as it was found ([`put_back`]).
 
+mod claims;
 pub(super) mod put_back;
 
 use std::collections::BTreeMap;
@@ -50,6 +51,8 @@ pub struct DumpRun {
     watches: BTreeMap<i32, (u64, u32)>,
     /// No guardian can run here (a kernel without pidfds): warned about once.
     unguarded: bool,
+    /// A claim could not be taken where it belongs: warned about once.
+    claims_warned: bool,
     inventory_added: bool,
 }
 
@@ -135,6 +138,7 @@ impl DumpRun {
             guardian: None,
             watches: BTreeMap::new(),
             unguarded: false,
+            claims_warned: false,
             inventory_added: false,
         }))
     }
@@ -153,7 +157,10 @@ impl DumpRun {
         let started = Instant::now();
         // Claimed before the driver is asked: a task that another CRIU is restoring is not a
         // CUDA process yet, and must not be dumped as one without its GPU state.
-        let start = self.claim(pid)?;
+        let (start, unclaimed) = match self.claim(pid)? {
+            claims::Claimed::Yes(start) => (start, None),
+            claims::Claimed::Impossible(start, why) => (Some(start), Some(why)),
+        };
         let t = Instant::now();
         let tid_result = self.driver.restore_thread_id(pid);
         let mut in_driver = t.elapsed();
@@ -182,6 +189,9 @@ impl DumpRun {
             }
         };
         self.settings.check(&format!("cuda: pid {pid} uses CUDA"))?;
+        if let Some(why) = unclaimed {
+            return Err(claims::refuse_unclaimed(pid, &why).into());
+        }
         check_runnable(pid, tid)?;
         self.start_guardian()?;
         let locked = self.lock(pid, start)?;
@@ -264,6 +274,10 @@ impl DumpRun {
                     }
                 }
                 self.guardian = Some(g);
+                let watched: Vec<i32> = self.watches.keys().copied().collect();
+                for pid in watched {
+                    self.record_guardian(pid);
+                }
                 Ok(())
             }
             // Kernels before 5.3 have no pidfds: such a dump runs as before, unguarded.
@@ -285,7 +299,8 @@ impl DumpRun {
     }
 
     /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
-    /// holds too), once the lock helper said how it found the process.
+    /// holds too, and is recorded as holding), once the lock helper said how it found the
+    /// process.
     fn watch(&mut self, pid: i32, start: Option<u64>, locked: &Locked) {
         let (Some(g), Some(start)) = (&self.guardian, start) else {
             return;
@@ -298,8 +313,9 @@ impl DumpRun {
         };
         self.watches.insert(pid, (start, action.bits()));
         let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
-        if let Err(e) = g.watch(pid, start, action.bits(), claim) {
-            log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}");
+        match g.watch(pid, start, action.bits(), claim) {
+            Ok(()) => self.record_guardian(pid),
+            Err(e) => log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}"),
         }
     }
 
@@ -407,35 +423,6 @@ impl DumpRun {
                 .saturating_sub(ALARM_MARGIN)
                 .max(Duration::from_millis(100)),
             None => Duration::from_millis(self.settings.lock_timeout_ms),
-        }
-    }
-
-    /// Claims `pid` for this dump; refuses it while another CRIU dumps it. Returns the
-    /// process's start time, when it has one.
-    fn claim(&mut self, pid: i32) -> HookResult<Option<u64>> {
-        let Some(start) = procfs::start_time(pid) else {
-            return Ok(None);
-        };
-        // Already ours (CRIU asks again after a failed seize).
-        if self.claims.contains_key(&pid) {
-            return Ok(Some(start));
-        }
-        match exclusive::claim(pid, start) {
-            Ok(c) => {
-                self.claims.insert(pid, c);
-                Ok(Some(start))
-            }
-            Err(exclusive::ClaimError::Busy) => Err(Failure::new(
-                FailureKind::Process,
-                libc::EBUSY,
-                format!(
-                    "cuda: pid {pid} is held by another CRIU or criu-gpu right now (a dump, a restore or a suspend of it is under way); it is left to that one (try again once it is done)"
-                ),
-            ).into()),
-            Err(exclusive::ClaimError::Unavailable(e)) => {
-                log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
-                Ok(Some(start))
-            }
         }
     }
 

@@ -99,7 +99,7 @@ impl RestoreTasks for ClaimTasks {
         if self.settled || self.claims.len() >= MAX_CLAIMS {
             return;
         }
-        if let Ok(c) = super::exclusive::claim(pid, start) {
+        if let Ok(c) = super::exclusive::claim_as(pid, start, super::exclusive::Role::Guardian) {
             self.claims.push(c);
         }
     }

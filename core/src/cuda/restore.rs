@@ -558,7 +558,7 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
 /// otherwise run on frozen behind "Restore finished successfully"; once they are gone, CRIU's
 /// own detach from them fails and CRIU fails the restore. The image is left as it is, for
 /// another try.
-fn end_restored(tree: &[i32], failed: &[i32]) {
+pub(super) fn end_restored(tree: &[i32], failed: &[i32]) {
     log::error!(
         "cuda: the GPU state of pid(s) {} could not be restored: ending the {} restored process(es) so that the restore fails instead of leaving them frozen; the image is unchanged for another try",
         list_pids(failed),
