@@ -41,6 +41,10 @@ for release in 4.2.1 4.3; do
         --test e2e_cuda_settings --test e2e_cuda_restore_state --test e2e_cut_short \
         --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
         --test e2e_cri --test e2e_gpu_containers
+    # criu-gpu against a real CRIU dump: claims (holders gone or stopped, lock directory
+    # unusable) and races.
+    CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked -p criu-gpu \
+        --test claims --test race
 done
 # The cgroup-v2-only guest (scripts/guest/, docs/guest.md): containerd's CRI on a system whose
 # cgroup v2 hierarchy has every controller, which this hybrid host cannot give, with each CRIU

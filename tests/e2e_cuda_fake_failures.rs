@@ -643,7 +643,8 @@ fn concurrent_dumps_of_one_process_never_leave_it_locked() {
             if !r.ok() {
                 refused += 1;
                 assert!(
-                    r.has("is held by another CRIU or criu-gpu right now")
+                    r.has("right now (a dump or restore of it is under way)")
+                        || r.has("is held by another CRIU or criu-gpu right now")
                         || r.has("Can't seize")
                         || r.has("already traced"),
                     "round {round}: a failure other than the other CRIU's claim: {r:?}"

@@ -2,7 +2,8 @@
 //! whatever the image says: real CRIU, the plugin built from this tree, the stand-in CUDA driver
 //! (see `tests/e2e_cuda_fake.rs` for the harness). Each image below is edited after a good dump:
 //! a missing process record, a record saying `locked` or `checkpointed`, an inventory that does
-//! not list `cuda_plugin`, a metadata file damaged or of the older format 1.0. Each restore
+//! not list `cuda_plugin` (also restored with the NVIDIA side disabled), a metadata file damaged
+//! or of the older format 1.0. Each restore
 //! ends with every process running with its GPU state, or fails with nothing left behind, and a
 //! second restore from the mended images then works.
 //!
@@ -234,6 +235,39 @@ fn an_inventory_without_cuda_plugin_never_leaves_a_process_checkpointed() {
             "{r:?}"
         );
     }
+    d.assert_running(&r, "r2");
+    d.w.assert_continues(&marks);
+}
+
+/// The same inventory without `cuda_plugin`, restored with the NVIDIA side switched off
+/// (`disable = cuda`): nothing gives the processes their GPU state back, so the restore fails
+/// and ends them instead of reporting success with them checkpointed, the driver asked for
+/// their state only; with the NVIDIA side on again the same images restore.
+#[test]
+fn a_restore_with_cuda_disabled_never_reports_success_with_processes_checkpointed() {
+    let Some(d) = dump_tree("cuda-disabled") else {
+        return;
+    };
+    let marks = d.w.marks();
+    drop_inventory_plugin(&d.images.join("inventory.img"), b"cuda_plugin");
+
+    let off = [("CRIU_GPU_DISABLE", "cuda".to_string())];
+    let r = d.restore("r1", &off);
+    d.assert_failed_clean(&r, "but the NVIDIA side is disabled (`disable = cuda`");
+    for &p in &d.w.pids {
+        assert!(
+            r.has(&format!(
+                "restored pid {p} is a CUDA process left checkpointed"
+            )),
+            "{r:?}"
+        );
+        assert!(
+            d.f.calls("r1.calls").transitions(p).is_empty(),
+            "pid {p}: the disabled side changed a process"
+        );
+    }
+
+    let r = d.restore("r2", &[]);
     d.assert_running(&r, "r2");
     d.w.assert_continues(&marks);
 }

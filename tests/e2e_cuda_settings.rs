@@ -2,7 +2,7 @@
 //! (`common::fake_cuda`): a dump of a process that holds an NVIDIA device fails, naming the
 //! key and where its value came from, and leaves the process running; a process without one
 //! still dumps. And no library is ever loaded from CRIU's working directory (the image
-//! directory), whatever `libcuda` and `nvml` say.
+//! directory), whatever `libcuda`, `nvml` and `LD_LIBRARY_PATH` say.
 //!
 //! "Holds an NVIDIA device" is what the plugin reads from `/proc/PID/fd` and `/proc/PID/maps`:
 //! a path under `/dev/nvidia`. The stand-in driver opens no such device, so the process here
@@ -15,7 +15,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::fake_cuda::*;
-use common::{CriuRun, Tree, cc};
+use common::{CriuRun, Tree, cc, fixture};
+use cuda_ckpt_sys::library_search::{LOADER_CACHE, SYSTEM_DIRS, Search};
 
 /// CRIU's environment.
 type Env = Vec<(&'static str, String)>;
@@ -37,6 +38,32 @@ impl NvidiaNode {
 impl Drop for NvidiaNode {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The library of `tests/fixtures/e2e/marker_lib.c`: its constructor creates the file named by
+/// `GPU_PLUGIN_TEST_MARKER`.
+fn marker_lib() -> PathBuf {
+    cc(
+        "marker_lib.so",
+        &[
+            "-shared".into(),
+            "-fPIC".into(),
+            fixture("e2e/marker_lib.c"),
+        ],
+    )
+}
+
+/// Puts `marker_lib` into `images` and a `lib/` below it under the names of libcuda and NVML.
+fn plant(marker_lib: &Path, images: &Path) {
+    std::fs::create_dir_all(images.join("lib")).unwrap();
+    for name in [
+        "libcuda.so.1",
+        "lib/libcuda.so.1",
+        "libnvidia-ml.so.1",
+        "lib/libnvidia-ml.so.1",
+    ] {
+        std::fs::copy(marker_lib, images.join(name)).unwrap();
     }
 }
 
@@ -153,17 +180,7 @@ fn no_library_is_loaded_from_the_image_directory() {
     };
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let marker_lib = cc(
-        "marker_lib.so",
-        &[
-            "-shared".into(),
-            "-fPIC".into(),
-            format!(
-                "{}/tests/fixtures/e2e/marker_lib.c",
-                env!("CARGO_MANIFEST_DIR")
-            ),
-        ],
-    );
+    let marker_lib = marker_lib();
     let tree = Tree::start(&f.e, "tree.out", &[]);
     let lib = lib();
     let marker = f.e.dir().join("loaded");
@@ -178,15 +195,7 @@ fn no_library_is_loaded_from_the_image_directory() {
     ];
     for (n, (libcuda, nvml)) in cases.iter().enumerate() {
         let images = f.e.images(&format!("img{n}"));
-        std::fs::create_dir_all(images.join("lib")).unwrap();
-        for name in [
-            "libcuda.so.1",
-            "lib/libcuda.so.1",
-            "libnvidia-ml.so.1",
-            "lib/libnvidia-ml.so.1",
-        ] {
-            std::fs::copy(&marker_lib, images.join(name)).unwrap();
-        }
+        plant(&marker_lib, &images);
         let mut env = f.env(&nv, "calls");
         env.retain(|(k, _)| !matches!(*k, "CRIU_GPU_LIBCUDA" | "CRIU_GPU_NVML"));
         env.push(("CRIU_GPU_LIBCUDA", libcuda.to_string()));
@@ -223,4 +232,139 @@ fn no_library_is_loaded_from_the_image_directory() {
             assert!(dump.has("is a relative path"), "{dump:?}");
         }
     }
+}
+
+/// An empty or relative entry in `LD_LIBRARY_PATH` (`/opt/x:`, as CUDA shell setups often
+/// write it) makes the dynamic loader look for a bare name in the working directory, and CRIU
+/// works in the image directory (it changes into it itself). The plugin searches absolute
+/// directories only: the libraries planted among the images are never loaded, and the dump and
+/// restore run as before, the stand-in driver and NVML found through an absolute entry of
+/// `LD_LIBRARY_PATH` behind a relative and an empty one (dump), the driver through its
+/// configured absolute path with a trailing `:` in `LD_LIBRARY_PATH` (restore; NVML's bare name
+/// finds nothing there and the free-memory check is skipped, as without NVML).
+#[test]
+fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() {
+    let Some(f) = Fake::start("nv-empty-ld-path") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let marker = f.e.dir().join("loaded");
+    let images = f.e.images("img");
+    plant(&marker_lib(), &images);
+
+    // The attack is real: a program in the image directory with such a path loads the planted
+    // library when it asks the loader for the bare name.
+    let probe = cc(
+        "dlopen_name",
+        &[fixture("e2e/dlopen_name.c"), "-ldl".into()],
+    );
+    let status =
+        f.e.command(&probe)
+            .arg("libcuda.so.1")
+            .current_dir(&images)
+            .env("LD_LIBRARY_PATH", "/nonexistent:")
+            .env("GPU_PLUGIN_TEST_MARKER", &marker)
+            .status()
+            .expect("run dlopen_name");
+    assert!(
+        status.success() && marker.exists(),
+        "the loader did not take the planted library ({status}): this test would prove nothing"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let lib = lib();
+    let fake_dir = f.libcuda.parent().expect("the stand-in's directory");
+    assert_eq!(
+        f.nvml.parent(),
+        Some(fake_dir),
+        "libcuda and NVML side by side"
+    );
+    let env = |calls: &str, library_path: &str| {
+        let mut env = f.env(&nv, calls);
+        env.retain(|(k, _)| !matches!(*k, "CRIU_GPU_LIBCUDA" | "CRIU_GPU_NVML"));
+        env.push(("LD_LIBRARY_PATH", library_path.to_string()));
+        env.push(("GPU_PLUGIN_TEST_MARKER", marker.display().to_string()));
+        env
+    };
+
+    let library_path = format!("lib::{}:", fake_dir.display());
+    let dump = f.criu(
+        &["dump", "-t", &w.root().to_string(), "-L", &lib, "-v4"],
+        &images,
+        "dump.log",
+        &env("dump.calls", &library_path),
+    );
+    assert!(
+        !marker.exists(),
+        "LD_LIBRARY_PATH={library_path}: a library of the image directory was loaded: {dump:?}"
+    );
+    dump.assert_ok();
+    f.e.reap(&w.pids);
+    dump.assert_no_plugin_errors();
+    assert!(
+        dump.has(&format!(
+            "libcuda = libcuda.so.1 (default): loaded {}",
+            f.libcuda.display()
+        )),
+        "{dump:?}"
+    );
+    assert!(!dump.has("GPU memory sizes unknown"), "NVML: {dump:?}");
+    let nvml_log = std::fs::read_to_string(f.e.dir().join("nvml.log")).unwrap_or_default();
+    assert!(
+        nvml_log.contains("init pid="),
+        "the stand-in NVML never answered"
+    );
+    let calls = f.calls("dump.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["lock=0", "checkpoint=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    let marks = w.marks();
+
+    let library_path = "/nonexistent:";
+    let mut restore_env = env("restore.calls", library_path);
+    restore_env.push(("CRIU_GPU_LIBCUDA", f.libcuda.display().to_string()));
+    let restore = f.criu(
+        &["restore", "-d", "-L", &lib, "-v4"],
+        &images,
+        "restore.log",
+        &restore_env,
+    );
+    assert!(
+        !marker.exists(),
+        "LD_LIBRARY_PATH={library_path}: a library of the image directory was loaded: {restore:?}"
+    );
+    restore.assert_ok();
+    restore.assert_no_plugin_errors();
+    // Where this machine has no NVML of its own, the log says where it was looked for.
+    let machine_nvml = Search {
+        library_path: Some(library_path.as_ref()),
+        secure: false,
+        cache: LOADER_CACHE.as_ref(),
+        system_dirs: SYSTEM_DIRS,
+    }
+    .find("libnvidia-ml.so.1");
+    if machine_nvml.is_err() {
+        assert!(
+            restore.has(
+                "GPU memory sizes unknown (libnvidia-ml.so.1 not found in LD_LIBRARY_PATH's absolute directories [/nonexistent] (empty or relative entries skipped: \"\")"
+            ),
+            "{restore:?}"
+        );
+    }
+    let calls = f.calls("restore.calls");
+    for &p in &w.pids {
+        assert_eq!(
+            calls.transitions(p),
+            ["restore=0", "unlock=0"],
+            "pid {p}: {calls:?}"
+        );
+    }
+    w.assert_all_running("after the restore");
+    w.assert_continues(&marks);
 }

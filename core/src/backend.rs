@@ -17,7 +17,7 @@
 //! | `RESTORE_INIT` | [`HookHandler::restore_init`] | — | shared restore state |
 //! | `RESTORE_EXT_FILE` | [`HookHandler::restore_ext_file`] | — | KFD restore |
 //! | `UPDATE_VMA_MAP` | [`HookHandler::update_vma_map`] | — | offset remapping |
-//! | `POST_FORKING` | [`HookHandler::post_forking`] | — | claims the parallel restore |
+//! | `POST_FORKING` | [`HookHandler::post_forking`] | tells the guardian of the root (never answers) | claims the parallel restore |
 //! | `RESUME_DEVICES_LATE` | [`HookHandler::resume_devices_late`] | restore + unlock | KFD resume |
 //! | `exit` | [`GpuBackend::exit`] | put every touched process back | unpause on failure |
 //!
@@ -60,6 +60,13 @@ pub trait GpuBackend: HookHandler + Send {
     /// the image does not need it). Errors fail the CRIU run, so use them only when the run
     /// cannot succeed.
     fn init(&mut self, ctx: &InitContext<'_>, stage: Stage) -> Result<bool, HookError>;
+    /// Prepares for `stage` a backend switched off with `disable`: it acts on nothing, but may
+    /// stay in the run (`true`) to refuse what only it can see would be reported done wrongly
+    /// (the NVIDIA side: a restored CUDA process left checkpointed). Its inventory name is
+    /// not claimed (`ctx.listing` is `NoList`), so CRIU still refuses an image that lists it.
+    fn init_disabled(&mut self, _ctx: &InitContext<'_>, _stage: Stage) -> bool {
+        false
+    }
     /// The end of the run; `ret` is CRIU's result (non-zero: failed). After a failed dump or
     /// with `--leave-running`, every process the backend touched must be as it was found.
     fn exit(&mut self, stage: Stage, ret: i32);

@@ -23,7 +23,7 @@
 //! | key | meaning | default |
 //! |---|---|---|
 //! | `disable` | comma list of backends to switch off (`cuda`, `amdgpu`) | none |
-//! | `libcuda` | the CUDA driver library: a bare name (the loader's search, never the working directory) or an absolute path | `libcuda.so.1` |
+//! | `libcuda` | the CUDA driver library: a bare name (searched in `LD_LIBRARY_PATH`'s absolute entries, the loader cache, the system directories; never the working directory) or an absolute path | `libcuda.so.1` |
 //! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
 //! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
 //! | `cuda.backend` | `auto` or `driver-api` (both: the driver's checkpoint API, in-process); `cuda-checkpoint` (the C plugin's external utility) is refused | `auto` |

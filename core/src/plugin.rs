@@ -91,6 +91,14 @@ impl GpuPlugin {
         for mut b in backends {
             if config.is_disabled(b.name()) {
                 log::info!("{}: disabled by settings", b.name());
+                let ctx = InitContext {
+                    host,
+                    config,
+                    listing: InventoryListing::NoList,
+                };
+                if b.init_disabled(&ctx, stage) {
+                    active.push(b);
+                }
                 continue;
             }
             // Claim the inventory entry in init: CRIU checks for unclaimed names right after.

@@ -17,7 +17,9 @@ use cuda_ckpt_sys::{Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
 pub use crate::cuda::batch::Timed;
 pub use crate::cuda::error::CallError;
-pub use crate::cuda::exclusive::{Claim, ClaimError, claim};
+pub use crate::cuda::exclusive::{
+    Claim, ClaimError, DirProblem, FALLBACK_DIR, HeldBy, LOCK_DIR, Role,
+};
 pub use crate::cuda::gpus::parse_device_map;
 pub use crate::cuda::nvml::GpuMemory;
 pub use crate::cuda::procfs::{rss_bytes, start_time};
@@ -25,6 +27,12 @@ pub use crate::cuda::procfs::{rss_bytes, start_time};
 /// `pid` and its descendants, root first (every thread's `/proc/PID/task/TID/children`).
 pub fn process_tree(pid: i32) -> Vec<i32> {
     procfs::tree(pid)
+}
+
+/// Claims process `pid` (started at `start`) for this `criu-gpu` run: the plugin's claim, so
+/// that no CRIU dump (or other `criu-gpu`) acts on the process at the same time.
+pub fn claim(pid: i32, start: u64) -> Result<Claim, ClaimError> {
+    crate::cuda::exclusive::claim_as(pid, start, Role::CriuGpu)
 }
 
 /// The command name of `pid`, for listings (empty when it cannot be read).

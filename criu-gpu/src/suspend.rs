@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use criu_gpu_core::session::{self, Claim, ClaimError, Found, GpuMemory, Probe, Session, Timed};
+use criu_gpu_core::session::{
+    self, Claim, ClaimError, Found, GpuMemory, HeldBy, Probe, Session, Timed,
+};
 use cuda_ckpt_sys::{GpuUuid, ProcessState};
 
 use crate::report::{Outcome, Report, Skipped, mib};
@@ -90,11 +92,13 @@ fn roll_back(report: &mut Report, results: Vec<Timed>, what: &str) {
 /// end) on every target, held for the command's whole run: a CRIU or another `criu-gpu` acting
 /// on one of them at the same time would leave it in a state neither expects (a dump exiting 0
 /// with an image that cannot be restored, a resume undone behind its back). Nothing is changed
-/// when any is held elsewhere. Where no claim can be made (`/run` read-only), the command goes
-/// on unguarded, as the plugin does.
+/// when any is held elsewhere; the refusal names each holder and what to do about it (a stopped
+/// one holds the process until it is continued or ended). Where no claim can be made at all
+/// (neither lock directory usable), nothing is changed either: the command could race a CRIU.
 fn claim_all(pids: &[i32]) -> Result<Vec<Claim>, Failed> {
     let mut claims = Vec::with_capacity(pids.len());
-    let mut busy = Vec::new();
+    // Busy pids, grouped by who holds them.
+    let mut busy: Vec<(HeldBy, Vec<i32>)> = Vec::new();
     let mut warned = false;
     for &pid in pids {
         // A process gone meanwhile has nothing to guard; the probe reports it gone.
@@ -102,29 +106,61 @@ fn claim_all(pids: &[i32]) -> Result<Vec<Claim>, Failed> {
             continue;
         };
         match session::claim(pid, start) {
-            Ok(c) => claims.push(c),
-            Err(ClaimError::Busy) => busy.push(pid),
-            Err(ClaimError::Unavailable(e)) if !warned => {
-                warned = true;
-                progress(&format!(
-                    "warning: cannot take the per-process claims in /run/criu-gpu-plugin ({e}); going on without protection against a CRIU acting on the same processes"
-                ));
+            Ok(c) => {
+                if let Some(p) = c.fallback_from()
+                    && !warned
+                {
+                    warned = true;
+                    progress(&format!(
+                        "warning: the per-process claims cannot be taken in {p}; they are taken in {} instead, where the plugin looks too",
+                        session::FALLBACK_DIR
+                    ));
+                }
+                claims.push(c);
             }
-            Err(ClaimError::Unavailable(_)) => {}
+            Err(ClaimError::Busy(held)) => match busy.iter_mut().find(|b| b.0 == held) {
+                Some(b) => b.1.push(pid),
+                None => busy.push((held, vec![pid])),
+            },
+            Err(ClaimError::Unavailable(problems)) => {
+                return Err(Failed::new(format!(
+                    "nothing was changed: no per-process claim can be taken ({}), and without one criu-gpu could act on pid {pid} while a CRIU does; make {} (or {}) a writable directory of root's",
+                    ClaimError::problems(&problems),
+                    session::LOCK_DIR,
+                    session::FALLBACK_DIR
+                )));
+            }
         }
     }
     if busy.is_empty() {
         return Ok(claims);
     }
-    let shown: Vec<String> = busy.iter().take(8).map(|p| p.to_string()).collect();
+    let shown: Vec<String> = busy
+        .iter()
+        .take(8)
+        .map(|(held, pids)| {
+            let first = pids[0];
+            let others = if pids.len() > 1 {
+                let rest: Vec<String> = pids[1..].iter().take(8).map(|p| p.to_string()).collect();
+                let more = pids.len().saturating_sub(9);
+                format!(
+                    " (so are pid(s) {}{})",
+                    rest.join(", "),
+                    if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    }
+                )
+            } else {
+                String::new()
+            };
+            format!("pid {first} {}{others}", held.describe(first))
+        })
+        .collect();
     Err(Failed::busy(format!(
-        "nothing was changed: pid(s) {}{} are being checkpointed, restored, suspended or resumed by another CRIU or criu-gpu right now; try again when it is done",
-        shown.join(", "),
-        if busy.len() > 8 {
-            format!(" and {} more", busy.len() - 8)
-        } else {
-            String::new()
-        }
+        "nothing was changed: {}",
+        shown.join("; ")
     )))
 }
 

@@ -14,7 +14,9 @@
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
 //!   killed;
 //! - [`guardian`]: a process that outlives CRIU and undoes a plugin's work on other processes
-//!   when CRIU ends before the plugin could (a signal, a crash, a timeout);
+//!   when CRIU ends before the plugin could (a signal, a crash, a timeout), and the restore's
+//!   duty that ends what CRIU forked ([`guardian::restore`]);
+//! - [`proc`]: other processes held by pidfds, start times, bounded `/proc` reads;
 //! - [`error`]: a hook's error as one type, [`HookError`]: "not mine", or a [`Failure`]
 //!   (positive errno, kind, phase, message, cause) logged once where the hook returns to CRIU;
 //! - [`files`]: settings, image and `/proc` files opened without blocking (a FIFO is
@@ -47,6 +49,7 @@ pub mod host;
 pub mod log;
 pub mod options;
 pub mod plugin;
+pub mod proc;
 pub mod pstree;
 pub mod stream;
 pub mod symbols;

@@ -4,6 +4,7 @@
 
 use std::ffi::{CStr, c_char, c_int};
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::error::{CudaError, DriverError};
@@ -121,15 +122,16 @@ const _: fn() = || {
 };
 
 impl Driver {
-    /// Opens [`DEFAULT_LIBRARY`] through the normal library search path.
+    /// Opens [`DEFAULT_LIBRARY`] as [`Driver::open_search`] finds it.
     pub fn open_default() -> Result<Self> {
-        Self::open_name(DEFAULT_LIBRARY)
+        Self::open_search(DEFAULT_LIBRARY)
     }
 
-    /// Opens library `name` (a file name without `/`, such as `libcuda.so.1`) through the
-    /// dynamic loader's own search (`LD_LIBRARY_PATH`, the cache, the system directories),
-    /// never the working directory. A name holding `/` is refused: it is a path, for
-    /// [`Driver::open`].
+    /// Opens library `name` (a file name without `/`, such as `libcuda.so.1`), found by
+    /// [`crate::library_search::find`] over absolute directories only (`LD_LIBRARY_PATH`'s
+    /// absolute entries, the loader cache, the system directories; never the working
+    /// directory) and loaded by that absolute path. A name holding `/` is refused: it is a
+    /// path, for [`Driver::open`]. Not found: [`DriverError::Load`] naming what was searched.
     pub fn open_search(name: &str) -> Result<Self> {
         if name.contains('/') || name.is_empty() {
             return Err(DriverError::Load {
@@ -137,28 +139,29 @@ impl Driver {
                 reason: "not a bare library name (a path goes to Driver::open)".into(),
             });
         }
-        Self::open_name(name)
+        let path = crate::library_search::find(name).map_err(|e| DriverError::Load {
+            path: name.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Self::open_path(&path)
     }
 
-    /// Opens an explicit file, e.g. a stand-in driver for tests. A path containing `/` bypasses
-    /// the search path; a bare name is taken as a file of the working directory, so a caller
+    /// Opens an explicit file, e.g. a stand-in driver for tests. A path containing `/` is
+    /// opened as given; a bare name is taken as a file of the working directory, so a caller
     /// that must not load code from there uses [`Driver::open_search`] for bare names.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = path.to_string_lossy().into_owned();
-        // A bare file name would make dlopen search the library path instead of opening this file.
-        let text = if text.contains('/') {
-            text
+        if path.as_os_str().as_bytes().contains(&b'/') {
+            Self::open_path(path)
         } else {
-            format!("./{text}")
-        };
-        Self::open_name(&text)
+            Self::open_path(&Path::new(".").join(path))
+        }
     }
 
-    fn open_name(name: &str) -> Result<Self> {
+    fn open_path(path: &Path) -> Result<Self> {
         Ok(Self {
-            path: name.to_owned(),
-            syms: loader::load(name)?,
+            path: path.to_string_lossy().into_owned(),
+            syms: loader::load_path(path)?,
         })
     }
 
@@ -479,14 +482,24 @@ mod tests {
         for bad in ["./libcuda.so.1", "lib/libcuda.so.1", "/x/libcuda.so.1", ""] {
             assert!(Driver::open_search(bad).is_err(), "{bad:?}");
         }
-        // Found by the loader's search, not as a file of the working directory.
-        assert!(Driver::open_search("libc.so.6").is_ok());
+        // Found over absolute directories, opened by that absolute path.
+        let libc = Driver::open_search("libc.so.6").expect("libc.so.6");
+        assert!(libc.path().starts_with('/'), "{}", libc.path());
+        let missing = Driver::open_search("libnot-a-driver.so.1").unwrap_err();
+        match &missing {
+            DriverError::Load { path, reason } => {
+                assert_eq!(path, "libnot-a-driver.so.1");
+                assert!(reason.contains("LD_LIBRARY_PATH"), "{reason}");
+                assert!(reason.contains("never searched"), "{reason}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 
     #[test]
     fn library_without_cuda_symbols_reports_missing_symbol() {
         // libc is loaded in every process and exports none of the CUDA names.
-        let driver = Driver::open_name("libc.so.6").expect("libc.so.6 loads");
+        let driver = Driver::open_search("libc.so.6").expect("libc.so.6 loads");
         assert!(!driver.has_checkpoint_api());
         assert_eq!(
             driver.lock(1, 0),

@@ -10,7 +10,9 @@
 //!
 //! # What is loaded
 //! [`Driver::open_default`] `dlopen`s `libcuda.so.1` (the soname NVIDIA's own `cuda-checkpoint`
-//! links against) with `RTLD_NOW | RTLD_LOCAL`; [`Driver::open`] takes an explicit path instead, so
+//! links against) with `RTLD_NOW | RTLD_LOCAL`, by the absolute path [`library_search`] finds
+//! (never a name the loader would search for itself: an empty `LD_LIBRARY_PATH` entry would
+//! make it look in the working directory); [`Driver::open`] takes an explicit path instead, so
 //! the plugin can be pointed at a stand-in driver in tests. Symbols are found with plain `dlsym`
 //! (the checkpoint functions are exported under their plain names; no `_v2` variants exist):
 //!
@@ -60,6 +62,7 @@
 
 pub mod error;
 pub mod ffi;
+pub mod library_search;
 pub mod loader;
 
 mod driver;

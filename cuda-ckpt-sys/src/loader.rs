@@ -1,14 +1,18 @@
-//! The run-time loader: `dlopen` of the driver library and the table of its function
-//! pointers, resolved with plain `dlsym`.
+//! The run-time loader: `dlopen` of the driver library, always by a path (a bare name is found
+//! first by [`crate::library_search`]), and the table of its function pointers, resolved with
+//! plain `dlsym`.
 //!
 //! With [`crate::ffi`] this is the crate's raw layer: a pointer in [`Functions`] is called in
 //! `unsafe` code, under the rules of its C prototype. [`crate::Driver`] is the safe layer
 //! over it.
 
 use std::ffi::{CStr, CString, c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use crate::error::DriverError;
 use crate::ffi::*;
+use crate::library_search;
 
 /// Function pointers resolved from the library; `None` where the library lacks the symbol.
 #[derive(Clone, Copy, Default)]
@@ -58,20 +62,41 @@ macro_rules! resolve {
     }};
 }
 
-/// `dlopen`s `name` with `RTLD_NOW | RTLD_LOCAL` (a name without `/` is searched for on the
-/// library path) and resolves every function. The library is never `dlclose`d, so the
-/// pointers stay valid for the life of the process.
+/// Loads `name` and resolves every function: a name without `/` is first found by
+/// [`library_search::find`] (absolute directories only), a path is opened as given. See
+/// [`load_path`].
 pub fn load(name: &str) -> Result<Functions, DriverError> {
-    let cname = CString::new(name).map_err(|_| DriverError::Load {
+    if name.contains('/') {
+        return load_path(Path::new(name));
+    }
+    let path = library_search::find(name).map_err(|e| DriverError::Load {
         path: name.to_owned(),
-        reason: "path contains a NUL byte".into(),
+        reason: e.to_string(),
     })?;
+    load_path(&path)
+}
+
+/// `dlopen`s the file `path` with `RTLD_NOW | RTLD_LOCAL` and resolves every function. The
+/// library is never `dlclose`d, so the pointers stay valid for the life of the process. A
+/// `path` without `/` would make `dlopen` search, so it is refused: bare names go through
+/// [`load`].
+pub fn load_path(path: &Path) -> Result<Functions, DriverError> {
+    let name = path.to_string_lossy();
+    let refuse = |reason: &str| DriverError::Load {
+        path: name.clone().into_owned(),
+        reason: reason.into(),
+    };
+    let bytes = path.as_os_str().as_bytes();
+    if !bytes.contains(&b'/') {
+        return Err(refuse("not a path (a bare name is searched for by load)"));
+    }
+    let cname = CString::new(bytes).map_err(|_| refuse("path contains a NUL byte"))?;
     // SAFETY: `cname` is a valid NUL-terminated string. Loading runs the library's constructors;
     // that is the point of loading a driver and cannot be made safer from here.
     let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
         return Err(DriverError::Load {
-            path: name.to_owned(),
+            path: name.into_owned(),
             reason: last_dl_error(),
         });
     }

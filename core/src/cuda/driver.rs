@@ -28,6 +28,11 @@ pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
         }
     }
     .map_err(|e| named(&e))?;
+    log::debug!(
+        "cuda: {}: loaded {}",
+        settings.describe_libcuda(),
+        driver.path()
+    );
     let version = driver.check_checkpoint_support().map_err(|e| {
         named(&format!(
             "{e}: the CUDA checkpoint API needs driver 570 or later (CUDA {})",
@@ -40,7 +45,9 @@ pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
 /// How a library named in the settings (`libcuda`, `nvml`) is loaded.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Library<'a> {
-    /// A bare name: the dynamic loader's own search only.
+    /// A bare name: found by [`cuda_ckpt_sys::library_search`] over absolute directories only
+    /// (`LD_LIBRARY_PATH`'s absolute entries, the loader cache, the system directories) and
+    /// loaded by that absolute path.
     Search(&'a str),
     /// An absolute path to a regular file.
     File(&'a Path),
@@ -48,9 +55,10 @@ pub enum Library<'a> {
 
 /// Where a configured library may be loaded from. CRIU's working directory is the image
 /// directory, which an imported checkpoint fills: code is never loaded from a path it could
-/// supply. So a bare name goes to the loader's search (which never looks in the working
-/// directory unless `LD_LIBRARY_PATH` says so), a relative path is refused, and an absolute
-/// one must be a regular file (`dlopen` of a FIFO blocks for good).
+/// supply. So a bare name is searched for over absolute directories only (an empty or relative
+/// `LD_LIBRARY_PATH` entry, which the loader would read against the working directory, is
+/// skipped), a relative path is refused, and an absolute one must be a regular file (`dlopen`
+/// of a FIFO blocks for good).
 pub fn library(value: &str) -> Result<Library<'_>, String> {
     if value.is_empty() {
         return Err("an empty library name".into());

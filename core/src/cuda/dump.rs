@@ -2,6 +2,7 @@
 //! the first `CHECKPOINT_DEVICES`, then the metadata is written; what must run on afterwards
 //! is put back as it was found ([`put_back`]).
 
+mod claims;
 pub(super) mod put_back;
 
 use std::collections::BTreeMap;
@@ -45,8 +46,13 @@ pub struct DumpRun {
     /// The process that puts everything back should CRIU end first; started before the
     /// first lock.
     guardian: Option<Guardian>,
+    /// What the guardian was told, by pid (start time, action): told again to a new guardian
+    /// should the first one die.
+    watches: BTreeMap<i32, (u64, u32)>,
     /// No guardian can run here (a kernel without pidfds): warned about once.
     unguarded: bool,
+    /// A claim could not be taken where it belongs: warned about once.
+    claims_warned: bool,
     inventory_added: bool,
 }
 
@@ -130,7 +136,9 @@ impl DumpRun {
             abandoned_locks: Vec::new(),
             claims: BTreeMap::new(),
             guardian: None,
+            watches: BTreeMap::new(),
             unguarded: false,
+            claims_warned: false,
             inventory_added: false,
         }))
     }
@@ -149,7 +157,10 @@ impl DumpRun {
         let started = Instant::now();
         // Claimed before the driver is asked: a task that another CRIU is restoring is not a
         // CUDA process yet, and must not be dumped as one without its GPU state.
-        let start = self.claim(pid)?;
+        let (start, unclaimed) = match self.claim(pid)? {
+            claims::Claimed::Yes(start) => (start, None),
+            claims::Claimed::Impossible(start, why) => (Some(start), Some(why)),
+        };
         let t = Instant::now();
         let tid_result = self.driver.restore_thread_id(pid);
         let mut in_driver = t.elapsed();
@@ -178,6 +189,9 @@ impl DumpRun {
             }
         };
         self.settings.check(&format!("cuda: pid {pid} uses CUDA"))?;
+        if let Some(why) = unclaimed {
+            return Err(claims::refuse_unclaimed(pid, &why).into());
+        }
         check_runnable(pid, tid)?;
         self.start_guardian()?;
         let locked = self.lock(pid, start)?;
@@ -220,21 +234,30 @@ impl DumpRun {
         Ok(())
     }
 
-    /// Starts the guardian (once): no process is locked unless something outside CRIU will
-    /// put it back should CRIU end before the dump does.
+    /// Starts the guardian (once, or again if it died): no process is locked unless something
+    /// outside CRIU will put it back should CRIU end before the dump does.
     fn start_guardian(&mut self) -> HookResult {
         if let Some(g) = &self.guardian {
+            if g.stopped() {
+                return Err(Failure::new(
+                    FailureKind::System,
+                    libc::EAGAIN,
+                    format!(
+                        "cuda: the guardian process {pid} that puts CUDA processes back should CRIU end early is stopped; nothing more is locked until it runs again (`kill -CONT {pid}`)",
+                        pid = g.pid()
+                    ),
+                ).into());
+            }
             if g.alive() {
                 return Ok(());
             }
-            return Err(Failure::new(
-                FailureKind::System,
-                libc::ESRCH,
-                format!(
-                    "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); nothing more is locked without it",
-                    g.pid()
-                ),
-            ).into());
+            // Killed (the OOM killer, say): the dump goes on under a new one, told of every
+            // process the first one looked after.
+            log::warn!(
+                "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); starting another",
+                g.pid()
+            );
+            self.guardian = None;
         }
         if self.unguarded {
             return Ok(());
@@ -243,8 +266,18 @@ impl DumpRun {
             driver: &self.driver,
         }) {
             Ok(g) => {
-                log::debug!("cuda: guardian {} started", g.pid());
+                log::info!("cuda: guardian {} started", g.pid());
+                for (&pid, &(start, action)) in &self.watches {
+                    let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
+                    if let Err(e) = g.watch(pid, start, action, claim) {
+                        log::warn!("cuda: pid {pid}: the new guardian was not told of it: {e}");
+                    }
+                }
                 self.guardian = Some(g);
+                let watched: Vec<i32> = self.watches.keys().copied().collect();
+                for pid in watched {
+                    self.record_guardian(pid);
+                }
                 Ok(())
             }
             // Kernels before 5.3 have no pidfds: such a dump runs as before, unguarded.
@@ -266,8 +299,9 @@ impl DumpRun {
     }
 
     /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
-    /// holds too), once the lock helper said how it found the process.
-    fn watch(&self, pid: i32, start: Option<u64>, locked: &Locked) {
+    /// holds too, and is recorded as holding), once the lock helper said how it found the
+    /// process.
+    fn watch(&mut self, pid: i32, start: Option<u64>, locked: &Locked) {
         let (Some(g), Some(start)) = (&self.guardian, start) else {
             return;
         };
@@ -277,14 +311,17 @@ impl DumpRun {
             (FoundState::Locked, false) => Action::RESTORE,
             _ => return,
         };
+        self.watches.insert(pid, (start, action.bits()));
         let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
-        if let Err(e) = g.watch(pid, start, action.bits(), claim) {
-            log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}");
+        match g.watch(pid, start, action.bits(), claim) {
+            Ok(()) => self.record_guardian(pid),
+            Err(e) => log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}"),
         }
     }
 
     /// Tells the guardian that `pid` needs nothing more from it.
-    fn forget(&self, pid: i32) {
+    fn forget(&mut self, pid: i32) {
+        self.watches.remove(&pid);
         if let Some(g) = &self.guardian {
             let _ = g.forget(pid);
         }
@@ -386,35 +423,6 @@ impl DumpRun {
                 .saturating_sub(ALARM_MARGIN)
                 .max(Duration::from_millis(100)),
             None => Duration::from_millis(self.settings.lock_timeout_ms),
-        }
-    }
-
-    /// Claims `pid` for this dump; refuses it while another CRIU dumps it. Returns the
-    /// process's start time, when it has one.
-    fn claim(&mut self, pid: i32) -> HookResult<Option<u64>> {
-        let Some(start) = procfs::start_time(pid) else {
-            return Ok(None);
-        };
-        // Already ours (CRIU asks again after a failed seize).
-        if self.claims.contains_key(&pid) {
-            return Ok(Some(start));
-        }
-        match exclusive::claim(pid, start) {
-            Ok(c) => {
-                self.claims.insert(pid, c);
-                Ok(Some(start))
-            }
-            Err(exclusive::ClaimError::Busy) => Err(Failure::new(
-                FailureKind::Process,
-                libc::EBUSY,
-                format!(
-                    "cuda: pid {pid} is held by another CRIU or criu-gpu right now (a dump, a restore or a suspend of it is under way); it is left to that one (try again once it is done)"
-                ),
-            ).into()),
-            Err(exclusive::ClaimError::Unavailable(e)) => {
-                log::debug!("cuda: pid {pid}: no claim against concurrent dumps ({e})");
-                Ok(Some(start))
-            }
         }
     }
 

@@ -507,7 +507,7 @@ fn watched_calls<E: Into<CallError>>(
     let began = Instant::now();
     let pidfds: Vec<Option<std::os::fd::OwnedFd>> = pids
         .iter()
-        .map(|&p| criu_plugin::guardian::pidfd(p).ok())
+        .map(|&p| criu_plugin::proc::pidfd(p).ok())
         .collect();
     let calls = Arc::new(Calls {
         next: 0.into(),
@@ -564,7 +564,7 @@ fn watched_calls<E: Into<CallError>>(
         for (k, fd) in pidfds.iter().enumerate() {
             // A killed task under CRIU's ptrace stays a zombie (its threads wait for CRIU, the
             // tracer, to reap them), so its pidfd never turns readable while CRIU waits here.
-            let ended = fd.as_ref().is_some_and(criu_plugin::guardian::ended)
+            let ended = fd.as_ref().is_some_and(criu_plugin::proc::ended)
                 || matches!(
                     super::procfs::thread_state(pids[k], pids[k]),
                     None | Some('Z' | 'X')

@@ -28,6 +28,7 @@
 
 pub mod batch;
 pub mod devnodes;
+mod disabled;
 pub mod driver;
 mod dump;
 pub mod error;
@@ -52,6 +53,7 @@ use std::ffi::CStr;
 use criu_plugin::{HookError, HookHandler, HookResult, InventoryListing, Stage};
 
 use crate::backend::{GpuBackend, InitContext};
+use disabled::DisabledRestore;
 use dump::DumpRun;
 pub use dump::put_back::{check_put_back, put_back};
 use error::{Failure, FailureKind};
@@ -78,6 +80,8 @@ enum Run {
     Unusable {
         why: String,
     },
+    /// A restore with the NVIDIA side switched off, watched for CUDA processes left frozen.
+    Disabled(DisabledRestore),
 }
 
 impl CudaBackend {
@@ -123,12 +127,23 @@ impl GpuBackend for CudaBackend {
         Ok(self.run.is_some())
     }
 
+    fn init_disabled(&mut self, ctx: &InitContext<'_>, stage: Stage) -> bool {
+        self.run = None;
+        if stage != Stage::Restore {
+            return false;
+        }
+        let settings = CudaSettings::from_config(ctx.config);
+        self.run = DisabledRestore::start(&settings, ctx.config.describe_origin("disable"))
+            .map(Run::Disabled);
+        self.run.is_some()
+    }
+
     fn exit(&mut self, _stage: Stage, ret: i32) {
         // The run's own stage decides; its claims and driver go with it.
         match self.run.take() {
             Some(Run::Dump(d)) => d.finish(ret),
             Some(Run::Restore(r)) => r.finish(ret),
-            Some(Run::Unusable { .. }) | None => {}
+            Some(Run::Unusable { .. } | Run::Disabled(_)) | None => {}
         }
     }
 }
@@ -149,9 +164,17 @@ impl HookHandler for CudaBackend {
         }
     }
 
+    fn post_forking(&mut self) -> HookResult {
+        match &mut self.run {
+            Some(Run::Restore(r)) => r.post_forking(),
+            _ => Err(HookError::NotMine),
+        }
+    }
+
     fn resume_devices_late(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Restore(r)) => r.resume(pid),
+            Some(Run::Disabled(d)) => d.resume(pid),
             _ => Err(HookError::NotMine),
         }
     }

@@ -8,8 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_int, c_void};
+use std::os::unix::ffi::OsStrExt;
 
-use cuda_ckpt_sys::GpuUuid;
+use cuda_ckpt_sys::{GpuUuid, library_search};
+
+use super::driver::Library;
 
 /// `nvmlMemory_t` (v1): bytes.
 #[repr(C)]
@@ -36,14 +39,20 @@ type MemoryInfoFn = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
 /// Asks NVML (library `lib`, e.g. `libnvidia-ml.so.1`) for the memory of each GPU in `uuids`.
 /// Errors say why NVML could not answer; GPUs NVML does not know are left out of the map.
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
-    // Never a file of the working directory (the image directory) nor a FIFO.
-    super::driver::library(lib)?;
-    let name = CString::new(lib).map_err(|_| "NVML path contains NUL".to_string())?;
-    // SAFETY: dlopen of a NUL-terminated name; the library's constructors run, as for any user
-    // of NVML. The handle is never closed (NVML does not support being unloaded and reloaded).
+    // Never a file of the working directory (the image directory) nor a FIFO: a bare name is
+    // found over absolute directories only and opened by that path.
+    let path = match super::driver::library(lib)? {
+        Library::Search(name) => library_search::find(name).map_err(|e| e.to_string())?,
+        Library::File(path) => path.to_path_buf(),
+    };
+    let name = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| "NVML path contains NUL".to_string())?;
+    // SAFETY: dlopen of a NUL-terminated absolute path; the library's constructors run, as for
+    // any user of NVML. The handle is never closed (NVML does not support being unloaded and
+    // reloaded).
     let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
-        return Err(format!("{lib} cannot be loaded"));
+        return Err(format!("{} cannot be loaded", path.display()));
     }
     let sym = |n: &std::ffi::CStr| {
         // SAFETY: dlsym on a live handle with a NUL-terminated name.
@@ -127,5 +136,12 @@ mod tests {
     fn missing_library_is_an_error_not_a_crash() {
         let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[]).unwrap_err();
         assert!(e.contains("cannot be loaded"));
+        // A bare name found nowhere says where it was looked for.
+        let e = query_memory("libnot-nvml-here.so.1", &[]).unwrap_err();
+        assert!(
+            e.contains("libnot-nvml-here.so.1 not found in LD_LIBRARY_PATH"),
+            "{e}"
+        );
+        assert!(e.contains(library_search::LOADER_CACHE), "{e}");
     }
 }

@@ -3,6 +3,8 @@
 use std::io::Read;
 use std::path::Path;
 
+pub use criu_plugin::proc::{start_time, tracer, tree};
+
 fn read_small(path: &Path) -> Option<String> {
     let mut text = String::new();
     std::fs::File::open(path)
@@ -36,12 +38,6 @@ pub fn ns_pid(pid: i32) -> Option<i32> {
         .ok()
 }
 
-/// The process's start time (field 22 of `/proc/PID/stat`, clock ticks since boot): with the
-/// pid, it names one process even after its pid is reused.
-pub fn start_time(pid: i32) -> Option<u64> {
-    criu_plugin::guardian::start_time(pid)
-}
-
 /// How long ago the process started (clock-tick resolution, 10 ms on most kernels).
 pub fn age(pid: i32) -> Option<std::time::Duration> {
     let start = start_time(pid)?;
@@ -56,11 +52,6 @@ pub fn age(pid: i32) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_secs_f64(
         (uptime - started).max(0.0),
     ))
-}
-
-/// The process's tracer, 0 when none.
-pub fn tracer(pid: i32) -> Option<i32> {
-    status_field(pid, "TracerPid:")?.parse().ok()
 }
 
 /// The one-letter scheduler state of thread `tid` of `pid` (`R`, `S`, `T`, `t`, `Z`, ...).
@@ -95,23 +86,6 @@ pub fn frozen_cgroup(pid: i32) -> Option<String> {
     None
 }
 
-/// `pid` and all its descendants (through every thread's `children` list), root first.
-pub fn tree(pid: i32) -> Vec<i32> {
-    let mut out = vec![pid];
-    let mut seen = std::collections::HashSet::from([pid]);
-    let mut i = 0;
-    while i < out.len() && out.len() < 1 << 16 {
-        let p = out[i];
-        i += 1;
-        for c in children(p) {
-            if seen.insert(c) {
-                out.push(c);
-            }
-        }
-    }
-    out
-}
-
 /// The thread ids of `pid` (empty when it is gone).
 pub fn threads(pid: i32) -> Vec<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -122,35 +96,6 @@ pub fn threads(pid: i32) -> Vec<i32> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// The children of every thread of `pid`.
-pub fn children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten().take(1 << 16) {
-        let Some(children) = read_small(&t.path().join("children")) else {
-            continue;
-        };
-        out.extend(
-            children
-                .split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
-    }
-    out
-}
-
-/// The signals blocked by the main thread of `pid` (`SigBlk` of its status).
-pub fn blocked_signals(pid: i32) -> Option<u64> {
-    u64::from_str_radix(&status_field(pid, "SigBlk:")?, 16).ok()
-}
-
-/// The parent of `pid`.
-pub fn parent(pid: i32) -> Option<i32> {
-    status_field(pid, "PPid:")?.parse().ok()
 }
 
 /// Most descriptors and `maps` bytes looked at for NVIDIA devices: a bound on what a hostile

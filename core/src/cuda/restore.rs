@@ -16,6 +16,8 @@
 use std::collections::BTreeMap;
 
 use criu_plugin::guardian::Guardian;
+use criu_plugin::guardian::forks::{CriuForks, ForkMarker};
+use criu_plugin::guardian::restore::{EndRestore, Watch};
 use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, GpuPair};
 use nix::sys::signal::{Signal, kill};
@@ -38,7 +40,7 @@ pub struct RestoreRun {
     /// plugin), whose processes are then restored one at a time.
     image: Option<ImageRestore>,
     /// Kills the tasks CRIU forked should CRIU end before they have their GPU state back.
-    guardian: Option<Guardian>,
+    guardian: Option<RestoreGuardian>,
     /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
     /// first).
     root: Option<i32>,
@@ -69,7 +71,7 @@ impl RestoreRun {
         // An image the plugin is not listed in is restored without a guardian: its tasks
         // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
         if listing != InventoryListing::NotListed {
-            run.guardian = spawn_guardian()?;
+            run.guardian = RestoreGuardian::spawn()?;
         }
         Ok(Some(run))
     }
@@ -144,16 +146,29 @@ impl RestoreRun {
         )))
     }
 
+    /// `POST_FORKING` (CRIU 4.2 and later): the root task exists; the guardian is told of it
+    /// from here, whatever its own looking has found so far. Never answers for the hook.
+    pub fn post_forking(&mut self) -> HookResult {
+        if let Some(g) = &self.guardian {
+            g.announce_roots();
+        }
+        Err(HookError::NotMine)
+    }
+
     /// `RESUME_DEVICES_LATE`: CRIU calls it for the root task first, and the whole tree is
     /// restored then; each process then gets its own answer.
     pub fn resume(&mut self, pid: i32) -> HookResult {
         let first = self.root.is_none();
         let root = *self.root.get_or_insert(pid);
+        // Before any GPU work: should CRIU end while the tree is restored (the tasks have left
+        // CRIU's restore code and run once CRIU lets go), the guardian ends the tree.
+        if first && let Some(g) = &self.guardian {
+            g.watch_root(pid, Watch::EndTree);
+        }
         let answer = self.answer(pid, root);
-        // The tree has its GPU state back: from now on the guardian ends it only if CRIU
-        // ends before it let the tasks go (they would wait inside its restore for good).
+        // The tree has its GPU state back: the guardian leaves it running from now on.
         // Released at `exit` alone, which a CRIU that waits for its tree calls when the tree
-        // ends: until then, a tree that runs is left running.
+        // ends.
         let tree_ok = self
             .image
             .as_ref()
@@ -161,14 +176,9 @@ impl RestoreRun {
             .is_none_or(|r| r.values().all(Result::is_ok));
         if first
             && tree_ok
-            && let (Some(g), Some(start)) = (&self.guardian, procfs::start_time(pid))
+            && let Some(g) = &self.guardian
         {
-            let _ = g.watch(
-                pid,
-                start,
-                super::guardian::Action::END_IF_STUCK.bits(),
-                None,
-            );
+            g.watch_root(pid, Watch::Settled);
         }
         answer
     }
@@ -199,50 +209,103 @@ impl RestoreRun {
 
     fn release_guardian(&mut self) {
         if let Some(g) = self.guardian.take() {
-            g.release();
+            g.guardian.release();
         }
     }
 }
 
-/// Starts the restore's guardian: should CRIU end before the tasks have their GPU state back,
-/// it kills what CRIU forked. Its pid must not be one the restore needs (CRIU gives the tasks
-/// the image's pids when they share its pid namespace).
-fn spawn_guardian() -> HookResult<Option<Guardian>> {
-    let wanted: Vec<u32> = image::image_dir()
-        .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
-        .unwrap_or_default();
-    let mut last = None;
-    for _ in 0..8 {
-        let pids = wanted.iter().map(|&p| p as i32).collect();
-        match Guardian::spawn(super::guardian::EndRestore::for_this_criu(pids)) {
-            Ok(g) if wanted.contains(&(g.pid() as u32)) => {
-                g.release();
-            }
-            Ok(g) => {
-                log::debug!("cuda: restore guardian {} started", g.pid());
-                return Ok(Some(g));
-            }
-            // Kernels before 5.3 have no pidfds: the restore runs as before, unguarded.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+/// The restore's guardian, with the marker its CRIU's forks inherit (mapped in CRIU's process
+/// for the whole run: forks made after it was unmapped would not carry it).
+struct RestoreGuardian {
+    guardian: Guardian,
+    forks: CriuForks,
+    _marker: Option<ForkMarker>,
+}
+
+impl RestoreGuardian {
+    /// Starts the restore's guardian: should CRIU end before the tasks have their GPU state
+    /// back, it kills what CRIU forked. Its pid must not be one the restore needs (CRIU gives
+    /// the tasks the image's pids when they share its pid namespace).
+    fn spawn() -> HookResult<Option<RestoreGuardian>> {
+        let marker = match ForkMarker::create() {
+            Ok(m) => Some(m),
+            Err(e) => {
                 log::warn!(
-                    "cuda: this kernel has no pidfd_open ({e}): no guardian, so a restore cut short may leave its tasks behind"
+                    "cuda: cannot map the marker that tells this CRIU's forks apart ({e}); a restore cut short before the guardian saw its tasks may leave them behind"
                 );
-                return Ok(None);
+                None
             }
-            Err(e) => last = Some(e),
+        };
+        let forks = CriuForks::of_this_process(marker.as_ref());
+        let wanted: Vec<u32> = image::image_dir()
+            .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
+            .unwrap_or_default();
+        let mut last = None;
+        for _ in 0..8 {
+            let duty = EndRestore::new(forks.clone(), super::guardian::ClaimTasks::default());
+            match Guardian::spawn(duty) {
+                Ok(g) if wanted.contains(&(g.pid() as u32)) => {
+                    g.release();
+                }
+                Ok(g) => {
+                    log::debug!("cuda: restore guardian {} started", g.pid());
+                    return Ok(Some(RestoreGuardian {
+                        guardian: g,
+                        forks,
+                        _marker: marker,
+                    }));
+                }
+                // Kernels before 5.3 have no pidfds: the restore runs as before, unguarded.
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                    log::warn!(
+                        "cuda: this kernel has no pidfd_open ({e}): no guardian, so a restore cut short may leave its tasks behind"
+                    );
+                    return Ok(None);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let why = last.map_or_else(
+            || "every try took a pid the restore needs".to_string(),
+            |e| e.to_string(),
+        );
+        Err(Failure::new(
+            FailureKind::System,
+            libc::EAGAIN,
+            format!(
+                "cuda: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
+            ),
+        ).into())
+    }
+
+    /// Tells the guardian of every root task CRIU has forked so far.
+    fn announce_roots(&self) {
+        let guardian = self.guardian.pid();
+        for (pid, _) in self.forks.roots(&|p| p == guardian) {
+            self.watch_root(pid, Watch::EndTree);
         }
     }
-    let why = last.map_or_else(
-        || "every try took a pid the restore needs".to_string(),
-        |e| e.to_string(),
-    );
-    Err(Failure::new(
-        FailureKind::System,
-        libc::EAGAIN,
-        format!(
-            "cuda: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
-        ),
-    ).into())
+
+    /// Tells the guardian what to do with the tree of `root` should CRIU end.
+    fn watch_root(&self, root: i32, what: Watch) {
+        if !self.guardian.alive() || self.guardian.stopped() {
+            log::warn!(
+                "cuda: the restore's guardian (pid {}) is {}: should CRIU end now, nothing ends the tree of pid {root}",
+                self.guardian.pid(),
+                if self.guardian.alive() {
+                    "stopped"
+                } else {
+                    "gone"
+                }
+            );
+        }
+        let Some(start) = procfs::start_time(root) else {
+            return;
+        };
+        if let Err(e) = self.guardian.watch(root, start, what as u32, None) {
+            log::warn!("cuda: the restore's guardian was not told of pid {root}: {e}");
+        }
+    }
 }
 
 impl ImageRestore {
@@ -495,7 +558,7 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
 /// otherwise run on frozen behind "Restore finished successfully"; once they are gone, CRIU's
 /// own detach from them fails and CRIU fails the restore. The image is left as it is, for
 /// another try.
-fn end_restored(tree: &[i32], failed: &[i32]) {
+pub(super) fn end_restored(tree: &[i32], failed: &[i32]) {
     log::error!(
         "cuda: the GPU state of pid(s) {} could not be restored: ending the {} restored process(es) so that the restore fails instead of leaving them frozen; the image is unchanged for another try",
         list_pids(failed),

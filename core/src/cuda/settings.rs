@@ -8,7 +8,7 @@ const DEFAULT_LOCK_TIMEOUT_MS: u64 = 10_000;
 /// The backend's settings, from [`crate::config::Config`].
 #[derive(Clone, Debug)]
 pub struct CudaSettings {
-    /// Library to load; `None` = `libcuda.so.1` from the search path.
+    /// Library to load; `None` = `libcuda.so.1`, searched over absolute directories only.
     pub libcuda: Option<PathBuf>,
     /// Directory listing the kernel driver's GPUs.
     pub nvidia_proc: PathBuf,

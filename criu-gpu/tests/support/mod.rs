@@ -210,12 +210,21 @@ impl T {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: setsid(2) in the child before exec touches no memory of the parent.
+        // SAFETY: setsid(2) and close_range(2) in the child before exec touch no memory of the
+        // parent.
         unsafe {
             cmd.pre_exec(|| {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Descriptors the test inherited (from whatever started cargo) stay out of the
+                // workload: CRIU would have to dump them, and cannot in another mount namespace.
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3u32,
+                    u32::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                );
                 Ok(())
             });
         }
@@ -231,18 +240,26 @@ impl T {
 
     /// A workload tree with `children` children, each ready and counting; (root, all pids).
     pub fn workload(&self, name: &str, children: u32, mib: u32) -> Workload {
+        self.workload_via(&[], name, children, mib)
+    }
+
+    /// [`T::workload`], started through `launcher` (a command that execs the rest of its
+    /// arguments in the same process, as `nsenter` does).
+    pub fn workload_via(&self, launcher: &[&str], name: &str, children: u32, mib: u32) -> Workload {
         let out = self.dir.join(name);
-        let root = self.spawn(
-            &fake_build().workload,
-            &[
-                "--out",
-                &out.display().to_string(),
-                "--mib",
-                &mib.to_string(),
-                "--children",
-                &children.to_string(),
-            ],
+        let program = fake_build().workload.display().to_string();
+        let (out_s, mib_s, children_s) = (
+            out.display().to_string(),
+            mib.to_string(),
+            children.to_string(),
         );
+        let mut args: Vec<&str> = launcher.iter().skip(1).copied().collect();
+        if !launcher.is_empty() {
+            args.push(&program);
+        }
+        args.extend(["--out", &out_s, "--mib", &mib_s, "--children", &children_s]);
+        let first = launcher.first().copied().unwrap_or(&program);
+        let root = self.spawn(Path::new(first), &args);
         let mut w = Workload {
             out,
             pids: vec![root],
@@ -454,11 +471,19 @@ pub fn criu_bin() -> PathBuf {
 }
 
 /// A directory holding only the plugin, as `gpu_plugin.so`: the release cdylib the package
-/// ships (`tests/common/release_plugin.rs`).
+/// ships (`tests/common/release_plugin.rs`). Copied once per test binary, under another name
+/// and renamed into place: a file rewritten in place would change the code under a guardian
+/// of an earlier run that still maps it (it died of SIGSEGV so).
 pub fn plugin_libdir() -> PathBuf {
-    let so = release_plugin::release_plugin_path(&repo());
-    let dir = build_dir().join("libdir");
-    std::fs::create_dir_all(&dir).expect("libdir");
-    std::fs::copy(&so, dir.join("gpu_plugin.so")).expect("copy plugin");
-    dir
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let so = release_plugin::release_plugin_path(&repo());
+        let dir = build_dir().join("libdir");
+        std::fs::create_dir_all(&dir).expect("libdir");
+        let part = dir.join("gpu_plugin.so.part");
+        std::fs::copy(&so, &part).expect("copy plugin");
+        std::fs::rename(&part, dir.join("gpu_plugin.so")).expect("plugin into place");
+        dir
+    })
+    .clone()
 }
