@@ -18,6 +18,7 @@ pub mod config;
 pub(crate) mod cuda;
 pub mod images;
 mod plugin;
+pub(crate) mod restore_guardian;
 pub mod session;
 
 pub use plugin::GpuPlugin;

@@ -182,6 +182,7 @@ pub fn backend_guarded(
             fdstore: Some(Arc::new(LocalFdStore::default())),
             copy_observer: copies.map(|c| c as Arc<dyn CopyObserver>),
             queue_guard: guard,
+            restore_guardian: false,
         },
     )
 }

@@ -377,7 +377,7 @@ fn wait_freed(pids: &[i32], since: u64, within: Duration) -> Vec<String> {
         reap();
         let held: Vec<String> = pids
             .iter()
-            .filter(|&&p| criu_plugin::guardian::start_time(p).is_some_and(|s| s >= since))
+            .filter(|&&p| criu_plugin::proc::start_time(p).is_some_and(|s| s >= since))
             .map(|&p| {
                 let s = status_of(p).unwrap_or_default();
                 format!(
@@ -423,14 +423,14 @@ fn criu_killed_in_the_middle_of_amd_restores() {
         busy.1.as_secs_f64()
     );
     let mut moments = Moments(seed);
-    let (mut finished, mut failures) = (0, Vec::new());
+    let (mut finished, mut ended_by_guardian, mut failures) = (0, 0, Vec::new());
     for i in 1..=n {
         wait_gone(&[pids.0, pids.1]);
         // A CRIU killed before it opened its log must not leave the last run's to be read.
         let log = img("base").join("restore.log");
         let _ = std::fs::remove_file(&log);
         let mut criu = spawn_criu(b, "restore", &img("base"), &["-d"]);
-        let since = criu_plugin::guardian::start_time(criu.id() as i32).unwrap_or(0);
+        let since = criu_plugin::proc::start_time(criu.id() as i32).unwrap_or(0);
         let window = (
             "KFD file(s) can be restored here",
             busy.1.saturating_sub(busy.0),
@@ -445,12 +445,24 @@ fn criu_killed_in_the_middle_of_amd_restores() {
             println!("kfd_module: {what}: the restore had finished");
             kill_both(pids);
         } else {
+            let t = Instant::now();
             let held = wait_freed(&[pids.0, pids.1], since, Duration::from_secs(15));
+            let freed_after = t.elapsed();
             let last = log.lines().last().unwrap_or("(no log)");
             let last: String = last.chars().take(120).collect();
             if held.is_empty() {
+                // The guardian's word comes in the log once it has acted.
+                let log =
+                    std::fs::read_to_string(img("base").join("restore.log")).unwrap_or_default();
+                let by = if log.contains("half-restored task(s) killed") {
+                    "the guardian ended the half-restored tasks; "
+                } else {
+                    ""
+                };
+                ended_by_guardian += usize::from(!by.is_empty());
                 println!(
-                    "kfd_module: {what}: the image's pids are free (CRIU's last word: {last})"
+                    "kfd_module: {what}: {by}the image's pids free {:.2} s after the kill (CRIU's last word: {last})",
+                    freed_after.as_secs_f64()
                 );
             } else {
                 println!("kfd_module: {what}: still held: {held:?} (CRIU's last word: {last})");
@@ -472,7 +484,9 @@ fn criu_killed_in_the_middle_of_amd_restores() {
         [GPU0, GPU1],
         "restore after the restore kills",
     );
-    println!("kfd_module: {n} restores killed ({finished} had finished), then a whole restore: ok");
+    println!(
+        "kfd_module: {n} restores killed ({finished} had finished, the guardian ended the tasks of {ended_by_guardian}), then a whole restore: ok"
+    );
     kill_both(pids);
     wait_gone(&[pids.0, pids.1]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -8,12 +8,12 @@
 //! | `DUMP_DEVICES_LATE` | dumper | UNPAUSE every paused process (all, even after a failure); fail on dma-bufs of no dumped BO |
 //! | `exit` (dump) | dumper | UNPAUSE whatever is still paused: hosts without `DUMP_DEVICES_LATE`, failed dumps; release the guardian ([`super::guardian`]) once every queue runs |
 //! | `init` (restore) | master | active when the image lists `amdgpu_plugin`; maps the parallel-restore queue before CRIU forks |
-//! | `RESTORE_INIT` | master | preflight: every KFD image readable and its GPUs mappable onto this machine, before anything is forked |
-//! | `POST_FORKING` | master | claims the parallel restore (no thread: CRIU's process must stay single-threaded, it enters the restored tree's mount namespace before `RESUME_DEVICES_LATE`) |
+//! | `RESTORE_INIT` | master | preflight: every KFD image readable and its GPUs mappable onto this machine, before anything is forked; then the restore's guardian started ([`crate::restore_guardian`]) |
+//! | `POST_FORKING` | master | tells the guardian of the root task; claims the parallel restore (no thread: CRIU's process must stay single-threaded, it enters the restored tree's mount namespace before `RESUME_DEVICES_LATE`) |
 //! | `RESTORE_EXT_FILE` | task | KFD file: RESTORE and contents ([`super::restore`]); render node: the mapped GPU's node; dma-buf: the restored BO's dma-buf, from this task or another through CRIU's fdstore (`retry_needed` while that BO is not restored yet) |
 //! | `UPDATE_VMA_MAP` | task | new mmap offset (and the render fd) of KFD and render-node mappings |
-//! | `RESUME_DEVICES_LATE` | master | first call: the copies tasks handed over; then RESUME; `ESRCH` (no KFD process) is "not mine" |
-//! | `exit` (restore) | master | does the handed-over copies a failed restore left, then clears the fdstore |
+//! | `RESUME_DEVICES_LATE` | master | first call: the guardian told of the root, the copies tasks handed over; then RESUME; `ESRCH` (no KFD process) is "not mine"; once every KFD process is resumed, the guardian leaves the tree running |
+//! | `exit` (restore) | master | does the handed-over copies a failed restore left, then clears the fdstore; releases the guardian after a restore that succeeded |
 //!
 //! Every hook returns "not mine" when the backend did nothing (the C plugin returns success
 //! from some hooks it has no part in, which hides them from later plugins), so later backends
@@ -66,6 +66,9 @@ pub struct BackendOptions {
     /// ([`super::guardian`]); `None`: nothing does (tests on the simulator, which pass their
     /// own). [`AmdgpuBackend::new`] uses [`super::guardian::guardian_process`].
     pub queue_guard: Option<QueueGuardFactory>,
+    /// Start a guardian process that ends the tasks of a restore CRIU left half done (a
+    /// process forked from the caller: only in CRIU's own process, as in the plugin).
+    pub restore_guardian: bool,
 }
 
 /// Watches the BO content copies of a backend's runs, as each one ends. Called in the process
@@ -161,6 +164,7 @@ impl AmdgpuBackend {
             BackendOptions {
                 use_process_env: true,
                 queue_guard: Some(super::guardian::guardian_process()),
+                restore_guardian: true,
                 ..Default::default()
             },
         )
@@ -295,6 +299,7 @@ impl AmdgpuBackend {
             base,
             handover,
             publish_dmabufs,
+            self.options.restore_guardian,
         )))
     }
 }
@@ -346,7 +351,7 @@ impl GpuBackend for AmdgpuBackend {
     fn exit(&mut self, _stage: Stage, ret: i32) {
         match &mut std::mem::replace(&mut self.run, Run::Idle) {
             Run::Dump(r) => r.finish(ret),
-            Run::Restore(r) => r.finish(),
+            Run::Restore(r) => r.finish(ret),
             Run::PreDump(_) | Run::Idle => {}
         }
     }

@@ -27,7 +27,8 @@ use super::device::{KfdDevice, KfdHolder};
 
 /// Keeps watch over the processes a dump pauses.
 pub trait QueueGuard: Send {
-    /// Whether the guard still works (the guardian process can be killed like any other).
+    /// Whether the guard still works (the guardian process can be killed or stopped like any
+    /// other).
     fn alive(&self) -> bool;
 
     /// `holder`'s queues are about to be paused: restart them should CRIU end.
@@ -63,7 +64,7 @@ struct GuardianProcess(Guardian);
 
 impl QueueGuard for GuardianProcess {
     fn alive(&self) -> bool {
-        self.0.alive()
+        self.0.alive() && !self.0.stopped()
     }
 
     fn watch(&self, holder: &KfdHolder) -> io::Result<()> {
@@ -184,7 +185,7 @@ pub fn restart_queues_of(pids: &[i32]) -> Vec<(i32, Restart)> {
         .iter()
         .filter_map(|&pid| {
             let fd = super::holder::kfd_fd_number(pid, kfd_rdev)?;
-            let start = criu_plugin::guardian::start_time(pid)?;
+            let start = criu_plugin::proc::start_time(pid)?;
             Some((KfdHolder { pid, start, fd }, None))
         })
         .collect();

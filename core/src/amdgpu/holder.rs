@@ -114,7 +114,7 @@ impl Tracees {
                 else {
                     continue;
                 };
-                let start = criu_plugin::guardian::start_time(pid)?;
+                let start = criu_plugin::proc::start_time(pid)?;
                 return Some(KfdHolder { pid, start, fd });
             }
         }
@@ -195,8 +195,8 @@ pub fn unpause_from_outside(
     let pidfd = match pidfd {
         Some(p) => p,
         None => {
-            own = criu_plugin::guardian::pidfd(holder.pid)?;
-            if criu_plugin::guardian::start_time(holder.pid) != Some(holder.start) {
+            own = criu_plugin::proc::pidfd(holder.pid)?;
+            if criu_plugin::proc::start_time(holder.pid) != Some(holder.start) {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             own.as_fd()
@@ -266,7 +266,7 @@ mod tests {
             let tracees = Tracees::default();
             let found = tracees.holder_of(file.as_fd());
             let not_held = tracees.holder_of(other.as_fd());
-            let start = criu_plugin::guardian::start_time(pid);
+            let start = criu_plugin::proc::start_time(pid);
             let _ = target.kill();
             let _ = target.wait();
             format!("{pid} {start:?} {untraced:?} {found:?} {not_held:?}").into_bytes()

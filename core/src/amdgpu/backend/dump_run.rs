@@ -81,7 +81,7 @@ impl DumpRun {
             }
             return Err(fail(device_error(
                 libc::ESRCH,
-                "the guardian process that restarts GPU queues should CRIU end early is gone (killed?); no more queues are paused without it".to_string(),
+                "the guardian process that restarts GPU queues should CRIU end early is gone or stopped; no more queues are paused without it".to_string(),
             )));
         }
         if self.unguarded {

@@ -1,9 +1,11 @@
 //! A restore run: the hooks of CRIU's main process (`RESTORE_INIT`, `POST_FORKING`,
 //! `RESUME_DEVICES_LATE`, `exit`) and of the restored tasks (`RESTORE_EXT_FILE`,
 //! `UPDATE_VMA_MAP`) over what [`super::super::restore`] does per file, with the state each
-//! task keeps and the parallel restore's outcome.
+//! task keeps, the parallel restore's outcome and the restore's guardian
+//! ([`crate::restore_guardian`]): should CRIU end before every KFD process has its queues
+//! resumed, it ends the tasks CRIU forked.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::Instant;
@@ -12,10 +14,11 @@ use criu_plugin::{HookError, HookResult, VmaUpdate};
 
 use super::super::contents;
 use super::super::device;
-use super::super::error::Error;
+use super::super::error::{Error, device_error};
 use super::super::parallel::{Handover, QueueOutcome};
 use super::super::restore::{self, MappedPath, RestoreCtx, TaskState};
 use super::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
+use crate::restore_guardian::{RestoreGuardian, Watch};
 
 /// The state of a restore run, in CRIU's main process and (as forked copies) in every
 /// restored task.
@@ -32,6 +35,17 @@ pub(super) struct RestoreRun {
     tasks: HashMap<u32, TaskState>,
     /// The `/dev/kfd` RESUME goes through, opened on first use.
     resume_kfd: Option<OwnedFd>,
+    /// Whether to start a guardian at the preflight.
+    want_guardian: bool,
+    /// Ends the tasks CRIU forked should CRIU end before the tree has its GPU state.
+    guardian: Option<RestoreGuardian>,
+    /// The processes with KFD state in the image (distinct pids of the KFD images).
+    kfd_processes: usize,
+    /// The tasks RESUME went through for.
+    resumed: HashSet<i32>,
+    /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
+    /// first).
+    root: Option<i32>,
 }
 
 impl RestoreRun {
@@ -39,6 +53,7 @@ impl RestoreRun {
         base: RunBase,
         handover: Option<Handover>,
         publish_dmabufs: bool,
+        want_guardian: bool,
     ) -> RestoreRun {
         RestoreRun {
             base,
@@ -47,6 +62,11 @@ impl RestoreRun {
             outcome: None,
             tasks: HashMap::new(),
             resume_kfd: None,
+            want_guardian,
+            guardian: None,
+            kfd_processes: 0,
+            resumed: HashSet::new(),
+            root: None,
         }
     }
 
@@ -73,6 +93,7 @@ impl RestoreRun {
             return Err(HookError::NotMine);
         }
         let ctx = self.restore_ctx();
+        let mut pids = HashSet::new();
         for id in &ids {
             let image = ctx
                 .images
@@ -83,9 +104,34 @@ impl RestoreRun {
                 .and_then(|()| restore::compute_map(&ctx, &image))
                 .and_then(|_| contents::open_pages(ctx.images, *id, &image).map(drop))
                 .map_err(|e| fail(e.context(format!("restore preflight of KFD file {id}"))))?;
+            pids.insert(image.pid);
         }
+        self.kfd_processes = pids.len();
         log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());
-        Ok(())
+        self.start_guardian()
+    }
+
+    /// Starts the restore's guardian (once; before CRIU forks the tasks, which the preflight
+    /// is): no KFD process is restored unless something outside CRIU ends the tree should
+    /// CRIU end before the queues are resumed.
+    fn start_guardian(&mut self) -> HookResult {
+        if !self.want_guardian || self.guardian.is_some() {
+            return Ok(());
+        }
+        let image_pids = self
+            .base
+            .images
+            .dir_fd()
+            .ok()
+            .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
+            .unwrap_or_default();
+        match RestoreGuardian::spawn("amdgpu", &image_pids, ()) {
+            Ok(g) => {
+                self.guardian = g;
+                Ok(())
+            }
+            Err(why) => Err(fail(device_error(libc::EAGAIN, why))),
+        }
     }
 
     /// `RESTORE_EXT_FILE`, in the task that owns file `id`.
@@ -212,8 +258,11 @@ impl RestoreRun {
         })
     }
 
-    /// `POST_FORKING`: claims the parallel restore.
+    /// `POST_FORKING`: tells the guardian of the root task; claims the parallel restore.
     pub(super) fn post_forking(&mut self) -> HookResult {
+        if let Some(g) = &self.guardian {
+            g.announce_roots();
+        }
         if !self.handover.as_ref().is_some_and(Handover::parallel) {
             return Err(HookError::NotMine);
         }
@@ -223,9 +272,30 @@ impl RestoreRun {
         Ok(())
     }
 
-    /// `RESUME_DEVICES_LATE` of `pid`: the first call does the copies tasks handed over;
-    /// then RESUME.
+    /// `RESUME_DEVICES_LATE` of `pid`: the first call tells the guardian of the root and does
+    /// the copies tasks handed over; then RESUME. Once every KFD process of the image has
+    /// been resumed, the guardian leaves the tree running.
     pub(super) fn resume(&mut self, pid: i32) -> HookResult {
+        let r = self.resume_one(pid);
+        if r.is_ok() {
+            self.resumed.insert(pid);
+            if self.resumed.len() == self.kfd_processes
+                && let (Some(g), Some(root)) = (&self.guardian, self.root)
+            {
+                g.watch_root(root, Watch::Settled);
+            }
+        }
+        r
+    }
+
+    fn resume_one(&mut self, pid: i32) -> HookResult {
+        if self.root.is_none() {
+            self.root = Some(pid);
+            // Before any GPU work: should CRIU end from here on, the guardian ends the tree.
+            if let Some(g) = &self.guardian {
+                g.watch_root(pid, Watch::EndTree);
+            }
+        }
         self.serve_handed_over_copies();
         if let Some(o) = &self.outcome {
             if !o.failed.is_empty() {
@@ -266,11 +336,18 @@ impl RestoreRun {
         }
     }
 
-    /// `exit`: the copies a failed restore left, then the fdstore is cleared.
-    pub(super) fn finish(&mut self) {
+    /// `exit`: the copies a failed restore left, then the fdstore is cleared. A restore that
+    /// succeeded releases the guardian; one that failed leaves it to end what CRIU leaves
+    /// behind once CRIU has ended.
+    pub(super) fn finish(&mut self, ret: i32) {
         self.serve_handed_over_copies();
         if let Some(h) = &self.handover {
             h.clear();
+        }
+        if ret == 0
+            && let Some(g) = self.guardian.take()
+        {
+            g.release();
         }
     }
 
