@@ -153,21 +153,22 @@ class Tree:
 
 def end_all(tree, timeout=30):
     """SIGKILLs the tree's holders and every other descendant of this script; waits until they
-    are reaped."""
+    are reaped (a zombie still holds its pid, and CRIU then cannot restore it)."""
     end = time.time() + timeout
     while True:
-        left = set(tree.holders()) | set(descendants())
-        if not left:
+        reap()
+        live = set(tree.holders()) | set(descendants())
+        zombies = [] if tree.own_ns else [p for p in tree.pids if os.path.exists(f"/proc/{p}")]
+        if not live and not zombies:
             return
         if time.time() > end:
-            raise RuntimeError(f"processes {sorted(left)} did not go away")
-        for p in left:
+            raise RuntimeError(f"processes {sorted(live | set(zombies))} did not go away")
+        for p in live:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        reap()
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 def start_in_pidns(ctx, name, argv, nproc):
