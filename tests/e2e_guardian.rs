@@ -117,6 +117,12 @@ fn running_with_gpu(d: &Dumped, pids: &[i32]) -> bool {
         if all {
             for &p in pids {
                 w.verify(p);
+                // The marker CRIU's forks inherit is gone once CRIU's restorer is done.
+                let maps = std::fs::read_to_string(format!("/proc/{p}/maps")).unwrap_or_default();
+                assert!(
+                    !maps.contains("criu-gpu-plugin-restore"),
+                    "pid {p} still maps the guardian's marker:\n{maps}"
+                );
             }
             return true;
         }
