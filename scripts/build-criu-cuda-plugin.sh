@@ -87,23 +87,7 @@ say "built $out ($(stat -c %s "$out") bytes) from CRIU $tag"
 t=$src/check
 mkdir -p "$t/lib" "$t/bin" "$t/img"
 cp "$out" "$t/lib/"
-cat >"$t/bin/cuda-checkpoint" <<'EOF'
-#!/bin/sh
-# Stand-in: records its arguments; answers for the one pid in $STUB_PID; its second
-# --get-restore-tid says "no CUDA" so that nothing is ptrace-resumed.
-echo "$*" >>"$STUB_LOG"
-case "$1" in
-    -h) echo "--action --get-state --get-restore-tid --pid --timeout"; exit 0 ;;
-    --get-restore-tid)
-        n=$(grep -c -- '^--get-restore-tid' "$STUB_LOG")
-        [ "$3" = "$STUB_PID" ] && [ "$n" = 1 ] && { echo "$3"; exit 0; }
-        exit 1 ;;
-    --get-state) echo running; exit 0 ;;
-    --action) exit 0 ;;
-esac
-exit 1
-EOF
-chmod 755 "$t/bin/cuda-checkpoint"
+install -m 755 "$REPO/scripts/lib/cuda-checkpoint-stub.sh" "$t/bin/cuda-checkpoint"
 one_dump() { # $1: extra criu option or empty
     rm -rf "$t/img"/* "$t/stub.log"
     setsid sleep 600 </dev/null >/dev/null 2>&1 &

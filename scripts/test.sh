@@ -17,7 +17,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "[test] generated code is current"
 scripts/check-generated.sh
 echo "[test] code references in the docs resolve"
-scripts/check-doc-refs.sh
+scripts/check_doc_refs.py
 echo "[test] the release plugin (every end-to-end suite runs real CRIU with it)"
 cargo build --release --locked -p criu-gpu-plugin --lib
 so=target/release/libcriu_gpu_plugin.so
