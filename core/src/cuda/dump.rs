@@ -16,7 +16,7 @@ use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Ran, each_in_helper, ms};
-use super::error::{Failure, FailureKind, Report, call_failure, os_failure};
+use super::error::{CallError, Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::guardian::Action;
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
@@ -238,6 +238,10 @@ impl DumpRun {
     /// Asks for `pid`'s state and locks it when it runs, in a helper process: a target that
     /// never answers costs a killed helper, not a thread stuck in CRIU's process for good.
     fn lock(&mut self, pid: i32, start: Option<u64>) -> HookResult<Locked> {
+        self.lock_once(pid, start, false)
+    }
+
+    fn lock_once(&mut self, pid: i32, start: Option<u64>, again: bool) -> HookResult<Locked> {
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".
         let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
@@ -279,6 +283,15 @@ impl DumpRun {
                     Some(Err(e)) => {
                         // Not locked: nothing for the guardian to undo.
                         self.forget(pid);
+                        // The guardian died between its check and the lock (the helper could
+                        // not tell it, so it did not lock): once more under a new one.
+                        if !again
+                            && matches!(e, CallError::Helper(_))
+                            && self.guardian.as_ref().is_some_and(|g| !g.alive())
+                        {
+                            self.start_guardian()?;
+                            return self.lock_once(pid, start, true);
+                        }
                         let why = if e.errno() == libc::ETIMEDOUT {
                             format!(
                                 "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"
