@@ -34,15 +34,18 @@ tag=${CRIU_TAG:-v$version}
 git --git-dir="$CRIU_GIT_DIR" rev-parse -q --verify "refs/tags/$tag^{commit}" >/dev/null \
     || die "tag $tag (CRIU $version) not in $CRIU_GIT_DIR; tags there: $(git --git-dir="$CRIU_GIT_DIR" tag | tr '\n' ' ')"
 for t in gcc make; do command -v $t >/dev/null || die "$t is needed"; done
-if [ ! -e /usr/include/sys/capability.h ]; then
-    # CRIU's option header includes <sys/capability.h>.
-    say "installing libcap-dev (for <sys/capability.h>)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libcap-dev >/dev/null \
-        || die "apt-get install libcap-dev failed"
-fi
-
 src=$(mktemp -d "${TMPDIR:-/tmp}/criu-src.XXXXXX")
 trap 'rm -rf "$src"' EXIT
+# CRIU's option header includes <sys/capability.h>: without libcap-dev installed, its header
+# comes from the package unpacked here (nothing is installed on this machine).
+capinc=()
+if [ ! -e /usr/include/sys/capability.h ]; then
+    say "no <sys/capability.h>: unpacking libcap-dev's headers into $src"
+    (cd "$src" && apt-get download libcap-dev >"$src/apt.log" 2>&1) \
+        || { cat "$src/apt.log" >&2; die "apt-get download libcap-dev failed (run apt-get update?)"; }
+    dpkg -x "$src"/libcap-dev_*.deb "$src/libcap"
+    capinc=(-isystem "$src/libcap/usr/include")
+fi
 git --git-dir="$CRIU_GIT_DIR" archive "$tag" | tar -x -C "$src"
 say "CRIU source $tag ($(git --git-dir="$CRIU_GIT_DIR" rev-parse "$tag^{commit}")) in $src"
 # The generated headers the plugin's includes reach; compel-host prints compel's include path.
@@ -51,7 +54,7 @@ make -C "$src" -s compel/compel-host include/common/config.h include/common/asm 
 (
     cd "$src/plugins/cuda"
     # shellcheck disable=SC2046  # compel prints several words of flags
-    gcc -g -O2 -Wall -shared -nostartfiles -fPIC $(../../compel/compel-host includes) cuda_plugin.c \
+    gcc -g -O2 -Wall -shared -nostartfiles -fPIC $(../../compel/compel-host includes) "${capinc[@]}" cuda_plugin.c \
         -o cuda_plugin.so -iquote../../include -iquote../../criu/include \
         -iquote../../criu/arch/x86/include/ -iquote../../
 ) || die "compiling cuda_plugin.c failed"
@@ -84,23 +87,7 @@ say "built $out ($(stat -c %s "$out") bytes) from CRIU $tag"
 t=$src/check
 mkdir -p "$t/lib" "$t/bin" "$t/img"
 cp "$out" "$t/lib/"
-cat >"$t/bin/cuda-checkpoint" <<'EOF'
-#!/bin/sh
-# Stand-in: records its arguments; answers for the one pid in $STUB_PID; its second
-# --get-restore-tid says "no CUDA" so that nothing is ptrace-resumed.
-echo "$*" >>"$STUB_LOG"
-case "$1" in
-    -h) echo "--action --get-state --get-restore-tid --pid --timeout"; exit 0 ;;
-    --get-restore-tid)
-        n=$(grep -c -- '^--get-restore-tid' "$STUB_LOG")
-        [ "$3" = "$STUB_PID" ] && [ "$n" = 1 ] && { echo "$3"; exit 0; }
-        exit 1 ;;
-    --get-state) echo running; exit 0 ;;
-    --action) exit 0 ;;
-esac
-exit 1
-EOF
-chmod 755 "$t/bin/cuda-checkpoint"
+install -m 755 "$REPO/scripts/lib/cuda-checkpoint-stub.sh" "$t/bin/cuda-checkpoint"
 one_dump() { # $1: extra criu option or empty
     rm -rf "$t/img"/* "$t/stub.log"
     setsid sleep 600 </dev/null >/dev/null 2>&1 &

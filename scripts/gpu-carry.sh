@@ -75,8 +75,8 @@ find "$CARRY" -type f -printf "    %10s  %P\n" | sort -k2
 total=0
 for p in .criu "$PLUGIN" "${CARRY#"$REPO"/}"; do
     [ -e "$p" ] || continue
-    say "du -sh: $(du -sh "$p" | tr '\t' ' ')"
-    total=$((total + $(du -sk "$p" | cut -f1)))
+    say "du -sh: $(du -shL "$p" | tr '\t' ' ')"
+    total=$((total + $(du -skL "$p" | cut -f1)))
 done
 say "carried in all: $((total / 1024)) MiB of $LIMIT_MIB MiB"
 [ "$total" -le $((LIMIT_MIB * 1024)) ] || die "the carry list is over $LIMIT_MIB MiB"

@@ -14,6 +14,15 @@
 #                                   with its memory verified (tests/gpu/kill_check.py); with
 #                                   .gpu-carry/cuda_plugin.so and .gpu-carry/bin/cuda-checkpoint
 #                                   (scripts/gpu-carry.sh) CRIU's C plugin is counted beside it
+#   scripts/gpu-check.sh --restore-kills [ARGS]
+#                                   CRIU SIGKILLed in restores of a CUDA tree, under a reaper that frees
+#                                   killed tasks' pids at once (tests/gpu/restore_kill_check.py): at
+#                                   random moments of 20 restores of a 4-process tree, each followed by
+#                                   a restore from the same images that must succeed and verify; with
+#                                   --late also the targeted kill as RESUME_DEVICES_LATE starts, plain,
+#                                   --restore-sibling and in a pid namespace (3 each); the tree must
+#                                   run verified or be gone. With .gpu-carry the C plugin is counted
+#                                   beside it. ARGS go to it, e.g. --restores 0 --late
 #   scripts/gpu-check.sh --cri [ARGS]   the Kubernetes path: containerd 2.1's CRI with runc 1.4 checkpoints
 #                                   a pod's CUDA container (1 GiB) and a PyTorch loop, restores each in
 #                                   a new pod, verified bit for bit, timed beside `runc checkpoint`
@@ -83,6 +92,11 @@ if [ "${1:-}" = --kills ]; then
     shift
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kill_check.py --criu "$CRIU" --libdir "$lib" \
         --work "$WORK/kills" --logs "$LOGS/kills" "${c[@]}" "$@"
+fi
+if [ "${1:-}" = --restore-kills ]; then
+    shift
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/restore_kill_check.py --criu "$CRIU" --libdir "$lib" \
+        --work "$WORK/restore-kills" --logs "$LOGS/restore-kills" "${c[@]}" "$@"
 fi
 two_gpus() {
     PYTHONUNBUFFERED=1 python3 tests/gpu/two_gpu_check.py --criu "$CRIU" --libdir "$lib" \

@@ -17,7 +17,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "[test] generated code is current"
 scripts/check-generated.sh
 echo "[test] code references in the docs resolve"
-scripts/check-doc-refs.sh
+scripts/check_doc_refs.py
 echo "[test] the release plugin (every end-to-end suite runs real CRIU with it)"
 cargo build --release --locked -p criu-gpu-plugin --lib
 so=target/release/libcriu_gpu_plugin.so
@@ -39,7 +39,7 @@ for release in 4.2.1 4.3; do
     CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked \
         --test e2e_criu --test e2e_cuda_fake --test e2e_cuda_fake_failures \
         --test e2e_cuda_settings --test e2e_cuda_restore_state --test e2e_cut_short \
-        --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
+        --test e2e_guardian --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
         --test e2e_cri --test e2e_gpu_containers
     # criu-gpu against a real CRIU dump: claims (holders gone or stopped, lock directory
     # unusable) and races.

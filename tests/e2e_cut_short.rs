@@ -5,6 +5,11 @@
 //! short, nothing may hold the image's pids and the next restore from the same images must
 //! succeed. The stand-in driver and harness are those of `tests/e2e_cuda_fake.rs`.
 //!
+//! After every run of the kill loops no process of that run may remain
+//! ([`common::run_leftovers`]): the plugin's helpers and guardian end by themselves. CRIU's own
+//! forks that a kill leaves behind (children of its kernel probes, stopped or asleep for good)
+//! are killed by the test, which counts them.
+//!
 //! The kill loops are bounded in count and in time: `CUT_SHORT_KILLS` sets the number of
 //! kills of dumps (default 160) and of restores (a quarter of it, at least 40).
 
@@ -15,6 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
+use common::run_leftovers::{GONE_WITHIN, Run, Tally};
 use common::{reap_until_gone, signal, state_of, wait_until};
 
 /// How long a process may stay frozen after CRIU's end.
@@ -75,6 +81,8 @@ struct Cut {
     ended: Instant,
     /// How long it ran.
     took: Duration,
+    /// Which processes are the run's.
+    run: Run,
 }
 
 fn criu_cut(
@@ -85,14 +93,21 @@ fn criu_cut(
     after: Duration,
     sig: libc::c_int,
 ) -> Cut {
+    // A log name of the run's own: CRIU's forks carry it on their command line.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let log = format!(
+        "cut-{}.log",
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let _ = std::fs::remove_file(images.join("cut.log"));
     let mut cmd: Command = f.e.command(&f.e.criu);
-    cmd.args(args).arg("-D").arg(images).args(["-o", "cut.log"]);
+    cmd.args(args).arg("-D").arg(images).args(["-o", &log]);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().expect("start criu");
     let started = Instant::now();
+    let run = Run::new(child.id() as i32, images, &log);
     let mut sent = false;
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait for criu") {
@@ -108,11 +123,15 @@ fn criu_cut(
         );
         std::thread::sleep(Duration::from_micros(500));
     };
+    let ended = Instant::now();
+    // Kept as `cut.log`, where `last_log_lines` looks.
+    let _ = std::fs::rename(images.join(&log), images.join("cut.log"));
     Cut {
         code: status.code(),
         log: std::fs::read_to_string(images.join("cut.log")).unwrap_or_default(),
-        ended: Instant::now(),
+        ended,
         took: started.elapsed(),
+        run,
     }
 }
 
@@ -295,10 +314,13 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
     // How long a whole dump takes here: the kills land inside that.
     let a = dump_args(&root);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let mut left = Tally::default();
     let whole = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
     assert_eq!(whole.code, Some(0), "{}", whole.log);
+    left.check(&whole.run, &w.pids, "a whole dump");
     let again = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
     assert_eq!(again.code, Some(0), "{}", again.log);
+    left.check(&again.run, &w.pids, "a second whole dump");
     let span = whole.took.max(again.took).as_micros().max(1) as u64;
     eprintln!("a whole dump takes {:?}", whole.took.max(again.took));
     let mut rng = Rng::new();
@@ -337,6 +359,10 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         if !dead.is_empty() {
             let codes: Vec<(i32, Option<i64>)> = dead.iter().map(|&p| (p, exit_code(p))).collect();
             eprintln!("{what}: task(s) ended with CRIU (pid, exit code): {codes:?}");
+        }
+        // Nothing of the run is left: the plugin's helpers and guardian are gone.
+        left.check(&cut.run, &w.pids, &what);
+        if !dead.is_empty() {
             ended_with_criu += 1;
             for &p in w.pids.iter().filter(|p| !dead.contains(p)) {
                 w.verify(p);
@@ -352,7 +378,8 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         }
     }
     eprintln!(
-        "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}; a task ended with CRIU in {ended_with_criu}"
+        "{kills} dumps signalled: {killed} ended by the signal, {finished} done before it; the guardian wrote to the log in {guarded}; a task ended with CRIU in {ended_with_criu}; {}",
+        left.summary()
     );
     assert!(
         killed >= kills / 4,
@@ -388,10 +415,12 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
         );
         f.clear_device_dir();
     };
+    let mut left = Tally::default();
     let whole = criu_cut(&f, &args, &images, &env, Duration::from_secs(3600), 0);
     assert_eq!(whole.code, Some(0), "{}", whole.log);
     let span = whole.took.as_micros().max(1) as u64;
     eprintln!("a whole restore takes {:?}", whole.took);
+    left.check(&whole.run, &w.pids, "a whole restore");
     end_tree(&w);
     let mut rng = Rng::new();
     let started = Instant::now();
@@ -439,10 +468,14 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
                 );
             }
         }
+        // Nothing of the run is left but the restored tree's tasks that run on: no helper, no
+        // guardian, no half-restored task.
+        left.check(&cut.run, &w.pids, &what);
         end_tree(&w);
     }
     eprintln!(
-        "{kills} restores signalled: {killed} ended by the signal ({ran_on} of them after the tree ran), {finished} done before it"
+        "{kills} restores signalled: {killed} ended by the signal ({ran_on} of them after the tree ran), {finished} done before it; {}",
+        left.summary()
     );
     // And a last restore, not cut short, from the same images.
     let last = f.criu(&args, &images, "restore.log", &env);
@@ -633,4 +666,79 @@ fn a_dump_racing_a_restore_never_records_the_tree_without_its_gpu_state() {
         );
     }
     eprintln!("dumps racing a restore: {refused} refused, {dumped} dumped with the GPU state");
+}
+
+/// A helper of the plugin stopped (`SIGSTOP`, as a Ctrl-Z of CRIU's process group would) while
+/// it waits in the driver, then CRIU killed: the helper ends with CRIU all the same (its
+/// parent-death signal is `SIGKILL`, which ends a stopped process too) and nothing of the run
+/// remains once the guardian has put the process back.
+#[test]
+fn a_stopped_helper_ends_with_criu() {
+    let Some(f) = Fake::start("cut-stopped-helper") else {
+        return;
+    };
+    let gpu = &f.gpus(1, 0)[0];
+    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+    let env = f.env(&nv, "calls");
+    // A GPU-busy process: the dump's lock helper waits for the busy section (up to the lock
+    // timeout, 5 s) inside the driver.
+    let w = Workload::start(
+        &f,
+        "w",
+        &["--mib", "8", "--threads", "1", "--hold-ms", "8000"],
+    );
+    let root = w.root();
+    assert!(signal(root, libc::SIGUSR2), "SIGUSR2");
+    w.wait_line(root, "hold begin");
+    let images = f.e.images("img");
+    let (root_s, lib) = (root.to_string(), lib());
+    let mut cmd: Command = f.e.command(&f.e.criu);
+    cmd.args(["dump", "--leave-running", "-t", &root_s, "--timeout", "5"])
+        .args(["-L", &lib, "-v4", "-D"])
+        .arg(&images)
+        .args(["-o", "stopped.log"]);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let mut criu = cmd.spawn().expect("criu");
+    let criu_pid = criu.id() as i32;
+    let run = Run::new(criu_pid, &images, "stopped.log");
+    // The helper: CRIU's child with the plugin mapped, waiting in the driver (the stand-in
+    // polls), in CRIU's session (the guardian, which polls too, has left it by then).
+    let in_driver = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/wchan")).is_ok_and(|w| w.contains("poll"))
+    };
+    let mut helper = 0;
+    wait_until("the dump's lock helper waiting in the driver", || {
+        helper = children_of(criu_pid)
+            .into_iter()
+            .find(|&p| {
+                common::run_leftovers::maps_plugin(p)
+                    && sid_of(p) == sid_of(criu_pid)
+                    && in_driver(p)
+            })
+            .unwrap_or(0);
+        helper != 0
+    });
+    assert!(signal(helper, libc::SIGSTOP), "SIGSTOP the helper");
+    wait_until(format!("helper {helper} stopped"), || {
+        state_of(helper) == Some('T')
+    });
+    signal(criu_pid, libc::SIGKILL);
+    criu.wait().expect("wait for criu");
+    assert!(
+        reap_until_gone(&[helper], GONE_WITHIN),
+        "the stopped helper outlived CRIU: {}",
+        common::run_leftovers::Left::of(helper, true).describe()
+    );
+    // The guardian's put-back waits behind the lock the helper asked for (the stand-in serves
+    // one request at a time) until its timeout.
+    let r = run.reap(
+        &w.pids,
+        GONE_WITHIN + Duration::from_secs(5),
+        "stopped helper",
+    );
+    eprintln!("the run's other processes went within {:?}", r.took);
+    w.wait_line(root, "hold end");
+    w.assert_all_running("after CRIU and its stopped helper were killed");
 }

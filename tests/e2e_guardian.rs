@@ -6,8 +6,8 @@
 //! - two restores of the same images at once: one wins and runs on with its GPU state, the other
 //!   fails, as without the plugin;
 //! - CRIU killed after the restored tasks left its restore code but before their GPU state is
-//!   back (inside `RESUME_DEVICES_LATE`, made slow): plain, with `--restore-sibling` (how runc
-//!   restores) and into a new pid namespace, the tree is ended, never left running without its
+//!   back (inside `RESUME_DEVICES_LATE`, made slow): plain, with `--restore-sibling`, into a new
+//!   pid namespace, and both (how runc restores), the tree is ended, never left running without its
 //!   GPU state, and the next restore from the same images succeeds;
 //! - the guardian itself killed in the middle of a dump and of a restore: CRIU's run goes on
 //!   (CRIU never sees the guardian, whichever release it is).
@@ -117,6 +117,12 @@ fn running_with_gpu(d: &Dumped, pids: &[i32]) -> bool {
         if all {
             for &p in pids {
                 w.verify(p);
+                // The marker CRIU's forks inherit is gone once CRIU's restorer is done.
+                let maps = std::fs::read_to_string(format!("/proc/{p}/maps")).unwrap_or_default();
+                assert!(
+                    !maps.contains("criu-gpu-plugin-restore"),
+                    "pid {p} still maps the guardian's marker:\n{maps}"
+                );
             }
             return true;
         }
@@ -417,6 +423,13 @@ fn criu_killed_late_in_a_restore_sibling_restore_leaves_no_task_without_its_gpu_
 #[test]
 fn criu_killed_late_in_a_restore_into_a_new_pid_namespace_leaves_no_task_without_its_gpu_state() {
     late_kill("guardian-late-pidns", true, &[]);
+}
+
+/// How runc restores a container: a new pid namespace, the root a sibling of CRIU.
+#[test]
+fn criu_killed_late_in_a_sibling_restore_into_a_new_pid_namespace_leaves_no_task_without_its_gpu_state()
+ {
+    late_kill("guardian-late-pidns-sibling", true, &["--restore-sibling"]);
 }
 
 /// The guardian's pid, from CRIU's log line `... guardian N started`.

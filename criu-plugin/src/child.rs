@@ -15,6 +15,12 @@
 //! `_exit`, so it never returns into CRIU's code, runs no `atexit` handler and flushes no
 //! buffer of CRIU's. Work that panics in the child is reported as a child that gave no reply.
 //!
+//! The parent-death signal is armed by the child's first call and kills it stopped or not.
+//! Before that call it can only be stopped by a `SIGSTOP` sent to it (the job-control stops,
+//! a Ctrl-Z of CRIU's process group, stay blocked from before the copy): such a child
+//! outlives a CRIU killed meanwhile, stopped, until it is continued, and then ends at once
+//! (its parent is gone).
+//!
 //! The child is a copy of the caller: call [`run`] only while the calling process has a
 //! single thread (CRIU's does, when a plugin keeps the rule above). In a multi-threaded
 //! process a lock another thread held at the moment of the copy would stay held in the child.
@@ -60,8 +66,10 @@ impl std::fmt::Display for ChildError {
 
 impl std::error::Error for ChildError {}
 
-/// Signals CRIU handles in its own process; the child must never run CRIU's handlers.
-const BLOCKED_IN_CHILD: [Signal; 8] = [
+/// Signals CRIU handles in its own process (the child must never run CRIU's handlers), and the
+/// job-control stops: a child stopped before it has armed its parent-death signal would
+/// outlive a CRIU killed meanwhile.
+const BLOCKED_IN_CHILD: [Signal; 11] = [
     Signal::SIGCHLD,
     Signal::SIGALRM,
     Signal::SIGINT,
@@ -70,6 +78,9 @@ const BLOCKED_IN_CHILD: [Signal; 8] = [
     Signal::SIGPIPE,
     Signal::SIGUSR1,
     Signal::SIGUSR2,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
 ];
 
 /// How long a killed child may take to be reaped before it is left to the init process.
@@ -360,6 +371,25 @@ mod tests {
         assert!(e.to_string().contains("status 3"), "{e}");
         let e = run(Duration::from_secs(10), 4, || vec![0; 5]).unwrap_err();
         assert!(matches!(e, ChildError::TooLarge(5)), "{e}");
+    }
+
+    #[test]
+    fn the_child_blocks_criu_signals_and_job_control_stops() {
+        let r = run(Duration::from_secs(10), 64, || {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let blocked = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigBlk:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .unwrap_or(0);
+            blocked.to_le_bytes().to_vec()
+        })
+        .unwrap();
+        let blocked = u64::from_le_bytes(r.try_into().unwrap());
+        let stops = [Signal::SIGTSTP, Signal::SIGTTIN, Signal::SIGTTOU];
+        for sig in BLOCKED_IN_CHILD.into_iter().chain(stops) {
+            assert_ne!(blocked & (1 << (sig as u32 - 1)), 0, "{sig} is not blocked");
+        }
     }
 
     #[test]

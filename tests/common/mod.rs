@@ -20,6 +20,7 @@
 pub mod fake_cuda;
 mod fake_cuda_build;
 pub mod release_plugin;
+pub mod run_leftovers;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;

@@ -97,28 +97,26 @@ def last_counter(prefix, pid, key="counter"):
     return vals[-1] if vals else -1
 
 
-def verify(prefix, pids, key="counter", timeout=120):
-    """SIGUSR1 each process; expect 'verify ok' and a counter that still moves."""
-    before = {p: len([l for l in lines(prefix, p) if l.startswith("verify")]) for p in pids}
-    c0 = {p: last_counter(prefix, p, key) for p in pids}
+def verify(prefix, pids, key="counter", timeout=120, names=None):
+    """SIGUSR1 each process; expect 'verify ok' and a counter that still moves. `names` maps a
+    pid to the one its output file is named by (its pid inside its own pid namespace)."""
+    name = (names or {}).get
+    verifies = lambda p: [l for l in lines(prefix, name(p, p)) if l.startswith("verify")]  # noqa: E731
+    before = {p: len(verifies(p)) for p in pids}
+    c0 = {p: last_counter(prefix, name(p, p), key) for p in pids}
     for p in pids:
         os.kill(p, signal.SIGUSR1)
     end = time.time() + timeout
     while time.time() < end:
-        done = True
-        for p in pids:
-            v = [l for l in lines(prefix, p) if l.startswith("verify")]
-            if len(v) <= before[p]:
-                done = False
-        if done:
+        if all(len(verifies(p)) > before[p] for p in pids):
             break
         time.sleep(0.1)
     time.sleep(0.5)
     out = {}
     for p in pids:
-        v = [l for l in lines(prefix, p) if l.startswith("verify")]
+        v = verifies(p)
         ok = len(v) > before[p] and v[-1].startswith("verify ok")
-        moved = last_counter(prefix, p, key) > c0[p]
+        moved = last_counter(prefix, name(p, p), key) > c0[p]
         out[p] = (ok, moved, v[-1] if v else "no verify line")
     return out
 

@@ -115,35 +115,49 @@ def run_plugin(ctx, name, libdir, wl, args, env, rng):
     return counts, trials
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def common_args(ap, work, logs):
+    """The options this script shares with restore_kill_check.py."""
     ap.add_argument("--criu", required=True)
     ap.add_argument("--libdir", required=True)
     ap.add_argument("--c-libdir", default=None, help="directory with CRIU's C cuda_plugin.so")
     ap.add_argument("--c-path", default=None, help="directory with NVIDIA's cuda-checkpoint")
-    ap.add_argument("--kills", type=int, default=20)
-    ap.add_argument("--mib", type=int, default=512)
-    ap.add_argument("--back-s", type=float, default=2.0)
-    ap.add_argument("--work", default="/dev/shm/gpukill")
-    ap.add_argument("--logs", default="/tmp/gpukill-logs")
+    ap.add_argument("--work", default=work)
+    ap.add_argument("--logs", default=logs)
     ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
+    ap.add_argument("--workload", default=None, help="the workload binary (default: built from cuda_workload.cu)")
+
+
+def setup(args):
+    """Makes this process a child subreaper (killed tasks are reaped here at once, freeing their
+    pids for the next restore), builds the workload; returns the context, the workload and the
+    plugins to run as (name, libdir, environment)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(g.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     ctx = g.Ctx(argparse.Namespace(criu=args.criu, libdir=args.libdir, work=args.work, logs=args.logs))
     os.makedirs(ctx.work, exist_ok=True)
-    wl = os.path.join(ctx.work, "cuda_workload")
+    wl = os.path.abspath(args.workload) if args.workload else os.path.join(ctx.work, "cuda_workload")
     if not os.path.exists(wl):
         ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(g.HERE, "cuda_workload.cu")], log="nvcc.out")
-    seed = args.seed if args.seed is not None else int(time.time())
-    print(json.dumps({"seed": seed}), flush=True)
-    summary = {}
     plugins = [("this", os.path.abspath(args.libdir), dict(os.environ))]
     if args.c_libdir:
         env = dict(os.environ)
         if args.c_path:
             env["PATH"] = os.path.abspath(args.c_path) + ":" + env.get("PATH", "")
         plugins.append(("c", os.path.abspath(args.c_libdir), env))
+    return ctx, wl, plugins
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    common_args(ap, "/dev/shm/gpukill", "/tmp/gpukill-logs")
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--back-s", type=float, default=2.0)
+    args = ap.parse_args()
+    ctx, wl, plugins = setup(args)
+    seed = args.seed if args.seed is not None else int(time.time())
+    print(json.dumps({"seed": seed}), flush=True)
+    summary = {}
     for name, libdir, env in plugins:
         counts, _ = run_plugin(ctx, name, libdir, wl, args, env, random.Random(seed))
         summary[name] = counts

@@ -3,6 +3,7 @@
 //! is put back as it was found ([`put_back`]).
 
 mod claims;
+mod guardian;
 pub(super) mod put_back;
 
 use std::collections::BTreeMap;
@@ -15,9 +16,9 @@ use criu_plugin::{CriuSymbols, HookError, HookResult};
 use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Ran, each_in_helper, ms};
-use super::error::{Failure, FailureKind, Report, call_failure, os_failure};
+use super::error::{CallError, Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
-use super::guardian::{Action, PutBack};
+use super::guardian::Action;
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
@@ -234,102 +235,13 @@ impl DumpRun {
         Ok(())
     }
 
-    /// Starts the guardian (once, or again if it died): no process is locked unless something
-    /// outside CRIU will put it back should CRIU end before the dump does.
-    fn start_guardian(&mut self) -> HookResult {
-        if let Some(g) = &self.guardian {
-            if g.stopped() {
-                return Err(Failure::new(
-                    FailureKind::System,
-                    libc::EAGAIN,
-                    format!(
-                        "cuda: the guardian process {pid} that puts CUDA processes back should CRIU end early is stopped; nothing more is locked until it runs again (`kill -CONT {pid}`)",
-                        pid = g.pid()
-                    ),
-                ).into());
-            }
-            if g.alive() {
-                return Ok(());
-            }
-            // Killed (the OOM killer, say): the dump goes on under a new one, told of every
-            // process the first one looked after.
-            log::warn!(
-                "cuda: the guardian process {} that puts CUDA processes back should CRIU end early is gone (killed?); starting another",
-                g.pid()
-            );
-            self.guardian = None;
-        }
-        if self.unguarded {
-            return Ok(());
-        }
-        match Guardian::spawn(PutBack {
-            driver: &self.driver,
-        }) {
-            Ok(g) => {
-                log::info!("cuda: guardian {} started", g.pid());
-                for (&pid, &(start, action)) in &self.watches {
-                    let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
-                    if let Err(e) = g.watch(pid, start, action, claim) {
-                        log::warn!("cuda: pid {pid}: the new guardian was not told of it: {e}");
-                    }
-                }
-                self.guardian = Some(g);
-                let watched: Vec<i32> = self.watches.keys().copied().collect();
-                for pid in watched {
-                    self.record_guardian(pid);
-                }
-                Ok(())
-            }
-            // Kernels before 5.3 have no pidfds: such a dump runs as before, unguarded.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                log::warn!(
-                    "cuda: this kernel has no pidfd_open ({e}): no guardian, so processes stay locked or checkpointed should CRIU be killed in the middle of this dump"
-                );
-                self.unguarded = true;
-                Ok(())
-            }
-            Err(e) => Err(Failure::new(
-                FailureKind::System,
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!(
-                    "cuda: cannot start the guardian process that puts CUDA processes back should CRIU end early ({e}); nothing is locked without it"
-                ),
-            ).into()),
-        }
-    }
-
-    /// Tells the guardian what undoes the dump's work on `pid` (with the claim, which it then
-    /// holds too, and is recorded as holding), once the lock helper said how it found the
-    /// process.
-    fn watch(&mut self, pid: i32, start: Option<u64>, locked: &Locked) {
-        let (Some(g), Some(start)) = (&self.guardian, start) else {
-            return;
-        };
-        let action = match (locked.found, locked.locked_by_us) {
-            (_, true) => Action::RESTORE | Action::UNLOCK,
-            // Checkpointed by this dump, left locked by whoever locked it.
-            (FoundState::Locked, false) => Action::RESTORE,
-            _ => return,
-        };
-        self.watches.insert(pid, (start, action.bits()));
-        let claim = self.claims.get(&pid).and_then(exclusive::Claim::fd);
-        match g.watch(pid, start, action.bits(), claim) {
-            Ok(()) => self.record_guardian(pid),
-            Err(e) => log::warn!("cuda: pid {pid}: the guardian was not told of it: {e}"),
-        }
-    }
-
-    /// Tells the guardian that `pid` needs nothing more from it.
-    fn forget(&mut self, pid: i32) {
-        self.watches.remove(&pid);
-        if let Some(g) = &self.guardian {
-            let _ = g.forget(pid);
-        }
-    }
-
     /// Asks for `pid`'s state and locks it when it runs, in a helper process: a target that
     /// never answers costs a killed helper, not a thread stuck in CRIU's process for good.
     fn lock(&mut self, pid: i32, start: Option<u64>) -> HookResult<Locked> {
+        self.lock_once(pid, start, false)
+    }
+
+    fn lock_once(&mut self, pid: i32, start: Option<u64>, again: bool) -> HookResult<Locked> {
         let timeout = self.lock_timeout();
         // Never 0, which the driver reads as "wait for good".
         let ms_timeout = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
@@ -371,6 +283,15 @@ impl DumpRun {
                     Some(Err(e)) => {
                         // Not locked: nothing for the guardian to undo.
                         self.forget(pid);
+                        // The guardian died between its check and the lock (the helper could
+                        // not tell it, so it did not lock): once more under a new one.
+                        if !again
+                            && matches!(e, CallError::Helper(_))
+                            && self.guardian.as_ref().is_some_and(|g| !g.alive())
+                        {
+                            self.start_guardian()?;
+                            return self.lock_once(pid, start, true);
+                        }
                         let why = if e.errno() == libc::ETIMEDOUT {
                             format!(
                                 "; its GPU work did not finish within {ms_timeout} ms (raise CRIU's --timeout)"

@@ -9,6 +9,8 @@
 //! - Restore: the vendor-neutral [`criu_plugin::guardian::restore::EndRestore`] ends the tasks
 //!   CRIU forked; [`ClaimTasks`] claims each of them meanwhile.
 
+use std::time::Duration;
+
 use criu_plugin::guardian::restore::RestoreTasks;
 use criu_plugin::guardian::{Duty, Watched};
 use cuda_ckpt_sys::{CUresult, Driver, DriverError};
@@ -39,14 +41,49 @@ pub struct PutBack<'a> {
     pub driver: &'a Driver,
 }
 
+/// The most time the guardian gives its put-backs: a driver call on a process that cannot answer
+/// (stopped between the check and the call, say) must not keep the guardian, and the claims it
+/// holds, for good.
+const PUT_BACK_DEADLINE: Duration = Duration::from_secs(300);
+
 impl Duty for PutBack<'_> {
     fn rescue(&mut self, watched: Vec<Watched>) {
         let driver = self.driver;
+        // A watchdog ends the guardian, hung calls and all, at the deadline; its claims go with
+        // it, so `criu-gpu resume` can take over.
+        let pids: Vec<i32> = watched.iter().map(|w| w.pid).collect();
+        let _ = std::thread::Builder::new()
+            .name("put-back-deadline".into())
+            .spawn(move || {
+                std::thread::sleep(PUT_BACK_DEADLINE);
+                log::error!(
+                    "guardian: putting back pid(s) {pids:?} took longer than {} s; giving up: run `criu-gpu resume PID` for each",
+                    PUT_BACK_DEADLINE.as_secs()
+                );
+                // SAFETY: ends the guardian's process at once; nothing of CRIU's runs here.
+                unsafe { libc::_exit(2) }
+            });
         // Every process at once, on workers as inside CRIU (the guardian's own thread takes
         // its signals).
         let done = criu_plugin::threads::scope(|s| {
             for w in &watched {
                 let put_back_one = move || {
+                    // The driver cannot answer for a stopped process (its calls wait until it
+                    // runs), and a dead one has nothing to put back.
+                    match criu_plugin::proc::state(w.pid) {
+                        Some('T' | 't') => {
+                            log::error!(
+                                "guardian: pid {pid} is stopped and cannot be put back now; after `kill -CONT {pid}`, run `criu-gpu resume {pid}`",
+                                pid = w.pid
+                            );
+                            return;
+                        }
+                        None | Some('Z' | 'X') => {
+                            log::info!("guardian: pid {} ended; nothing to put back", w.pid);
+                            return;
+                        }
+                        _ => {}
+                    }
                     let unlock = Action::of(w.action).contains(Action::UNLOCK);
                     let mut r = super::put_back(driver, w.pid, unlock);
                     if needs_init(&r) && driver.init().is_ok() {
