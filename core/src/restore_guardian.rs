@@ -27,14 +27,14 @@ pub struct RestoreGuardian {
 
 impl RestoreGuardian {
     /// Starts the guardian (in CRIU's process, before it forks the restore's tasks), doing
-    /// `tasks` beside ending them; `vendor` prefixes its messages. Its pid is never one of
+    /// what `tasks` makes beside ending them; `vendor` prefixes its messages. Its pid is never one of
     /// `image_pids` (CRIU gives the tasks the image's pids when they share its pid namespace).
     /// `Ok(None)`: this kernel has no pidfds, the restore runs unguarded (warned). An error:
     /// the guardian cannot start, and the restore must be refused.
-    pub fn spawn<T: RestoreTasks + Clone>(
+    pub fn spawn<T: RestoreTasks>(
         vendor: &'static str,
         image_pids: &[u32],
-        tasks: T,
+        tasks: impl Fn() -> T,
     ) -> Result<Option<RestoreGuardian>, String> {
         let marker = match ForkMarker::create() {
             Ok(m) => Some(m),
@@ -48,7 +48,7 @@ impl RestoreGuardian {
         let forks = CriuForks::of_this_process(marker.as_ref());
         let mut last = None;
         for _ in 0..8 {
-            match Guardian::spawn(EndRestore::new(forks.clone(), tasks.clone())) {
+            match Guardian::spawn(EndRestore::new(forks.clone(), tasks())) {
                 Ok(g) if image_pids.contains(&(g.pid() as u32)) => g.release(),
                 Ok(g) => {
                     log::debug!("{vendor}: restore guardian {} started", g.pid());

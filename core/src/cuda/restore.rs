@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use criu_plugin::guardian::restore::Watch;
+use crate::restore_guardian::Watch;
 use criu_plugin::{HookError, HookResult, InventoryListing};
 use cuda_ckpt_sys::{Driver, GpuPair};
 use nix::sys::signal::{Signal, kill};
@@ -28,10 +28,9 @@ use super::metadata::{self, CudaMetadata, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{devnodes, driver, gpus, image, preflight, procfs};
 
-mod guardian;
 mod settle;
 
-use guardian::RestoreGuardian;
+use crate::restore_guardian::RestoreGuardian;
 
 /// One restore's state, from `init` to `exit`.
 pub struct RestoreRun {
@@ -72,7 +71,12 @@ impl RestoreRun {
         // An image the plugin is not listed in is restored without a guardian: its tasks
         // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
         if listing != InventoryListing::NotListed {
-            run.guardian = RestoreGuardian::spawn()?;
+            let image_pids: Vec<u32> = image::image_dir()
+                .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
+                .unwrap_or_default();
+            run.guardian =
+                RestoreGuardian::spawn("cuda", &image_pids, super::guardian::ClaimTasks::default)
+                    .map_err(|e| Failure::new(FailureKind::System, libc::EAGAIN, e))?;
         }
         Ok(Some(run))
     }
@@ -210,7 +214,7 @@ impl RestoreRun {
 
     fn release_guardian(&mut self) {
         if let Some(g) = self.guardian.take() {
-            g.guardian.release();
+            g.release();
         }
     }
 }

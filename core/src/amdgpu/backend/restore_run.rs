@@ -125,7 +125,7 @@ impl RestoreRun {
             .ok()
             .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
             .unwrap_or_default();
-        match RestoreGuardian::spawn("amdgpu", &image_pids, ()) {
+        match RestoreGuardian::spawn("amdgpu", &image_pids, || ()) {
             Ok(g) => {
                 self.guardian = g;
                 Ok(())
