@@ -21,6 +21,10 @@ pub(super) fn start_guardian(
     criu: libc::pid_t,
     duty: impl Duty,
 ) -> ! {
+    // A session of its own before the guardian exists: a signal to CRIU's process group (a
+    // SIGSTOP, say) never reaches the guardian, not even in its first instructions. The starter
+    // is no group leader, so this succeeds.
+    let _ = nix::unistd::setsid();
     let mut pidfd: libc::c_int = -1;
     // SAFETY: clone without CLONE_VM and without a new stack is fork(2), here with SIGCHLD as
     // the exit signal; the starter has one thread (a copy of single-threaded CRIU). The new
@@ -66,7 +70,7 @@ fn guardian_main(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, duty: impl 
 
 /// The guardian's work: returns when it is released or has done its duty.
 fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty) {
-    // This new process leads no group, so it succeeds.
+    // A session of its own (the starter's, which it was born in, ends with the starter).
     let _ = nix::unistd::setsid();
     let (sock, criu_fd) = keep_only(sock, criu_fd);
     log::debug!("guardian: watching CRIU (pid {criu})");
