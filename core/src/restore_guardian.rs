@@ -59,10 +59,11 @@ impl RestoreGuardian {
                         _marker: marker,
                     }));
                 }
-                // Kernels before 5.3 have no pidfds: the restore runs as before, unguarded.
-                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                // Kernels before 5.3 have no pidfds; CRIU the init of its pid namespace (which
+                // takes the restored tree with it when it ends): unguarded.
+                Err(e) if criu_plugin::guardian::unavailable_here(&e) => {
                     log::warn!(
-                        "{vendor}: this kernel has no pidfd_open ({e}): no guardian, so a restore cut short may leave its tasks behind"
+                        "{vendor}: no guardian can run here ({e}), so a restore cut short may leave its tasks behind"
                     );
                     return Ok(None);
                 }

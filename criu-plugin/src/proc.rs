@@ -20,12 +20,14 @@ const MAX_MAPS_BYTES: u64 = 64 << 20;
 /// The most entries of one `/proc` listing looked at (threads, children, processes).
 pub const MAX_LISTED: usize = 1 << 16;
 
+/// A small `/proc` file as text; bytes that are no UTF-8 (a command name is any bytes, and the
+/// kernel cuts it at 15 bytes, in the middle of a character too) become U+FFFD, never a failure.
 fn read_small(path: &Path) -> Option<String> {
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)
-        .and_then(|f| f.take(SMALL).read_to_string(&mut text))
+        .and_then(|f| f.take(SMALL).read_to_end(&mut bytes))
         .ok()?;
-    Some(text)
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn status_field(pid: i32, field: &str) -> Option<String> {
@@ -239,6 +241,22 @@ mod tests {
         assert!(all_pids().contains(&me));
         assert!(pidfd_of(me, start_time(me).unwrap()).is_some());
         assert!(pidfd_of(me, start_time(me).unwrap() + 1).is_none());
+    }
+
+    #[test]
+    fn a_command_name_that_is_no_utf8_is_read() {
+        // A name cut in the middle of a character, as the kernel cuts at 15 bytes.
+        let name = b"abcdefghijklmn\xc3";
+        let me = std::process::id() as i32;
+        let r = crate::child::run(std::time::Duration::from_secs(10), 64, || {
+            let mut buf = [0u8; 16];
+            buf[..name.len()].copy_from_slice(name);
+            // SAFETY: PR_SET_NAME reads at most 16 bytes of a NUL-terminated buffer.
+            unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr()) };
+            let me = std::process::id() as i32;
+            vec![u8::from(start_time(me).is_some() && parent(me).is_some())]
+        });
+        assert_eq!(r.unwrap(), vec![1], "pid {me}'s child");
     }
 
     #[test]

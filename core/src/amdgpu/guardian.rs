@@ -54,8 +54,8 @@ pub fn guardian_process() -> QueueGuardFactory {
             log::debug!("amdgpu: guardian {} started", g.pid());
             Ok(Some(Box::new(GuardianProcess(g)) as Box<dyn QueueGuard>))
         }
-        // Kernels before 5.3 have no pidfds.
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(None),
+        // Kernels before 5.3 have no pidfds; CRIU the init of its pid namespace.
+        Err(e) if criu_plugin::guardian::unavailable_here(&e) => Ok(None),
         Err(e) => Err(e),
     })
 }

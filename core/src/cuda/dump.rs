@@ -369,6 +369,13 @@ impl DumpRun {
     /// Checkpoints every paused process without an answer yet, then writes the metadata; a
     /// metadata failure is `current`'s answer.
     fn checkpoint_all(&mut self, current: i32) {
+        // A guardian killed since the last lock is replaced before the longest part of the
+        // dump (the driver's checkpoint and CRIU's memory dump).
+        if self.guardian.as_ref().is_some_and(|g| !g.alive()) && self.start_guardian().is_err() {
+            log::warn!(
+                "cuda: no guardian could replace the one that died: should CRIU end now, the processes stay locked or checkpointed"
+            );
+        }
         self.leave_out_unseized();
         for p in self.dumped.values_mut() {
             if p.found == FoundState::Checkpointed && p.result.is_none() {

@@ -5,12 +5,13 @@ use std::path::Path;
 
 pub use criu_plugin::proc::{start_time, tracer, tree};
 
+/// A small `/proc` file as text, bytes that are no UTF-8 (in a command name) made U+FFFD.
 fn read_small(path: &Path) -> Option<String> {
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)
-        .and_then(|f| f.take(64 * 1024).read_to_string(&mut text))
+        .and_then(|f| f.take(64 * 1024).read_to_end(&mut bytes))
         .ok()?;
-    Some(text)
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn status_field(pid: i32, field: &str) -> Option<String> {

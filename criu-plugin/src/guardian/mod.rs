@@ -129,6 +129,15 @@ impl Guardian {
     /// [`Guardian::release`]. The calling process must be single-threaded (module docs).
     pub fn spawn(duty: impl Duty) -> io::Result<Guardian> {
         let criu = std::process::id() as libc::pid_t;
+        if criu == 1 {
+            // The init of its pid namespace (`criu-ns`, `unshare -fp criu ...`, CRIU as a
+            // container's first process) adopts every orphan there: the guardian would be
+            // CRIU's child after all, and it would die with the namespace, when it is needed.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "CRIU is the init of its pid namespace, where a guardian would be its child",
+            ));
+        }
         let criu_fd = proc::pidfd(criu)?;
         let (ours, theirs) = nix::sys::socket::socketpair(
             AddressFamily::Unix,
@@ -169,12 +178,18 @@ impl Guardian {
             std::thread::sleep(Duration::from_micros(200));
         }
         match protocol::recv(ours.as_raw_fd())? {
-            Received::Message(Message::Started { pid }, Some(pidfd)) => Ok(Guardian {
-                sock: ours,
-                pid,
-                pidfd,
-                released: false,
-            }),
+            Received::Message(Message::Started { pid }, Some(pidfd)) => {
+                let g = Guardian {
+                    sock: ours,
+                    pid,
+                    pidfd,
+                    released: false,
+                };
+                // Until this arrives the guardian acts on nothing: one whose start failed
+                // here (this end dropped) ends quietly.
+                g.send(Message::Armed, None)?;
+                Ok(g)
+            }
             other => Err(io::Error::other(format!(
                 "the guardian did not start ({other:?})"
             ))),
@@ -245,6 +260,13 @@ impl Drop for Guardian {
             log::debug!("guardian {}: left to act when CRIU ends", self.pid);
         }
     }
+}
+
+/// Whether [`Guardian::spawn`] failed because no guardian can run here at all (a kernel without
+/// pidfds, CRIU the init of its pid namespace): the run goes on unguarded, with a warning,
+/// rather than failing.
+pub fn unavailable_here(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSYS) || e.kind() == io::ErrorKind::Unsupported
 }
 
 /// Blocks every signal that can be blocked in the calling thread; returns the mask before.

@@ -34,6 +34,9 @@ pub enum Message {
     /// From the process that started the guardian, to CRIU: the guardian is `pid` (its pidfd
     /// attached).
     Started { pid: i32 },
+    /// CRIU has the guardian: from now on it acts should CRIU end. A guardian whose CRIU never
+    /// got this far (its start failed) ends without doing anything.
+    Armed,
 }
 
 impl Message {
@@ -43,6 +46,7 @@ impl Message {
             Message::Forget { .. } => 2,
             Message::Release => 3,
             Message::Started { .. } => 4,
+            Message::Armed => 5,
         }
     }
 
@@ -51,7 +55,7 @@ impl Message {
         let (action, pid, start) = match *self {
             Message::Watch { pid, start, action } => (action, pid, start),
             Message::Forget { pid } | Message::Started { pid } => (0, pid, 0),
-            Message::Release => (0, 0, 0),
+            Message::Release | Message::Armed => (0, 0, 0),
         };
         let mut m = [0u8; LEN];
         m[0] = VERSION;
@@ -78,6 +82,7 @@ impl Message {
             2 => Some(Message::Forget { pid }),
             3 => Some(Message::Release),
             4 => Some(Message::Started { pid }),
+            5 => Some(Message::Armed),
             _ => None,
         }
     }
@@ -171,6 +176,7 @@ mod tests {
             Message::Forget { pid: 5 },
             Message::Release,
             Message::Started { pid: 77 },
+            Message::Armed,
         ] {
             assert_eq!(Message::decode(&m.encode()), Some(m));
         }

@@ -77,6 +77,8 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
     let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
     let every = duty.discover_every();
     let mut released = false;
+    // Nothing is done before CRIU says it has this guardian (see `Message::Armed`).
+    let mut armed = false;
     let mut next_look = Instant::now();
     loop {
         let wait = every.map_or(PollTimeout::NONE, |e| {
@@ -102,6 +104,7 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
                         watched.remove(&pid);
                     }
                     Message::Release => released = true,
+                    Message::Armed => armed = true,
                     Message::Started { .. } => {}
                 },
                 Ok(Received::Unreadable) => continue,
@@ -116,6 +119,11 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
             return;
         }
         let criu_ended = criu_said || proc::readable(criu_fd.as_fd(), 0);
+        if !armed && (eof || criu_ended) {
+            // CRIU never took this guardian on (its start failed there): not ours to act.
+            log::debug!("guardian: never armed by CRIU (pid {criu}); ending without acting");
+            return;
+        }
         if criu_ended {
             break;
         }
@@ -125,6 +133,7 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
             break;
         }
         if let Some(e) = every
+            && armed
             && Instant::now() >= next_look
         {
             look(&mut duty, &mut watched, criu);

@@ -98,7 +98,7 @@ impl DumpRun {
             }
             Ok(None) => {
                 log::warn!(
-                    "amdgpu: this kernel has no pidfd_open: no guardian, so GPU queues stay paused should CRIU be killed in the middle of this dump"
+                    "amdgpu: no guardian can run here (a kernel without pidfds, or CRIU the init of its pid namespace), so GPU queues stay paused should CRIU be killed in the middle of this dump"
                 );
                 self.unguarded = true;
                 Ok(())

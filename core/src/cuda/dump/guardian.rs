@@ -57,10 +57,11 @@ impl DumpRun {
                 }
                 Ok(())
             }
-            // Kernels before 5.3 have no pidfds: such a dump runs as before, unguarded.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            // Kernels before 5.3 have no pidfds; CRIU the init of its pid namespace: such a dump
+            // runs as before, unguarded.
+            Err(e) if criu_plugin::guardian::unavailable_here(&e) => {
                 log::warn!(
-                    "cuda: this kernel has no pidfd_open ({e}): no guardian, so processes stay locked or checkpointed should CRIU be killed in the middle of this dump"
+                    "cuda: no guardian can run here ({e}), so processes stay locked or checkpointed should CRIU be killed in the middle of this dump"
                 );
                 self.unguarded = true;
                 Ok(())
