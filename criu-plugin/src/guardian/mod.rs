@@ -57,7 +57,8 @@ use protocol::{Message, Received};
 
 /// What a plugin's guardian does; it runs in the guardian's process, never in CRIU's.
 pub trait Duty {
-    /// How often to call [`Duty::discover`] while CRIU lives; `None`: never.
+    /// How often to call [`Duty::discover`] while CRIU lives; `None`: not now (asked again
+    /// after each message and each look).
     fn discover_every(&self) -> Option<Duration> {
         None
     }

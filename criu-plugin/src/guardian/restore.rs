@@ -96,7 +96,9 @@ impl<T: RestoreTasks> EndRestore<T> {
 
 impl<T: RestoreTasks> Duty for EndRestore<T> {
     fn discover_every(&self) -> Option<Duration> {
-        Some(LOOK_EVERY)
+        // Once the tree has its GPU state nothing more is looked for: a `criu restore` without
+        // `-d` keeps its guardian as long as the tree runs, asleep.
+        (!self.settled).then_some(LOOK_EVERY)
     }
 
     fn discover(&mut self, _criu: i32, known: &dyn Fn(i32) -> bool) -> Vec<(i32, u64, u32)> {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -75,12 +75,14 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
     let (sock, criu_fd) = keep_only(sock, criu_fd);
     log::debug!("guardian: watching CRIU (pid {criu})");
     let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
-    let every = duty.discover_every();
     let mut released = false;
     // Nothing is done before CRIU says it has this guardian (see `Message::Armed`).
     let mut armed = false;
     let mut next_look = Instant::now();
     loop {
+        // Asked each time: a duty with nothing left to look for (a restore whose tree has its
+        // GPU state) stops the guardian's waking.
+        let every = duty.discover_every();
         let wait = every.map_or(PollTimeout::NONE, |e| {
             let left = next_look.saturating_duration_since(Instant::now());
             PollTimeout::try_from(left.min(e)).unwrap_or(PollTimeout::MAX)
@@ -129,7 +131,7 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
         }
         if eof {
             // Every sender is gone but CRIU lives (it dropped us): wait for its end alone.
-            wait_for_end(criu_fd.as_fd(), &mut duty, &mut watched, criu, every);
+            wait_for_end(criu_fd.as_fd(), &mut duty, &mut watched, criu);
             break;
         }
         if let Some(e) = every
@@ -165,9 +167,9 @@ fn wait_for_end(
     duty: &mut impl Duty,
     watched: &mut BTreeMap<i32, Watched>,
     criu: i32,
-    every: Option<Duration>,
 ) {
     loop {
+        let every = duty.discover_every();
         let ms = every.map_or(-1, |e| e.as_millis() as i32);
         if proc::readable(criu_fd, ms) {
             return;
