@@ -20,9 +20,10 @@ const MAX_MAPS_BYTES: u64 = 64 << 20;
 /// The most entries of one `/proc` listing looked at (threads, children, processes).
 pub const MAX_LISTED: usize = 1 << 16;
 
-/// A small `/proc` file as text; bytes that are no UTF-8 (a command name is any bytes, and the
-/// kernel cuts it at 15 bytes, in the middle of a character too) become U+FFFD, never a failure.
-fn read_small(path: &Path) -> Option<String> {
+/// A small `/proc` file as text (at most 64 KiB); bytes that are no UTF-8 (a command name is
+/// any bytes, and the kernel cuts it at 15 bytes, in the middle of a character too) become
+/// U+FFFD, never a failure.
+pub fn read_small(path: &Path) -> Option<String> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(SMALL).read_to_end(&mut bytes))
@@ -30,7 +31,8 @@ fn read_small(path: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn status_field(pid: i32, field: &str) -> Option<String> {
+/// The value of line `field` (with its colon, e.g. `"PPid:"`) of `/proc/PID/status`, trimmed.
+pub fn status_field(pid: i32, field: &str) -> Option<String> {
     let text = read_small(Path::new(&format!("/proc/{pid}/status")))?;
     text.lines()
         .find_map(|l| l.strip_prefix(field))

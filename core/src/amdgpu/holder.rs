@@ -17,7 +17,7 @@
 //! [`KfdDevice::kfd_holder`]: super::device::KfdDevice::kfd_holder
 //! [`KfdDevice::unpause_holder`]: super::device::KfdDevice::unpause_holder
 
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
@@ -37,34 +37,13 @@ pub const MAX_UNPAUSES: u32 = 8;
 #[derive(Debug, Default)]
 pub struct Tracees(Mutex<Vec<i32>>);
 
-fn small_file(path: &str) -> Option<String> {
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(64 * 1024).read_to_string(&mut text))
-        .ok()?;
-    Some(text)
-}
-
-fn status_number(text: &str, field: &str) -> Option<i32> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Thread-group leaders whose tracer is this process (its main thread: CRIU's).
 fn traced_by_me() -> Vec<i32> {
     let me = std::process::id() as i32;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| {
-            small_file(&format!("/proc/{pid}/status")).is_some_and(|s| {
-                status_number(&s, "Tgid:") == Some(pid)
-                    && status_number(&s, "TracerPid:") == Some(me)
-            })
-        })
+    // `/proc` lists thread-group leaders only.
+    criu_plugin::proc::all_pids()
+        .into_iter()
+        .filter(|&pid| criu_plugin::proc::tracer(pid) == Some(me))
         .collect()
 }
 
@@ -206,8 +185,7 @@ pub fn unpause_from_outside(
     let pid = holder.pid;
     let traced = || -> io::Result<u32> {
         ptrace::seize(Pid::from_raw(pid), ptrace::Options::empty()).map_err(|e| {
-            let by = small_file(&format!("/proc/{pid}/status"))
-                .and_then(|s| status_number(&s, "TracerPid:"))
+            let by = criu_plugin::proc::tracer(pid)
                 .filter(|&t| t != 0)
                 .map_or(String::new(), |t| format!(" (traced by pid {t})"));
             io::Error::new(

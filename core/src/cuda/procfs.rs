@@ -3,23 +3,8 @@
 use std::io::Read;
 use std::path::Path;
 
+use criu_plugin::proc::{read_small, status_field};
 pub use criu_plugin::proc::{start_time, tracer, tree};
-
-/// A small `/proc` file as text, bytes that are no UTF-8 (in a command name) made U+FFFD.
-fn read_small(path: &Path) -> Option<String> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(64 * 1024).read_to_end(&mut bytes))
-        .ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-fn status_field(pid: i32, field: &str) -> Option<String> {
-    let text = read_small(Path::new(&format!("/proc/{pid}/status")))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .map(|v| v.trim().to_string())
-}
 
 /// Resident memory of a process in bytes (0 when it cannot be read).
 pub fn rss_bytes(pid: i32) -> u64 {
