@@ -20,12 +20,9 @@ use cuda_ckpt_sys::{Driver, ProcessState};
 
 use super::batch::{Batch, Timed};
 use super::error::{Failure, FailureKind, Report};
-use super::restore::{end_restored, list_pids};
+use super::restore::{end_restored, list_pids, settle};
 use super::settings::CudaSettings;
-use super::{driver, helper, procfs};
-
-/// How long the state query may wait for each task.
-const STATE_WAIT: Duration = Duration::from_secs(10);
+use super::{driver, procfs};
 
 /// A restore the NVIDIA side is switched off for, watched for CUDA processes left frozen.
 pub struct DisabledRestore {
@@ -106,22 +103,8 @@ fn check_tree(
             }
         }
     }
-    let ran = batch.run(|pids, _| {
-        let answers: Vec<(i32, Result<ProcessState, String>)> =
-            match helper::process_states(driver, pids, STATE_WAIT) {
-                Ok(v) => v
-                    .into_iter()
-                    .map(|(pid, a)| {
-                        let a = match a {
-                            Some(r) => r.map_err(|e| e.to_string()),
-                            None => Err(format!("no answer within {} s", STATE_WAIT.as_secs())),
-                        };
-                        (pid, a)
-                    })
-                    .collect(),
-                Err(e) => pids.iter().map(|&p| (p, Err(e.to_string()))).collect(),
-            };
-        answers
+    let mut ran = batch.run(|pids, _| {
+        settle::ask_states(driver, pids)
             .into_iter()
             .map(|(pid, a)| {
                 let r = match a {
@@ -133,9 +116,7 @@ fn check_tree(
             })
             .collect::<Vec<Timed<String>>>()
     });
-    for (tid, e) in &ran.not_stopped {
-        log::error!("cuda: cannot stop restore thread {tid} again: {e}");
-    }
+    ran.log_not_stopped();
     for (pid, r, _) in ran.results {
         if let Err(why) = r {
             failed.insert(pid, why);

@@ -28,7 +28,7 @@ use super::metadata::{self, CudaMetadata, ProcessRecord};
 use super::settings::CudaSettings;
 use super::{devnodes, driver, gpus, image, preflight, procfs};
 
-mod settle;
+pub(super) mod settle;
 
 use crate::restore_guardian::RestoreGuardian;
 

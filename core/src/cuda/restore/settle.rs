@@ -124,7 +124,10 @@ pub(super) fn settle(
 
 /// Asks the driver for every pid's state at once, bounded in time; a helper that fails
 /// leaves every pid without an answer.
-fn ask_states(driver: &Driver, pids: &[i32]) -> Vec<(i32, Result<ProcessState, String>)> {
+pub(in crate::cuda) fn ask_states(
+    driver: &Driver,
+    pids: &[i32],
+) -> Vec<(i32, Result<ProcessState, String>)> {
     match helper::process_states(driver, pids, STATE_WAIT) {
         Ok(v) => v
             .into_iter()
