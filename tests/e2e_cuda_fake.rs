@@ -508,20 +508,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
     };
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let (mut w, unshare) = Workload::start_in_pid_ns(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "8",
-            "--chunk-mib",
-            "4",
-            "--children",
-            "1",
-            "--threads",
-            "1",
-        ],
-    );
+    let (mut w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
     let dumped = w.pids.clone();
     assert_eq!(w.ns_pids, [1, 2]);
     assert_ne!(

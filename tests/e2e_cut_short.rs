@@ -232,62 +232,8 @@ fn wait_back(f: &Fake, w: &Workload, files: usize, since: Instant, what: &str) -
     dead
 }
 
-/// A tree of [`workload`] dumped (and so ended) by CRIU, its images kept for restores.
-struct Dumped {
-    f: Fake,
-    w: Workload,
-    /// Device files each process holds.
-    files: usize,
-    lib: String,
-    root: String,
-    env: Vec<(&'static str, String)>,
-    images: std::path::PathBuf,
-}
-
-fn dumped_tree(test: &str) -> Option<Dumped> {
-    let f = Fake::start(test)?;
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = workload(&f);
-    let files = f.device_files(w.root()).len();
-    let lib = lib();
-    let root = w.root().to_string();
-    let env = f.env(&nv, "calls");
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &env,
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
-    Some(Dumped {
-        f,
-        w,
-        files,
-        lib,
-        root,
-        env,
-        images,
-    })
-}
-
 fn workload(f: &Fake) -> Workload {
-    Workload::start(
-        f,
-        "w",
-        &[
-            "--mib",
-            "8",
-            "--chunk-mib",
-            "4",
-            "--children",
-            "1",
-            "--threads",
-            "1",
-        ],
-    )
+    Workload::start(f, "w", &ROOT_AND_CHILD)
 }
 
 /// SIGKILL, SIGTERM and SIGINT at random moments of `--leave-running` dumps of a CUDA tree:
@@ -397,10 +343,9 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
         w,
         files,
         lib,
-        root: _,
         env,
         images,
-    }) = dumped_tree("cut-restore")
+    }) = Dumped::new("cut-restore", false)
     else {
         return;
     };
@@ -606,13 +551,13 @@ fn a_dump_racing_a_restore_never_records_the_tree_without_its_gpu_state() {
         w,
         files,
         lib,
-        root,
         env,
         images,
-    }) = dumped_tree("race-restore")
+    }) = Dumped::new("race-restore", false)
     else {
         return;
     };
+    let root = w.root().to_string();
     let (mut refused, mut dumped) = (0, 0);
     for (round, delay_ms) in [0u64, 5, 15, 30, 60, 100, 200, 400].into_iter().enumerate() {
         f.clear_device_dir();

@@ -21,60 +21,6 @@ use std::time::{Duration, Instant};
 use common::fake_cuda::*;
 use common::{reap_until_gone, signal, state_of};
 
-/// A tree dumped by CRIU (and so ended), its images kept.
-struct Dumped {
-    f: Fake,
-    w: Workload,
-    /// Device files each process holds.
-    files: usize,
-    lib: String,
-    env: Vec<(&'static str, String)>,
-    images: PathBuf,
-}
-
-fn dumped(test: &str, in_pid_ns: bool) -> Option<Dumped> {
-    let f = Fake::start(test)?;
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let args = [
-        "--mib",
-        "8",
-        "--chunk-mib",
-        "4",
-        "--children",
-        "1",
-        "--threads",
-        "1",
-    ];
-    let (w, extra) = if in_pid_ns {
-        let (w, unshare) = Workload::start_in_pid_ns(&f, "w", &args);
-        (w, vec![unshare])
-    } else {
-        (Workload::start(&f, "w", &args), Vec::new())
-    };
-    let files = f.device_files(w.own_pid(w.root())).len();
-    let lib = lib();
-    let env = f.env(&nv, "calls");
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &env,
-    )
-    .assert_ok();
-    f.e.reap(&[w.pids.as_slice(), &extra].concat());
-    Some(Dumped {
-        f,
-        w,
-        files,
-        lib,
-        env,
-        images,
-    })
-}
-
 /// The restored tree's host pids: the image's where it shares this pid namespace, else the
 /// new init (adopted by this process, a subreaper) and its children.
 fn restored_pids(d: &Dumped) -> Option<Vec<i32>> {
@@ -243,7 +189,7 @@ fn end_taker(pid: i32) {
 
 #[test]
 fn a_process_that_only_looks_like_a_restored_task_is_never_killed() {
-    let Some(d) = dumped("guardian-lookalike", false) else {
+    let Some(d) = Dumped::new("guardian-lookalike", false) else {
         return;
     };
     let take = take_pid_binary();
@@ -308,7 +254,7 @@ fn a_process_that_only_looks_like_a_restored_task_is_never_killed() {
 
 #[test]
 fn two_restores_of_the_same_images_at_once_one_wins() {
-    let Some(d) = dumped("guardian-two-restores", false) else {
+    let Some(d) = Dumped::new("guardian-two-restores", false) else {
         return;
     };
     let args = ["restore", "-d", "-L", d.lib.as_str(), "-v4"];
@@ -343,7 +289,7 @@ fn two_restores_of_the_same_images_at_once_one_wins() {
 /// CRIU SIGKILLed inside `RESUME_DEVICES_LATE` (the driver's restore made 400 ms slow): the
 /// tasks have left CRIU's restore code and run as soon as CRIU lets go of them.
 fn late_kill(test: &str, in_pid_ns: bool, extra: &[&str]) {
-    let Some(d) = dumped(test, in_pid_ns) else {
+    let Some(d) = Dumped::new(test, in_pid_ns) else {
         return;
     };
     let mut args = vec!["restore", "-d", "-L", d.lib.as_str(), "-v4"];
@@ -445,7 +391,7 @@ fn guardian_pid(log: &str, what: &str) -> Option<i32> {
 
 #[test]
 fn a_killed_guardian_fails_no_criu_run() {
-    let Some(d) = dumped("guardian-killed", false) else {
+    let Some(d) = Dumped::new("guardian-killed", false) else {
         return;
     };
     // Restore: the guardian killed as soon as it is there; CRIU's restore goes on.

@@ -192,6 +192,68 @@ impl std::fmt::Debug for Calls {
 }
 
 /// A running workload tree (`workload.c`): the root, then its children in fork order.
+/// [`Workload`] arguments of a root and one child, each with 8 MiB of device memory in two
+/// 4 MiB chunks and one worker thread.
+pub const ROOT_AND_CHILD: [&str; 8] = [
+    "--mib",
+    "8",
+    "--chunk-mib",
+    "4",
+    "--children",
+    "1",
+    "--threads",
+    "1",
+];
+
+/// A [`ROOT_AND_CHILD`] tree on one stand-in GPU, dumped (and so ended) by CRIU, its images
+/// kept for restores.
+pub struct Dumped {
+    pub f: Fake,
+    pub w: Workload,
+    /// Device files each process holds.
+    pub files: usize,
+    pub lib: String,
+    pub env: Vec<(&'static str, String)>,
+    pub images: PathBuf,
+}
+
+impl Dumped {
+    /// The tree of test `test`, in a pid namespace of its own when `in_pid_ns`; `None` where
+    /// the end-to-end tests cannot run.
+    pub fn new(test: &str, in_pid_ns: bool) -> Option<Dumped> {
+        let f = Fake::start(test)?;
+        let gpu = &f.gpus(1, 0)[0];
+        let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
+        let (w, extra) = if in_pid_ns {
+            let (w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
+            (w, vec![unshare])
+        } else {
+            (Workload::start(&f, "w", &ROOT_AND_CHILD), Vec::new())
+        };
+        let files = f.device_files(w.own_pid(w.root())).len();
+        let lib = lib();
+        let env = f.env(&nv, "calls");
+        let images = f.e.images("img");
+        let root = w.root().to_string();
+        f.criu(
+            &["dump", "-t", &root, "-L", &lib, "-v4"],
+            &images,
+            "dump.log",
+            &env,
+        )
+        .assert_ok();
+        f.e.reap(&[w.pids.as_slice(), &extra].concat());
+        Some(Dumped {
+            f,
+            w,
+            files,
+            lib,
+            env,
+            images,
+        })
+    }
+}
+
 pub struct Workload {
     pub out: PathBuf,
     /// Host pids (what signals and the plugin use).
