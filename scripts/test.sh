@@ -74,10 +74,16 @@ else
         local release=$1
         shift
         echo "[test] in the guest, CRIU $release: $*"
-        CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$REPO/scripts/guest/run.sh --" \
+        if ! CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$REPO/scripts/guest/run.sh --" \
             CRIU_BIN="$REPO/.criu-$release/bin/criu" \
             cargo test --all-features --locked "$@" -- --nocapture 2>&1 | tee "$guest_log" \
-            | grep --line-buffered -E '^test |^test result|SKIPPED|^\[guest\]|panicked'
+            | grep --line-buffered -E '^test |^test result|SKIPPED|^\[guest\]|panicked'; then
+            # The filter above hides what the tests said: the failures' own words, and the
+            # lines before each, end the output.
+            echo "[test] FAILED in the guest, CRIU $release: $*; what the failing tests said:" >&2
+            grep -B 12 -A 3 -E 'panicked at' "$guest_log" | grep -v -E '^ +([0-9]+:|at )' >&2 || true
+            exit 1
+        fi
         if grep -q SKIPPED "$guest_log"; then
             echo "[test] ERROR: a test skipped itself in the guest:" >&2
             grep SKIPPED "$guest_log" >&2

@@ -54,12 +54,63 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
+        // A test that failed left its workload running: end whatever holds the module's
+        // files, so that the next test finds it unloaded.
+        if std::thread::panicking() {
+            kill_kfd_users();
+        }
         // The module stays busy until the last of its files is closed: a killed process's
         // are closed once it is reaped.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !sh("rmmod kfd_standin 2>/dev/null") && Instant::now() < deadline {
             reap();
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// What `/proc` says of `pid`: its state, tracer and where it sleeps.
+pub fn task_state(pid: i32) -> String {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return "gone".into();
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or("?", str::trim)
+            .to_string()
+    };
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    format!(
+        "state {}, tracer {}, waiting in {wchan:?}",
+        field("State:"),
+        field("TracerPid:")
+    )
+}
+
+/// SIGKILLs every process with a file of the module open (`/dev/kfd`, its render nodes).
+fn kill_kfd_users() {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let uses = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| {
+                t.to_str().is_some_and(|t| {
+                    t.starts_with("/dev/kfd") || t.starts_with("/dev/dri/") || t.contains("dmabuf")
+                })
+            })
+        });
+        if uses && pid != std::process::id() as i32 {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 }
@@ -111,7 +162,11 @@ impl Bench {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect();
             }
-            assert!(Instant::now() < deadline, "no status from {pid}");
+            assert!(
+                Instant::now() < deadline,
+                "no status from {pid} within 30 s ({})",
+                task_state(pid)
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
