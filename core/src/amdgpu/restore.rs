@@ -46,7 +46,7 @@ pub(super) struct RestoreRun {
     /// The tasks RESUME went through for.
     resumed: HashSet<i32>,
     /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
-    /// first).
+    /// first: [`criu_plugin::criu_internals::RESUME_DEVICES_LATE_ROOT_FIRST`]).
     root: Option<i32>,
 }
 
@@ -270,7 +270,8 @@ impl RestoreRun {
         }
         // A thread serving the queue from here on would still run when CRIU enters the
         // restored tree's mount namespace, which the kernel refuses to a multi-threaded
-        // process: the copies wait for RESUME_DEVICES_LATE.
+        // process (criu_internals::MOUNT_NS_ENTERED_AFTER_POST_FORKING): the copies wait for
+        // RESUME_DEVICES_LATE.
         Ok(())
     }
 
@@ -301,8 +302,9 @@ impl RestoreRun {
         self.serve_handed_over_copies();
         if let Some(o) = &self.outcome {
             if !o.failed.is_empty() {
-                // CRIU ignores this hook's errors, so the process would run on with missing
-                // GPU memory; its queues stay evicted instead.
+                // CRIU before 4.3 ignores this hook's errors (criu_internals::
+                // RESUME_DEVICES_LATE_FAILURE), so the process would run on with missing GPU
+                // memory; its queues stay evicted instead.
                 log::error!(
                     "amdgpu: BO contents of KFD file(s) {:?} could not be restored; pid {pid} is left with its GPU queues stopped",
                     o.failed.iter().map(|f| f.0).collect::<Vec<_>>()

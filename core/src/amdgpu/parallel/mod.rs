@@ -2,7 +2,7 @@
 //! (CRIU 4.2 and later), which does it at the first `RESUME_DEVICES_LATE` (or at `exit`, when
 //! the restore failed before that). No thread serves the queue between hooks: CRIU enters the
 //! restored tree's mount namespace after `POST_FORKING`, and the kernel refuses that to a
-//! multi-threaded process.
+//! multi-threaded process ([`criu_plugin::criu_internals::MOUNT_NS_ENTERED_AFTER_POST_FORKING`]).
 //!
 //! The C plugin does this over an abstract UNIX socket (which breaks when a task already
 //! lives in another network namespace, and reads it with single `recv`s, which a stream
