@@ -178,6 +178,37 @@ pub const RESUME_DEVICES_LATE_FAILURE: Assumption = Assumption {
     ],
 };
 
+/// The fd `DUMP_EXT_FILE` receives is CRIU's copy of the task's file, which CRIU closes as
+/// soon as the hook returns (`dump_task_files_seized` in `criu/files.c`), and may reuse: a
+/// plugin that needs the file later keeps a copy of its own.
+pub const DUMP_EXT_FILE_FD_CLOSED_AFTER_HOOK: Assumption = Assumption {
+    checked: &["4.1.1 (source)", "4.2 (source)"],
+};
+
+/// `criu_get_image_dir()` is CRIU's images directory service fd (`get_service_fd(IMG_FD_OFF)`
+/// in `criu/plugin.c`), open for the whole run in CRIU's main process, and in every restored
+/// task while CRIU restores its files: a plugin may borrow it for as long as a hook runs.
+pub const IMAGE_DIR_SERVICE_FD: Assumption = Assumption {
+    checked: &[
+        "4.1.1 (source)",
+        "4.2 (source)",
+        "4.2.1 (binary: criu_get_image_dir)",
+        "4.3 (binary: criu_get_image_dir)",
+    ],
+};
+
+/// When `RESTORE_EXT_FILE` sets `retry_needed` (CRIU after 4.2), CRIU opens the task's
+/// remaining files and calls the hook again only after the task made progress with another
+/// file or another task sent it one; otherwise the task sleeps until such an event
+/// (`open_fdinfos` and `wait_fds_event` in `criu/files.c`). A plugin that answers "retry"
+/// twice for a file only another task can finish may leave the restore asleep for ever.
+pub const RESTORE_EXT_FILE_RETRY_NEEDS_PROGRESS: Assumption = Assumption {
+    checked: &[
+        "criu-dev before 4.3 (source)",
+        "4.3 (the kfd_module dma-buf restores)",
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

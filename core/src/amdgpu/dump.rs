@@ -277,7 +277,8 @@ impl DumpRun {
             Ok(true) => Ok(()),
             Ok(false) if self.has_dump_late => match fd.try_clone_to_owned() {
                 // Its BO may belong to a process dumped later (a copy of the fd is kept, not
-                // CRIU's fd number, which CRIU closes once the hook returns).
+                // CRIU's fd number, which CRIU closes once the hook returns:
+                // criu_internals::DUMP_EXT_FILE_FD_CLOSED_AFTER_HOOK).
                 Ok(copy) => {
                     log::info!("amdgpu: file {id}: dma-buf of no BO dumped so far; deferred");
                     self.state.pending_dmabufs.push((id, copy));

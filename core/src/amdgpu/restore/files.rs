@@ -488,7 +488,9 @@ pub const DMABUF_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 /// this task or another. `Ok(None)` asks CRIU to retry later (the BO is not restored yet).
 ///
 /// CRIU runs a task's files again after a "retry" only when the task made progress with
-/// others or another task sent it a file; the task restoring the BO sends it none. So the
+/// others or another task sent it a file
+/// ([`criu_plugin::criu_internals::RESTORE_EXT_FILE_RETRY_NEEDS_PROGRESS`]); the task
+/// restoring the BO sends it none. So the
 /// first answer is "retry" (the BO may be this task's own, with its KFD file further on),
 /// and the second time the task waits here, bounded, for another task to publish the
 /// dma-buf: answering "retry" again would leave the task, and the restore, asleep for ever.
