@@ -20,7 +20,7 @@ use super::device;
 use super::error::{Error, device_error};
 use super::parallel::{Handover, QueueOutcome};
 use crate::restore_guardian::{RestoreGuardian, Watch};
-use files::{MappedPath, RestoreCtx, TaskState};
+use files::{RestoreCtx, TaskState};
 
 /// The state of a restore run, in CRIU's main process and (as forked copies) in every
 /// restored task.
@@ -205,7 +205,7 @@ impl RestoreRun {
         addr: u64,
         old_pgoff: u64,
     ) -> HookResult<VmaUpdate> {
-        let Some(kind) = files::mapped_path(path) else {
+        let Some(kind) = mapped_path(path) else {
             return Err(HookError::NotMine);
         };
         let me = self.base.dev.current_task();
@@ -396,5 +396,57 @@ impl RestoreRun {
             );
         }
         self.outcome = Some(o);
+    }
+}
+
+/// Kind of a mapped device path (`UPDATE_VMA_MAP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappedPath {
+    /// `/dev/kfd`.
+    Kfd,
+    /// `/dev/dri/renderD<minor>`.
+    Render,
+}
+
+/// Classifies a mapping's path, with repeated slashes collapsed (CRIU may record
+/// `//dev//dri/renderD128`). Other paths are not the backend's.
+pub fn mapped_path(path: &CStr) -> Option<MappedPath> {
+    let raw = path.to_bytes();
+    let mut norm = Vec::with_capacity(raw.len());
+    for &c in raw {
+        if c == b'/' && norm.last() == Some(&b'/') {
+            continue;
+        }
+        norm.push(c);
+    }
+    if norm == b"/dev/kfd" {
+        Some(MappedPath::Kfd)
+    } else if let Some(rest) = norm.strip_prefix(b"/dev/dri/renderD") {
+        (!rest.is_empty() && rest.iter().all(u8::is_ascii_digit)).then_some(MappedPath::Render)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_paths_are_normalised() {
+        assert_eq!(mapped_path(c"/dev/kfd"), Some(MappedPath::Kfd));
+        assert_eq!(mapped_path(c"//dev//kfd"), Some(MappedPath::Kfd));
+        assert_eq!(
+            mapped_path(c"/dev/dri/renderD128"),
+            Some(MappedPath::Render)
+        );
+        assert_eq!(
+            mapped_path(c"//dev//dri/renderD130"),
+            Some(MappedPath::Render)
+        );
+        assert_eq!(mapped_path(c"/dev/dri/renderD"), None);
+        assert_eq!(mapped_path(c"/dev/dri/card0"), None);
+        assert_eq!(mapped_path(c"/dev/kfd2"), None);
+        assert_eq!(mapped_path(c"/dev/zero"), None);
     }
 }

@@ -23,7 +23,6 @@
 //! task's first `UPDATE_VMA_MAP` where the task holds the same files itself.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Instant;
 
@@ -567,56 +566,4 @@ fn open_render(ctx: &RestoreCtx<'_>, minor: u32) -> Result<OwnedFd> {
     ctx.dev
         .open_render_node(minor)
         .map_err(|e| Error::io(&e, format!("cannot open render node renderD{minor}")))
-}
-
-/// Kind of a mapped device path (`UPDATE_VMA_MAP`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MappedPath {
-    /// `/dev/kfd`.
-    Kfd,
-    /// `/dev/dri/renderD<minor>`.
-    Render,
-}
-
-/// Classifies a mapping's path, with repeated slashes collapsed (CRIU may record
-/// `//dev//dri/renderD128`). Other paths are not the backend's.
-pub fn mapped_path(path: &CStr) -> Option<MappedPath> {
-    let raw = path.to_bytes();
-    let mut norm = Vec::with_capacity(raw.len());
-    for &c in raw {
-        if c == b'/' && norm.last() == Some(&b'/') {
-            continue;
-        }
-        norm.push(c);
-    }
-    if norm == b"/dev/kfd" {
-        Some(MappedPath::Kfd)
-    } else if let Some(rest) = norm.strip_prefix(b"/dev/dri/renderD") {
-        (!rest.is_empty() && rest.iter().all(u8::is_ascii_digit)).then_some(MappedPath::Render)
-    } else {
-        None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mapped_paths_are_normalised() {
-        assert_eq!(mapped_path(c"/dev/kfd"), Some(MappedPath::Kfd));
-        assert_eq!(mapped_path(c"//dev//kfd"), Some(MappedPath::Kfd));
-        assert_eq!(
-            mapped_path(c"/dev/dri/renderD128"),
-            Some(MappedPath::Render)
-        );
-        assert_eq!(
-            mapped_path(c"//dev//dri/renderD130"),
-            Some(MappedPath::Render)
-        );
-        assert_eq!(mapped_path(c"/dev/dri/renderD"), None);
-        assert_eq!(mapped_path(c"/dev/dri/card0"), None);
-        assert_eq!(mapped_path(c"/dev/kfd2"), None);
-        assert_eq!(mapped_path(c"/dev/zero"), None);
-    }
 }
