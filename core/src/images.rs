@@ -19,7 +19,7 @@ pub mod cuda_check {
 /// and its GPUs mapped onto this machine's KFD topology.
 pub mod amd_check {
     pub use crate::amdgpu::device::CriuLimits;
-    pub use crate::amdgpu::restore::{check_image, map_onto};
+    pub use crate::amdgpu::restore::files::{check_image, map_onto};
     pub use crate::amdgpu::settings::AmdgpuSettings;
     pub use crate::amdgpu::topology::{Topology, present_render_minors};
 }

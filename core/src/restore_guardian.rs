@@ -16,8 +16,9 @@ use criu_plugin::guardian::restore::{EndRestore, RestoreTasks};
 
 pub use criu_plugin::guardian::restore::Watch;
 
-/// The restore's guardian, with the marker its CRIU's forks inherit (mapped in CRIU's process
-/// for the whole run: forks made after it was unmapped would not carry it).
+/// The restore's guardian, with the marker its CRIU's forks inherit until CRIU's restorer
+/// unmaps it in them ([`criu_plugin::criu_internals::RESTORER_UNMAPS_CRIU_MEMORY`]); mapped in
+/// CRIU's process for the whole run: forks made after it was unmapped would not carry it.
 pub struct RestoreGuardian {
     vendor: &'static str,
     guardian: Guardian,

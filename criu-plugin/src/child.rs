@@ -9,7 +9,7 @@
 //!
 //! [`run`] makes the child with `clone(2)` and **no exit signal**. During a restore CRIU's
 //! `SIGCHLD` handler treats any child that exits as a restore task that died and aborts the
-//! restore; a child that sends no signal is invisible to its `waitpid(-1)` (only `__WALL` or
+//! restore ([`crate::criu_internals::RESTORE_SIGCHLD_ABORTS`]); a child that sends no signal is invisible to its `waitpid(-1)` (only `__WALL` or
 //! `__WCLONE` waits see it), and is reaped here by pid. The child blocks the signals CRIU
 //! handles, dies with CRIU (`PR_SET_PDEATHSIG`), writes its reply into a pipe and leaves with
 //! `_exit`, so it never returns into CRIU's code, runs no `atexit` handler and flushes no
@@ -66,8 +66,9 @@ impl std::fmt::Display for ChildError {
 
 impl std::error::Error for ChildError {}
 
-/// Signals CRIU handles in its own process (the child must never run CRIU's handlers), and the
-/// job-control stops: a child stopped before it has armed its parent-death signal would
+/// Signals CRIU handles in its own process (the child must never run CRIU's handlers:
+/// [`crate::criu_internals::RESTORE_SIGCHLD_ABORTS`], [`crate::criu_internals::SEIZE_ALARM`]),
+/// those whoever runs CRIU may send it, and the job-control stops: a child stopped before it has armed its parent-death signal would
 /// outlive a CRIU killed meanwhile.
 const BLOCKED_IN_CHILD: [Signal; 11] = [
     Signal::SIGCHLD,

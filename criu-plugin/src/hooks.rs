@@ -131,7 +131,8 @@ macro_rules! for_each_hook {
             }
             {
                 /// `RESUME_DEVICES_LATE(pid)`: give a restored task its devices back before it
-                /// runs; CRIU ignores failures here beyond a debug line.
+                /// runs; the root first, and what a failure does depends on the release
+                /// ([`crate::criu_internals::RESUME_DEVICES_LATE_FAILURE`]).
                 ResumeDevicesLate = 9, "RESUME_DEVICES_LATE", "cr_plugin_resume_devices_late", since V3_17, First, Restore,
                 fn resume_devices_late(pid: i32) -> (),
                 extern (pid: c_int) |call| ret(call(pid), |()| 0)

@@ -6,6 +6,10 @@
 //! - [`abi`]: the descriptor, hook slots and stages exactly as `criu` reads them;
 //! - [`host`]: which CRIU loaded the plugin (hook count, `RESTORE_EXT_FILE` arity), found
 //!   before CRIU checks the descriptor, so one binary loads in every CRIU from 3.17 to criu-dev;
+//! - [`criu_internals`]: every assumption about CRIU's internals beyond the plugin ABI (the
+//!   layout of `opts`, its signal handlers and alarm, how it forks, traces and unmaps a
+//!   restore's tasks, the order and failure handling of its hooks), each with the CRIU
+//!   releases it was checked against;
 //! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
 //!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
 //! - [`pstree`]: the pids of the tree a restore will create, from `pstree.img`;
@@ -40,6 +44,7 @@
 
 pub mod abi;
 pub mod child;
+pub mod criu_internals;
 pub mod error;
 pub mod fds;
 pub mod files;

@@ -10,6 +10,7 @@ use std::ffi::CString;
 use std::io::Write;
 use std::sync::Mutex;
 
+use crate::criu_internals::{LOG_BUF_LEN, LOG_ERROR_MARKER, LOG_WARN_MARKER};
 use crate::symbols::CriuSymbols;
 
 /// CRIU's log levels.
@@ -37,10 +38,10 @@ impl From<log::Level> for CriuLevel {
     }
 }
 
-/// Longest line handed to CRIU. CRIU formats each line into one 8 KiB buffer after its
-/// timestamp and pid prefix (`LOG_BUF_LEN` in `criu/log.c`) and writes what the text would
-/// have taken, so a longer line loses its newline and runs into the next one.
-pub const MAX_LINE_BYTES: usize = 4096;
+/// Longest line handed to CRIU: half of CRIU's line buffer ([`LOG_BUF_LEN`]), which its
+/// timestamp and pid prefix share; a longer line would lose its newline and run into the
+/// next one.
+pub const MAX_LINE_BYTES: usize = LOG_BUF_LEN / 2;
 
 /// Builds one CRIU log line the way CRIU's `pr_*` macros do, at most [`MAX_LINE_BYTES`] long
 /// (a longer message is cut at a character boundary and says how long it was).
@@ -57,8 +58,8 @@ pub fn format_line(
         _ => prefix.to_string(),
     };
     let mut s = match level {
-        CriuLevel::Error => format!("Error ({loc}): {prefix}: {msg}"),
-        CriuLevel::Warn => format!("Warn  ({loc}): {prefix}: {msg}"),
+        CriuLevel::Error => format!("{LOG_ERROR_MARKER}{loc}): {prefix}: {msg}"),
+        CriuLevel::Warn => format!("{LOG_WARN_MARKER}{loc}): {prefix}: {msg}"),
         CriuLevel::Info | CriuLevel::Debug => format!("{prefix}: {msg}"),
     };
     if s.ends_with('\n') {

@@ -9,8 +9,9 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 use crate::abi::PrintOnLevelFn;
+use crate::criu_internals;
 
-/// `opts.final_state` values (`COMPEL_TASK_*`).
+/// `opts.final_state` values (`COMPEL_TASK_*`, see [`crate::criu_internals::TASK_ALIVE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinalState {
     /// `--leave-running` (`TASK_ALIVE` = 1): tasks run on after dump.
@@ -241,15 +242,15 @@ impl CriuSymbols {
         (fd >= 0).then_some(fd)
     }
 
-    /// `opts.final_state`, the first member of `struct cr_options` in every CRIU release.
+    /// `opts.final_state`, the first member of `struct cr_options`
+    /// ([`criu_internals::final_state`]).
     pub fn final_state(&self) -> Option<FinalState> {
         let p = self.opts?;
-        // SAFETY: `opts` is CRIU's global options struct; its first member is the int
-        // `final_state` in every release from 3.15 to criu-dev.
-        match unsafe { p.read_volatile() } {
-            1 => Some(FinalState::Alive),
-            2 => Some(FinalState::Dead),
-            3 => Some(FinalState::Stopped),
+        // SAFETY: `p` is the address of CRIU's exported `opts`.
+        match unsafe { criu_internals::final_state(p) } {
+            criu_internals::TASK_ALIVE => Some(FinalState::Alive),
+            criu_internals::TASK_DEAD => Some(FinalState::Dead),
+            criu_internals::TASK_STOPPED => Some(FinalState::Stopped),
             _ => None,
         }
     }
@@ -268,7 +269,8 @@ const NO_TIMER: libc::itimerval = libc::itimerval {
 };
 
 /// CRIU's alarm, suspended while a plugin does long, legitimate work under it (CRIU 4.0 calls
-/// `CHECKPOINT_DEVICES` while its seize timeout runs); what was left is re-armed on drop.
+/// `CHECKPOINT_DEVICES` while its seize timeout runs: [`criu_internals::SEIZE_ALARM`]); what
+/// was left is re-armed on drop.
 pub struct AlarmSuspended(Option<libc::itimerval>);
 
 impl AlarmSuspended {
@@ -300,7 +302,7 @@ impl Drop for AlarmSuspended {
 /// Seconds and microseconds left on CRIU's `alarm(opts.timeout)`; `None` when no alarm is set.
 ///
 /// Inside `PAUSE_DEVICES` this is the real time budget left of CRIU's `--timeout`, shared by
-/// every task of the tree.
+/// every task of the tree ([`criu_internals::SEIZE_ALARM`]).
 pub fn alarm_remaining() -> Option<std::time::Duration> {
     let mut it = NO_TIMER;
     // SAFETY: getitimer writes one itimerval into the valid, writable `it`.

@@ -7,7 +7,8 @@
 //!   inside [`scope`], which joins every one of them before it returns: no handle can escape.
 //! - **Every asynchronous signal blocked from the first instruction.** A process-directed
 //!   signal (CRIU's `SIGALRM` timeout, the `SIGCHLD` that tells it a task or helper changed
-//!   state, a `SIGTERM` or `SIGINT` from whoever runs CRIU, `SIGPIPE`, `SIGUSR1/2`...) goes to
+//!   state: [`crate::criu_internals::SEIZE_ALARM`],
+//!   [`crate::criu_internals::RESTORE_SIGCHLD_ABORTS`]; a `SIGTERM` or `SIGINT` from whoever runs CRIU, `SIGPIPE`, `SIGUSR1/2`...) goes to
 //!   any thread that does not block it; taken by a worker, it would run CRIU's handler on the
 //!   wrong thread or fail to interrupt the system call CRIU's thread waits in. The mask is set
 //!   in the spawning thread around the spawn, so the new thread inherits it before it runs a

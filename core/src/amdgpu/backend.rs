@@ -4,13 +4,13 @@
 //! |---|---|---|
 //! | `init` (dump, pre-dump) | dumper | active when `/dev/kfd` exists |
 //! | `HANDLE_DEVICE_VMA` | dumper | claims mappings of `/dev/kfd` and of KFD GPUs' render nodes; records `amdgpu_plugin` in the inventory |
-//! | `DUMP_EXT_FILE` | dumper | KFD file: the guardian started (first file) and told of the process, PROCESS_INFO, CHECKPOINT, images, BO contents ([`super::dump`]); render node of a KFD GPU: its image; dma-buf: matched to a dumped KFD BO (or deferred until that BO is dumped); anything else is not ours |
+//! | `DUMP_EXT_FILE` | dumper | KFD file: the guardian started (first file) and told of the process, PROCESS_INFO, CHECKPOINT, images, BO contents ([`super::dump`], per file in `dump/files.rs`); render node of a KFD GPU: its image; dma-buf: matched to a dumped KFD BO (or deferred until that BO is dumped); anything else is not ours |
 //! | `DUMP_DEVICES_LATE` | dumper | UNPAUSE every paused process (all, even after a failure); fail on dma-bufs of no dumped BO |
 //! | `exit` (dump) | dumper | UNPAUSE whatever is still paused: hosts without `DUMP_DEVICES_LATE`, failed dumps; release the guardian ([`super::guardian`]) once every queue runs |
 //! | `init` (restore) | master | active when the image lists `amdgpu_plugin`; maps the parallel-restore queue before CRIU forks |
 //! | `RESTORE_INIT` | master | preflight: every KFD image readable and its GPUs mappable onto this machine, before anything is forked; then the restore's guardian started ([`crate::restore_guardian`]) |
 //! | `POST_FORKING` | master | tells the guardian of the root task; claims the parallel restore (no thread: CRIU's process must stay single-threaded, it enters the restored tree's mount namespace before `RESUME_DEVICES_LATE`) |
-//! | `RESTORE_EXT_FILE` | task | KFD file: RESTORE and contents ([`super::restore`]); render node: the mapped GPU's node; dma-buf: the restored BO's dma-buf, from this task or another through CRIU's fdstore (`retry_needed` while that BO is not restored yet) |
+//! | `RESTORE_EXT_FILE` | task | KFD file: RESTORE and contents ([`super::restore`], per file in `restore/files.rs`); render node: the mapped GPU's node; dma-buf: the restored BO's dma-buf, from this task or another through CRIU's fdstore (`retry_needed` while that BO is not restored yet) |
 //! | `UPDATE_VMA_MAP` | task | new mmap offset (and the render fd) of KFD and render-node mappings |
 //! | `RESUME_DEVICES_LATE` | master | first call: the guardian told of the root, the copies tasks handed over; then RESUME; `ESRCH` (no KFD process) is "not mine"; once every KFD process is resumed, the guardian leaves the tree running |
 //! | `exit` (restore) | master | does the handed-over copies a failed restore left, then clears the fdstore; releases the guardian after a restore that succeeded |
@@ -18,9 +18,6 @@
 //! Every hook returns "not mine" when the backend did nothing (the C plugin returns success
 //! from some hooks it has no part in, which hides them from later plugins), so later backends
 //! and plugins get their turn. The first ERROR logged is the reason the operation failed.
-
-mod dump_run;
-mod restore_run;
 
 use std::ffi::CStr;
 use std::io;
@@ -31,16 +28,16 @@ use std::sync::Arc;
 use criu_plugin::{HookError, HookHandler, HookId, HookResult, InventoryListing, Stage, VmaUpdate};
 
 use super::device::{self, CriuLimits, KfdDevice};
+use super::dump::DumpRun;
 use super::error::{Error, FailureKind, device_error};
 use super::guardian::QueueGuardFactory;
 use super::image::{DMABUF_FILE_PREFIX, open_image_dir};
 use super::kernel::KernelKfd;
 use super::parallel::{CriuFdStore, FdStore, Handover};
+use super::restore::RestoreRun;
 use super::settings::AmdgpuSettings;
 use super::store::{ImageStore, StoreLocation};
 use crate::backend::{GpuBackend, InitContext};
-use dump_run::DumpRun;
-use restore_run::RestoreRun;
 
 /// Inventory name of CRIU's C plugin, kept so images move both ways.
 pub const INVENTORY_NAME: &CStr = c"amdgpu_plugin";
@@ -121,17 +118,17 @@ enum Run {
 }
 
 /// What a run of either stage works with.
-struct RunBase {
-    dev: Arc<dyn KfdDevice>,
-    settings: AmdgpuSettings,
-    images: ImageStore,
-    limits: CriuLimits,
+pub(super) struct RunBase {
+    pub(super) dev: Arc<dyn KfdDevice>,
+    pub(super) settings: AmdgpuSettings,
+    pub(super) images: ImageStore,
+    pub(super) limits: CriuLimits,
     copy_observer: Option<Arc<dyn CopyObserver>>,
 }
 
 impl RunBase {
     /// Tells the observer, if any, of a finished copy.
-    fn copied(&self, file_id: u32, kind: CopyKind, stats: super::copy::CopyStats) {
+    pub(super) fn copied(&self, file_id: u32, kind: CopyKind, stats: super::copy::CopyStats) {
         if let Some(o) = &self.copy_observer {
             o.copied(CopyRecord {
                 file_id,
@@ -149,12 +146,12 @@ impl Default for AmdgpuBackend {
 }
 
 /// The hook's error for `e`, logged once, with its kind, where the hook returns to CRIU.
-fn fail(e: Error) -> HookError {
+pub(super) fn fail(e: Error) -> HookError {
     e.context("amdgpu").into()
 }
 
 /// Most KFD images a restore looks at in the images directory.
-const MAX_KFD_IMAGES: usize = 1 << 16;
+pub(super) const MAX_KFD_IMAGES: usize = 1 << 16;
 
 impl AmdgpuBackend {
     /// The backend on this machine's amdkfd.

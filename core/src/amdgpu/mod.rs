@@ -6,6 +6,11 @@
 //! tested against) and what restarts a dump's paused queues should CRIU end early
 //! ([`guardian`]). The rest (dump, restore, contents, copy pipeline, parallel restore, image
 //! store, kernel ioctls) is the backend's own.
+//!
+//! Laid out as the CUDA backend: `init` makes the run's state, a dump run or a restore run
+//! (`DumpRun` of `dump.rs`, `RestoreRun` of `restore.rs`, each from `init` to `exit`), and the
+//! hooks of the other stage find none and answer "not mine"; what a run does per CRIU file
+//! is in `dump/files.rs` and `restore/files.rs`.
 
 pub(crate) mod backend;
 pub(crate) mod contents;

@@ -59,7 +59,8 @@ impl ImageStore {
                     device_error(libc::ENOENT, "CRIU did not provide an images directory")
                 })?;
                 // SAFETY: CRIU keeps its images directory service fd open for the whole run,
-                // in its main process and in restored tasks.
+                // in its main process and in restored tasks
+                // (criu_plugin::criu_internals::IMAGE_DIR_SERVICE_FD).
                 unsafe { BorrowedFd::borrow_raw(raw) }
             }
         })

@@ -11,7 +11,8 @@
 //!
 //! Processes are matched by their pid in their own pid namespace, which a container keeps
 //! across a restore while the host pid changes. A process that cannot get its GPU state back
-//! ends the restored tree: CRIU ignores what `RESUME_DEVICES_LATE` returns.
+//! ends the restored tree: before 4.3, CRIU ignores what `RESUME_DEVICES_LATE` returns
+//! ([`criu_plugin::criu_internals::RESUME_DEVICES_LATE_FAILURE`]).
 
 use std::collections::BTreeMap;
 
@@ -42,7 +43,7 @@ pub struct RestoreRun {
     /// Kills the tasks CRIU forked should CRIU end before they have their GPU state back.
     guardian: Option<RestoreGuardian>,
     /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
-    /// first).
+    /// first: [`criu_plugin::criu_internals::RESUME_DEVICES_LATE_ROOT_FIRST`]).
     root: Option<i32>,
 }
 
@@ -465,9 +466,10 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
 }
 
 /// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU
-/// state back. CRIU ignores what `RESUME_DEVICES_LATE` returns, so the processes would
+/// state back. CRIU before 4.3 ignores what `RESUME_DEVICES_LATE` returns
+/// ([`criu_plugin::criu_internals::RESUME_DEVICES_LATE_FAILURE`]), so the processes would
 /// otherwise run on frozen behind "Restore finished successfully"; once they are gone, CRIU's
-/// own detach from them fails and CRIU fails the restore. The image is left as it is, for
+/// own detach from them fails and CRIU fails the restore (4.3 kills the tree itself too). The image is left as it is, for
 /// another try.
 pub(super) fn end_restored(tree: &[i32], failed: &[i32]) {
     log::error!(

@@ -46,13 +46,13 @@ fn sigmask(req: libc::c_uint, tid: i32, mask: *mut u64) -> io::Result<()> {
     }
 }
 
-/// The options CRIU gives its tracees (nix names no `PTRACE_O_SUSPEND_SECCOMP`).
+/// The options CRIU gives its tracees
+/// ([`criu_plugin::criu_internals::tracee_ptrace_options`]; nix names no
+/// `PTRACE_O_SUSPEND_SECCOMP`).
 fn criu_options(suspend_seccomp: bool) -> Options {
-    let mut o = Options::PTRACE_O_TRACESYSGOOD;
-    if suspend_seccomp {
-        o |= Options::from_bits_retain(libc::PTRACE_O_SUSPEND_SECCOMP);
-    }
-    o
+    Options::from_bits_retain(criu_plugin::criu_internals::tracee_ptrace_options(
+        suspend_seccomp,
+    ))
 }
 
 /// One restore thread let run; [`RunningThread::stop`] puts it back.

@@ -7,10 +7,12 @@
 //!   pid namespace), for as long as CRIU lives;
 //! - it is a child of CRIU's parent that CRIU traces: with `--restore-sibling` (how runc
 //!   restores) CRIU forks the root task with `CLONE_PARENT` and seizes it with `ptrace` at
-//!   once, and traces it until it lets the restored tree go;
+//!   once, and traces it until it lets the restored tree go
+//!   ([`crate::criu_internals::RESTORE_SIBLING_ROOT_SEIZED`]);
 //! - it maps the run's [`ForkMarker`], a shared page CRIU's process mapped before forking
 //!   anything: every fork inherits it, until CRIU's restorer code unmaps CRIU's memory in it
-//!   just before the task becomes the restored program again. No other process can map it.
+//!   just before the task becomes the restored program again
+//!   ([`crate::criu_internals::RESTORER_UNMAPS_CRIU_MEMORY`]). No other process can map it.
 //!   This one still holds after CRIU has died.
 //!
 //! And the descendants of such a process are the restore's tasks too (found through the
