@@ -550,6 +550,25 @@ mod tests {
     }
 
     #[test]
+    fn every_table_key_is_read_from_the_environment_in_table_order() {
+        let env = |k: &str| match k {
+            "CRIU_GPU_AMDGPU_COPY_THREADS" => Some("3".to_string()),
+            "CRIU_GPU_DISABLE" => Some("cuda".to_string()),
+            "KFD_MAX_BUFFER_SIZE" => Some("1G".to_string()),
+            _ => None,
+        };
+        let c = Config::load(Path::new("/nonexistent/gpu.conf"), &env).unwrap();
+        assert_eq!(
+            c.summary().unwrap(),
+            "disable=cuda (environment CRIU_GPU_DISABLE), amdgpu.max-buffer-size=1G (environment KFD_MAX_BUFFER_SIZE, CRIU's C plugin's variable), amdgpu.copy-threads=3 (environment CRIU_GPU_AMDGPU_COPY_THREADS)"
+        );
+        // A plugin option stays over an environment applied later.
+        let mut c = Config::default();
+        c.apply_options(&options(&["--gpu_plugin.amdgpu.copy-threads=5"]));
+        assert_eq!(c.with_env(&env).get("amdgpu.copy-threads"), Some("5"));
+    }
+
+    #[test]
     fn long_values_are_cut_in_log_lines() {
         let mut c = Config::default();
         c.set("cuda.device-map", &"é".repeat(30_000));

@@ -366,6 +366,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_c_plugin_variable_is_ignored_for_every_key_and_the_file_is_used() {
+        let cfg = Config::parse("amdgpu.kfd-numa-check = no\namdgpu.max-buffer-size = 8M\n");
+        let env = |k: &str| match k {
+            "KFD_NUMA_CHECK" => Some("perhaps".to_string()),
+            "KFD_MAX_BUFFER_SIZE" => Some("lots".to_string()),
+            "KFD_FW_VER_CHECK" => Some("0".to_string()),
+            _ => None,
+        };
+        let (s, errors) = AmdgpuSettings::from_config_lenient(&cfg, &env);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(!s.checks.numa && !s.checks.fw_version);
+        assert_eq!(s.staging_bytes, 8 << 20);
+        let with_env = cfg.with_env(&env);
+        assert_eq!(with_env.warnings.len(), 2, "{:?}", with_env.warnings);
+        assert!(with_env.warnings[0].starts_with(
+            "KFD_MAX_BUFFER_SIZE = lots (environment KFD_MAX_BUFFER_SIZE, CRIU's C plugin's variable): "
+        ));
+        assert_eq!(
+            with_env.describe_origin("amdgpu.kfd-fw-ver-check"),
+            "environment KFD_FW_VER_CHECK, CRIU's C plugin's variable"
+        );
+    }
+
+    #[test]
     fn plugin_options_win_over_every_environment_variable() {
         let mut cfg = Config::parse("amdgpu.copy-threads = 2\n");
         cfg.apply_options(&criu_plugin::options::parse_entries([
