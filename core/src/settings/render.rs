@@ -235,6 +235,21 @@ mod tests {
     }
 
     #[test]
+    fn the_installed_settings_file_shows_every_key() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let conf = std::fs::read_to_string(root.join("packaging/gpu-plugin.conf")).unwrap();
+        for s in crate::settings::all() {
+            let line = format!("# {} =", s.key);
+            assert!(
+                conf.lines().any(|l| l.starts_with(&line)),
+                "packaging/gpu-plugin.conf has no `{line}` line"
+            );
+        }
+        // Installed as it is, it sets nothing.
+        assert!(crate::config::Config::parse(&conf).summary().is_none());
+    }
+
+    #[test]
     fn roff_escapes_and_groups_merge() {
         assert_eq!(roff("`a-b` c\\d"), "\\fBa\\-b\\fP c\\ed");
         assert_eq!(text_line(".x"), "\\&.x\n");
