@@ -3,7 +3,10 @@
 # kfd-sys/src/bindings.rs (bindgen over the uAPI headers, kfd-sys/gen/regen.sh --check) and
 # core/src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto) and
 # tools/cri-client/src/runtime_v1.rs (prost and tonic over proto/cri/api.proto), both made by
-# scripts/regen-proto.sh.
+# scripts/regen-proto.sh, and the settings keys of README.md, docs/settings.md and the manual page
+# packaging/criu-gpu-plugin.7, made from the settings tables (core/src/settings.rs and the
+# backends' settings.rs) by a test of the core: regenerate them with
+# CRIU_GPU_REGENERATE_DOCS=1 cargo test -p criu-gpu-core --lib settings::render
 # Building the plugin needs neither generator; this check installs bindgen and libclang-dev
 # (Debian packages) when they are missing. Exits non-zero on any drift.
 set -euo pipefail
@@ -22,6 +25,14 @@ fi
 
 kfd-sys/gen/regen.sh --check
 
+if out=$(cargo test -q -p criu-gpu-core --lib --locked settings::render 2>&1); then
+    echo "[check-generated] the settings keys of README.md, docs/settings.md and packaging/criu-gpu-plugin.7 are up to date"
+else
+    printf '%s\n' "$out" | tail -n 20 >&2
+    echo "[check-generated] the settings keys of README.md, docs/settings.md or packaging/criu-gpu-plugin.7 differ from the settings tables (run CRIU_GPU_REGENERATE_DOCS=1 cargo test -p criu-gpu-core --lib settings::render)" >&2
+    settings_drift=1
+fi
+
 generated=(core/src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs)
 saved=$(mktemp -d)
 trap 'for f in "${generated[@]}"; do cp "$saved/$(basename "$f")" "$f"; done; rm -rf "$saved"' EXIT
@@ -37,4 +48,4 @@ for f in "${generated[@]}"; do
         drift=1
     fi
 done
-exit $drift
+exit $((drift | ${settings_drift:-0}))

@@ -20,28 +20,17 @@
 //! ignored so that newer files work with older plugins, and a repeated key keeps its last value,
 //! with a warning. The file is read with a size bound, without blocking, and only if regular.
 //!
-//! | key | meaning | default |
-//! |---|---|---|
-//! | `disable` | comma list of backends to switch off (`cuda`, `amdgpu`) | none |
-//! | `libcuda` | the CUDA driver library: a bare name (searched in `LD_LIBRARY_PATH`'s absolute entries, the loader cache, the system directories; never the working directory) or an absolute path | `libcuda.so.1` |
-//! | `cuda.device-map` | restore GPU remapping, `OLD=NEW,...` with `GPU-<uuid>` names | none |
-//! | `cuda.lock-timeout-ms` | lock timeout when CRIU sets none | 10000 |
-//! | `cuda.backend` | `auto` or `driver-api` (both: the driver's checkpoint API, in-process); `cuda-checkpoint` (the C plugin's external utility) is refused | `auto` |
-//! | `cuda.parallel` | checkpoint and restore all processes of the tree at once | true |
-//! | `cuda.nvidia-proc` | directory whose presence says an NVIDIA driver is loaded | `/proc/driver/nvidia/gpus` |
-//! | `nvml` | NVML library for GPU memory sizes (the free-memory check) | `libnvidia-ml.so.1` |
-//! | `amdgpu.topology` | KFD sysfs topology root | `/sys/class/kfd/kfd/topology` |
-//! | `amdgpu.max-buffer-size` | staging memory of BO copies, all threads together; `K`/`M`/`G`, `0x` (env `KFD_MAX_BUFFER_SIZE` too) | 256M |
-//! | `amdgpu.copy-threads` | BO copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
-//! | `amdgpu.chunk-size` | largest piece of a BO copied at once | 4M |
-//! | `amdgpu.parallel-restore` | restored tasks hand BO copies to CRIU's main process, done at `RESUME_DEVICES_LATE` (CRIU 4.2+) | false |
-//! | `amdgpu.kfd-fw-ver-check`, `-sdma-fw-ver-check`, `-caches-count-check`, `-num-gws-check`, `-vram-size-check`, `-numa-check`, `-capability-check` | the restore GPU compatibility checks (env `KFD_*_CHECK` too) | on |
-//!
-//! The `amdgpu.*` keys are read by [`crate::amdgpu::AmdgpuSettings`], which also applies their
-//! `CRIU_GPU_AMDGPU_*` environment overrides.
+//! Every key, its environment variable, its C plugin name, its default and its documentation
+//! are in the settings tables of [`crate::settings`]; this module applies them in the order
+//! above ([`Config::apply_env`], [`Config::apply_options`]), for both backends. CRIU's C amdgpu
+//! plugin's variables (`KFD_MAX_BUFFER_SIZE`, `KFD_*_CHECK`) come below this plugin's own and
+//! above the file; a bad value of one is warned about and ignored, as the C plugin ignores it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+pub use crate::settings::CUDA_PLUGIN_NAMESPACE;
+use crate::settings::{CPluginName, SettingError, ValueError};
 
 /// Default location of the configuration file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/criu/gpu-plugin.conf";
@@ -51,34 +40,6 @@ pub const CONFIG_PATH_ENV: &str = "CRIU_GPU_PLUGIN_CONFIG";
 
 /// Longest configuration file read; anything beyond is an error, not a truncation.
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
-
-const KNOWN_KEYS: &[&str] = &[
-    "disable",
-    "libcuda",
-    "cuda.device-map",
-    "cuda.lock-timeout-ms",
-    "cuda.backend",
-    "cuda.parallel",
-    "cuda.nvidia-proc",
-    "cuda.nvidia-dev",
-    "nvml",
-];
-
-/// The `amdgpu.*` keys [`crate::amdgpu::settings`] reads (its environment overrides are its own).
-const AMDGPU_KEYS: &[&str] = &[
-    "amdgpu.topology",
-    "amdgpu.max-buffer-size",
-    "amdgpu.copy-threads",
-    "amdgpu.chunk-size",
-    "amdgpu.parallel-restore",
-    "amdgpu.kfd-fw-ver-check",
-    "amdgpu.kfd-sdma-fw-ver-check",
-    "amdgpu.kfd-caches-count-check",
-    "amdgpu.kfd-num-gws-check",
-    "amdgpu.kfd-vram-size-check",
-    "amdgpu.kfd-numa-check",
-    "amdgpu.kfd-capability-check",
-];
 
 /// Problems of a settings file reported one by one; past this, only how many more.
 const MAX_WARNINGS: usize = 8;
@@ -90,10 +51,31 @@ pub enum Origin {
     File(usize),
     /// An environment variable.
     Env(String),
+    /// An environment variable of CRIU's C plugin.
+    CPluginEnv(String),
     /// A CRIU plugin option, by name (`gpu_plugin.cuda.device-map`).
     PluginOption(String),
     /// Set by the program itself (tests and tools).
     Program,
+}
+
+/// Why the settings file cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Its bytes are not text.
+    #[error("cannot read {}: it is not UTF-8 text", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Opening or reading it failed (not a regular file, too large, no permission...).
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Parsed settings: raw strings by key, each with where it came from.
@@ -131,9 +113,6 @@ pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
 /// The plugin-option namespace of this plugin (`--plugin-option gpu_plugin.KEY=VALUE`).
 pub const OPTION_NAMESPACE: &str = "gpu_plugin";
 
-/// The namespace of CRIU's C cuda plugin, whose options are understood too.
-pub const CUDA_PLUGIN_NAMESPACE: &str = "cuda_plugin";
-
 /// The environment variable that overrides `key`.
 pub fn env_name(key: &str) -> String {
     let mut s = String::from("CRIU_GPU_");
@@ -164,8 +143,7 @@ impl Config {
                 continue;
             };
             let (k, v) = (k.trim(), v.trim());
-            let known = KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k);
-            if !known {
+            if crate::settings::find(k).is_none() {
                 problems.push(format!("line {}: unknown key {k:?}, ignored", n + 1));
                 continue;
             }
@@ -189,12 +167,13 @@ impl Config {
 
     /// Reads the file at `path` (missing is fine: empty settings), then applies overrides from
     /// `env` (a lookup, so tests need not touch the process environment).
-    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+    pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         // Never a blocking open: a FIFO in place of the file would hang every CRIU run.
         let mut cfg = match criu_plugin::files::read_regular(None, path, false, MAX_CONFIG_BYTES) {
             Ok(bytes) => {
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| format!("cannot read {}: it is not UTF-8 text", path.display()))?;
+                let text = String::from_utf8(bytes).map_err(|_| ConfigError::NotUtf8 {
+                    path: path.to_path_buf(),
+                })?;
                 let mut c = Config::parse(&text);
                 if text.trim().is_empty() {
                     c.notes
@@ -217,20 +196,59 @@ impl Config {
                 ));
                 c
             }
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        };
-        for key in KNOWN_KEYS {
-            let name = env_name(key);
-            if let Some(v) = env(&name) {
-                cfg.values
-                    .insert((*key).to_string(), (v, Origin::Env(name)));
+            Err(source) => {
+                return Err(ConfigError::Unreadable {
+                    path: path.to_path_buf(),
+                    source,
+                });
             }
-        }
+        };
+        cfg.apply_env(env);
         Ok(cfg)
     }
 
+    /// Applies the environment over the file, for every setting of the tables: its own
+    /// variable (`CRIU_GPU_...`), else the C plugin's where it has one. A bad value of a C
+    /// plugin's variable is added to [`Config::warnings`] and ignored, as the C plugin ignores
+    /// it. A value a plugin option set stays: options come last and win.
+    pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        for s in crate::settings::all() {
+            if matches!(self.origin(s.key), Some(Origin::PluginOption(_))) {
+                continue;
+            }
+            if let Some(v) = env(s.env) {
+                self.values
+                    .insert(s.key.to_string(), (v, Origin::Env(s.env.to_string())));
+                continue;
+            }
+            let CPluginName::Env(name) = s.c_plugin else {
+                continue;
+            };
+            let Some(v) = env(name) else {
+                continue;
+            };
+            match s.syntax.check(&v) {
+                Ok(()) => {
+                    self.values
+                        .insert(s.key.to_string(), (v, Origin::CPluginEnv(name.to_string())));
+                }
+                Err(e) => self.warnings.push(format!(
+                    "{name} = {} (environment {name}, CRIU's C plugin's variable): {e}; ignored, as CRIU's C plugin does",
+                    shown(&v)
+                )),
+            }
+        }
+    }
+
+    /// A copy with the environment `env` applied ([`Config::apply_env`]).
+    pub fn with_env(&self, env: &dyn Fn(&str) -> Option<String>) -> Config {
+        let mut c = self.clone();
+        c.apply_env(env);
+        c
+    }
+
     /// Loads from the default place (or `CRIU_GPU_PLUGIN_CONFIG`) with the process environment.
-    pub fn from_process() -> Result<Config, String> {
+    pub fn from_process() -> Result<Config, ConfigError> {
         let ignored = std::cell::RefCell::new(Vec::new());
         let env = |k: &str| match std::env::var(k) {
             Ok(v) => Some(v),
@@ -262,7 +280,7 @@ impl Config {
             let key = match o.plugin.as_str() {
                 OPTION_NAMESPACE => {
                     let k = o.name.as_str();
-                    if !(KNOWN_KEYS.contains(&k) || AMDGPU_KEYS.contains(&k)) {
+                    if crate::settings::find(k).is_none() {
                         self.warnings.push(format!(
                             "unknown plugin option {OPTION_NAMESPACE}.{k}, ignored"
                         ));
@@ -270,10 +288,9 @@ impl Config {
                     }
                     k.to_string()
                 }
-                CUDA_PLUGIN_NAMESPACE => match o.name.as_str() {
-                    "device-map" => "cuda.device-map".to_string(),
-                    "backend" => "cuda.backend".to_string(),
-                    "timeout" => {
+                CUDA_PLUGIN_NAMESPACE => match crate::settings::find_c_option(&o.name) {
+                    Some((setting, false)) => setting.key.to_string(),
+                    Some((setting, true)) => {
                         // Seconds there, milliseconds here; a value that is not a whole
                         // number is kept as given, so that its error names it.
                         let ms = value
@@ -283,14 +300,15 @@ impl Config {
                             .and_then(|s| s.checked_mul(1000));
                         let value = ms.map_or(value, |ms| ms.to_string());
                         self.values.insert(
-                            "cuda.lock-timeout-ms".to_string(),
+                            setting.key.to_string(),
                             (value, Origin::PluginOption(given)),
                         );
                         continue;
                     }
-                    other => {
+                    None => {
                         self.notes.push(format!(
-                            "plugin option {CUDA_PLUGIN_NAMESPACE}.{other} means nothing to this plugin: ignored"
+                            "plugin option {CUDA_PLUGIN_NAMESPACE}.{} means nothing to this plugin: ignored",
+                            o.name
                         ));
                         continue;
                     }
@@ -329,24 +347,30 @@ impl Config {
                 None => format!("line {line} of the settings"),
             },
             Some(Origin::Env(name)) => format!("environment {name}"),
+            Some(Origin::CPluginEnv(name)) => {
+                format!("environment {name}, CRIU's C plugin's variable")
+            }
             Some(Origin::PluginOption(o)) => format!("plugin option {o}"),
             Some(Origin::Program) => "set by the program".to_string(),
             None => "default".to_string(),
         }
     }
 
-    /// One line naming every setting that is not at its default and where it came from, or
-    /// `None` when all are.
+    /// One line naming every setting that is not at its default and where it came from, in
+    /// the order of the settings tables, or `None` when all are at their defaults.
     pub fn summary(&self) -> Option<String> {
-        if self.values.is_empty() {
-            return None;
-        }
-        let items: Vec<String> = self
-            .values
-            .iter()
-            .map(|(k, (v, _))| format!("{k}={} ({})", shown(v), self.describe_origin(k)))
+        let items: Vec<String> = crate::settings::all()
+            .filter_map(|s| {
+                let v = self.get(s.key)?;
+                Some(format!(
+                    "{}={} ({})",
+                    s.key,
+                    shown(v),
+                    self.describe_origin(s.key)
+                ))
+            })
             .collect();
-        Some(items.join(", "))
+        (!items.is_empty()).then(|| items.join(", "))
     }
 
     /// Sets a value (tests and tools).
@@ -356,7 +380,7 @@ impl Config {
     }
 
     /// `key = value (where from)`, for error messages.
-    fn quote(&self, key: &str, v: &str) -> String {
+    pub fn quote(&self, key: &str, v: &str) -> String {
         let v = shown(v);
         match self.origin(key) {
             Some(Origin::File(_)) | Some(Origin::Program) | None => format!("{key} = {v}"),
@@ -365,24 +389,24 @@ impl Config {
     }
 
     /// A boolean setting (`true/false`, `yes/no`, `1/0`, `on/off`).
-    pub fn get_bool(&self, key: &str, default: bool) -> Result<bool, String> {
+    pub fn get_bool(&self, key: &str, default: bool) -> Result<bool, SettingError> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => match v.to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => Ok(true),
-                "0" | "false" | "no" | "off" => Ok(false),
-                _ => Err(format!("{}: expected true or false", self.quote(key, v))),
-            },
+            Some(v) => crate::settings::parse_bool(v).map_err(|source| SettingError::Value {
+                quoted: self.quote(key, v),
+                source,
+            }),
         }
     }
 
     /// An unsigned number setting.
-    pub fn get_u64(&self, key: &str, default: u64) -> Result<u64, String> {
+    pub fn get_u64(&self, key: &str, default: u64) -> Result<u64, SettingError> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| format!("{}: expected a whole number", self.quote(key, v))),
+            Some(v) => v.parse().map_err(|_| SettingError::Value {
+                quoted: self.quote(key, v),
+                source: ValueError::Expected("a whole number"),
+            }),
         }
     }
 
@@ -442,6 +466,7 @@ mod tests {
         assert!(
             Config::load(&p, &|_| None)
                 .unwrap_err()
+                .to_string()
                 .contains("larger than")
         );
         let _ = std::fs::remove_dir_all(&dir);
@@ -525,6 +550,25 @@ mod tests {
     }
 
     #[test]
+    fn every_table_key_is_read_from_the_environment_in_table_order() {
+        let env = |k: &str| match k {
+            "CRIU_GPU_AMDGPU_COPY_THREADS" => Some("3".to_string()),
+            "CRIU_GPU_DISABLE" => Some("cuda".to_string()),
+            "KFD_MAX_BUFFER_SIZE" => Some("1G".to_string()),
+            _ => None,
+        };
+        let c = Config::load(Path::new("/nonexistent/gpu.conf"), &env).unwrap();
+        assert_eq!(
+            c.summary().unwrap(),
+            "disable=cuda (environment CRIU_GPU_DISABLE), amdgpu.max-buffer-size=1G (environment KFD_MAX_BUFFER_SIZE, CRIU's C plugin's variable), amdgpu.copy-threads=3 (environment CRIU_GPU_AMDGPU_COPY_THREADS)"
+        );
+        // A plugin option stays over an environment applied later.
+        let mut c = Config::default();
+        c.apply_options(&options(&["--gpu_plugin.amdgpu.copy-threads=5"]));
+        assert_eq!(c.with_env(&env).get("amdgpu.copy-threads"), Some("5"));
+    }
+
+    #[test]
     fn long_values_are_cut_in_log_lines() {
         let mut c = Config::default();
         c.set("cuda.device-map", &"é".repeat(30_000));
@@ -536,7 +580,7 @@ mod tests {
         );
         assert_eq!(shown("short"), "short");
         let c = Config::parse(&format!("cuda.parallel = {}\n", "y".repeat(60_000)));
-        let e = c.get_bool("cuda.parallel", true).unwrap_err();
+        let e = c.get_bool("cuda.parallel", true).unwrap_err().to_string();
         assert!(e.len() < 400 && e.contains("(60000 bytes)"), "{e}");
     }
 
@@ -554,6 +598,7 @@ mod tests {
         assert!(
             c.get_bool("cuda.parallel", true)
                 .unwrap_err()
+                .to_string()
                 .contains("(plugin option gpu_plugin.cuda.parallel)")
         );
         assert_eq!(Config::default().summary(), None);

@@ -20,5 +20,6 @@ pub mod images;
 mod plugin;
 pub(crate) mod restore_guardian;
 pub mod session;
+pub mod settings;
 
 pub use plugin::GpuPlugin;

@@ -202,7 +202,7 @@ impl Plugin for GpuPlugin {
                     "settings: {e}; GPU support is off for this run: a dump or restore of GPU processes fails{unused}"
                 );
                 let mut config = Config::default();
-                config.unreadable = Some(e);
+                config.unreadable = Some(e.to_string());
                 return self.start(
                     stage,
                     &config,

@@ -16,6 +16,18 @@ use criu_plugin::guardian::restore::{EndRestore, RestoreTasks};
 
 pub use criu_plugin::guardian::restore::Watch;
 
+/// Why a restore's guardian could not start; the restore is then refused.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{vendor}: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
+)]
+pub struct GuardianStartError {
+    /// The backend whose restore it is.
+    pub vendor: &'static str,
+    /// The last spawn's error, or that every try took a pid the restore needs.
+    pub why: String,
+}
+
 /// The restore's guardian, with the marker its CRIU's forks inherit until CRIU's restorer
 /// unmaps it in them ([`criu_plugin::criu_internals::RESTORER_UNMAPS_CRIU_MEMORY`]); mapped in
 /// CRIU's process for the whole run: forks made after it was unmapped would not carry it.
@@ -36,7 +48,7 @@ impl RestoreGuardian {
         vendor: &'static str,
         image_pids: &[u32],
         tasks: impl Fn() -> T,
-    ) -> Result<Option<RestoreGuardian>, String> {
+    ) -> Result<Option<RestoreGuardian>, GuardianStartError> {
         let marker = match ForkMarker::create() {
             Ok(m) => Some(m),
             Err(e) => {
@@ -75,9 +87,7 @@ impl RestoreGuardian {
             || "every try took a pid the restore needs".to_string(),
             |e| e.to_string(),
         );
-        Err(format!(
-            "{vendor}: cannot start the guardian process that ends a cut-short restore ({why}); the restore is refused"
-        ))
+        Err(GuardianStartError { vendor, why })
     }
 
     /// Tells the guardian of every root task CRIU has forked so far.

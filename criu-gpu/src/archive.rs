@@ -237,6 +237,31 @@ fn padded(size: u64) -> u64 {
     size.div_ceil(BLOCK as u64).saturating_mul(BLOCK as u64)
 }
 
+/// Why an archive cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// It cannot be opened (missing, not a regular file).
+    #[error("cannot open {}: {err}", path.display())]
+    Open {
+        /// The archive.
+        path: std::path::PathBuf,
+        /// Why.
+        err: io::Error,
+    },
+    /// Reading it failed.
+    #[error("cannot read the archive: {0}")]
+    Read(io::Error),
+    /// No entry at all.
+    #[error("the archive holds no entries")]
+    Empty,
+    /// More entries than read.
+    #[error("the archive has more than {MAX_ENTRIES} entries; refused")]
+    TooManyEntries,
+    /// Damaged, truncated, or built to mislead a reader: what is wrong, and where.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Reads the archive at `path` (packed as `packing`), calling `visit` for every entry; the
 /// visitor asks for the data of the entries it needs and gets them through `take`.
 pub fn read(
@@ -244,13 +269,18 @@ pub fn read(
     packing: Packing,
     mut visit: impl FnMut(&Entry) -> Want,
     mut take: impl FnMut(&Entry, Data),
-) -> Result<(), String> {
+) -> Result<(), ArchiveError> {
     // Without blocking and only a regular file: a FIFO put in its place must not hang the tool.
-    let file = criu_plugin::files::open_regular(None, path, false)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let file =
+        criu_plugin::files::open_regular(None, path, false).map_err(|err| ArchiveError::Open {
+            path: path.to_path_buf(),
+            err,
+        })?;
     let len = file.metadata().ok().map(|m| m.len());
     let compression = packing.compression();
-    let damaged = |e: io::Error| format!("the archive is damaged ({compression}: {e})");
+    let damaged = |e: io::Error| {
+        ArchiveError::Refused(format!("the archive is damaged ({compression}: {e})"))
+    };
     let decoder = |decoder: Box<dyn Read>| Unpacked::Decoder {
         decoder,
         deadline: Instant::now() + MAX_UNPACK_TIME,
@@ -292,7 +322,7 @@ pub fn read(
         &mut take,
     );
     // The source's own reason comes first: the tar reader only saw a failed read.
-    let stopped = || gauge.stopped.borrow_mut().take();
+    let stopped = || gauge.stopped.borrow_mut().take().map(ArchiveError::Refused);
     walked.map_err(|e| stopped().unwrap_or(e))?;
     if !seekable {
         // What follows the end marker is a little padding (more is cut off unread); reading it
@@ -368,12 +398,13 @@ fn walk(
     gauge: &Gauge,
     visit: &mut impl FnMut(&Entry) -> Want,
     take: &mut impl FnMut(&Entry, Data),
-) -> Result<(), String> {
+) -> Result<(), ArchiveError> {
+    let refused = ArchiveError::Refused;
     let mut entries = match file_len {
         Some(_) => archive.entries_with_seek(),
         None => archive.entries(),
     }
-    .map_err(|e| format!("cannot read the archive: {e}"))?;
+    .map_err(ArchiveError::Read)?;
     let mut count = 0u64;
     // What the tar reader reads past, in a stream, before the next header: the rest of the
     // entry before (in a file it seeks); and what that entry was, for messages.
@@ -386,17 +417,17 @@ fn walk(
         // An archive without its end marker still has every entry before it.
         let mut e = match next {
             None if count == 0 && gauge.pos.get() < BLOCK as u64 => {
-                return Err("the archive holds no entries".into());
+                return Err(ArchiveError::Empty);
             }
             None => return Ok(()),
-            Some(Err(e)) => return Err(tar_error(count + 1, &e, gauge.pos.get(), &last)),
+            Some(Err(e)) => {
+                return Err(refused(tar_error(count + 1, &e, gauge.pos.get(), &last)));
+            }
             Some(Ok(e)) => e,
         };
         count += 1;
         if count > MAX_ENTRIES {
-            return Err(format!(
-                "the archive has more than {MAX_ENTRIES} entries; refused"
-            ));
+            return Err(ArchiveError::TooManyEntries);
         }
         let kind = e.header().entry_type();
         let size = e.size();
@@ -411,10 +442,10 @@ fn walk(
                 EntryType::Link | EntryType::Symlink | EntryType::Directory
             )
         {
-            return Err(format!(
+            return Err(refused(format!(
                 "entry {count} ({}): a link or directory declaring {size} bytes of data: refused (tar readers disagree on where the next entry starts)",
                 entry.path
-            ));
+            )));
         }
         last = format!("{} ({size} bytes)", entry.path);
         // Where its data ends in the archive: a sparse file's size is what it expands to,
@@ -425,11 +456,11 @@ fn walk(
         };
         let end = e.raw_file_position().saturating_add(padded(stored));
         if let Some(len) = file_len.filter(|&len| end > len) {
-            return Err(format!(
+            return Err(refused(format!(
                 "the archive is truncated: {last} needs {} bytes, the file has {} left",
                 padded(stored),
                 len.saturating_sub(e.raw_file_position())
-            ));
+            )));
         }
         // A global pax header is the tar reader's, not an entry of the checkpoint.
         let want = match kind {
@@ -440,10 +471,9 @@ fn walk(
             Want::Read(limit) if size > limit => take(&entry, Data::TooLarge { limit }),
             Want::Read(_) => {
                 let mut data = Vec::with_capacity(size as usize);
-                e.read_to_end(&mut data)
-                    .map_err(|err| format!("cannot read the archive: {err}"))?;
+                e.read_to_end(&mut data).map_err(ArchiveError::Read)?;
                 if data.len() as u64 != size {
-                    return Err(truncated(gauge.pos.get(), &last));
+                    return Err(refused(truncated(gauge.pos.get(), &last)));
                 }
                 take(&entry, Data::Bytes(data));
             }
@@ -507,11 +537,28 @@ mod tests {
         h
     }
 
-    fn entries_of(tar: &[u8]) -> Result<Vec<(String, u64)>, String> {
+    /// An error as the assertions read it: its message.
+    #[derive(Debug, PartialEq)]
+    struct Message(String);
+
+    impl std::ops::Deref for Message {
+        type Target = str;
+        fn deref(&self) -> &str {
+            &self.0
+        }
+    }
+
+    impl std::fmt::Display for Message {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    fn entries_of(tar: &[u8]) -> Result<Vec<(String, u64)>, Message> {
         entries_packed(tar, Packing::Tar)
     }
 
-    fn entries_packed(bytes: &[u8], packing: Packing) -> Result<Vec<(String, u64)>, String> {
+    fn entries_packed(bytes: &[u8], packing: Packing) -> Result<Vec<(String, u64)>, Message> {
         // One file per call: the tests run in parallel threads of one process.
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -532,7 +579,7 @@ mod tests {
             |_, _| {},
         );
         let _ = std::fs::remove_file(&path);
-        r.map(|()| seen)
+        r.map(|()| seen).map_err(|e| Message(e.to_string()))
     }
 
     #[test]

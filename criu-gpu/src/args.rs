@@ -72,8 +72,21 @@ fn usage(command: Option<&str>, message: impl Into<String>) -> Usage {
 /// The commands, for help and for "did you mean".
 pub const COMMANDS: [&str; 6] = ["suspend", "resume", "status", "inspect", "check", "help"];
 
+/// Why a `--timeout` value is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BadTimeout {
+    /// Not a number.
+    #[error("--timeout {0:?} is not a number of seconds (e.g. 10, 2.5, 500ms)")]
+    NotANumber(String),
+    /// Zero, negative or beyond what the driver takes.
+    #[error(
+        "--timeout {0:?} must be more than 0 and at most 49 days (the driver takes milliseconds in 32 bits)"
+    )]
+    OutOfRange(String),
+}
+
 /// Parses a lock timeout: seconds (`10`, `2.5`) or with a unit (`500ms`, `10s`).
-pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+pub fn parse_timeout(text: &str) -> Result<Duration, BadTimeout> {
     let (num, scale) = if let Some(n) = text.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = text.strip_suffix('s') {
@@ -81,14 +94,13 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     } else {
         (text, 1.0)
     };
-    let v: f64 = num.trim().parse().map_err(|_| {
-        format!("--timeout {text:?} is not a number of seconds (e.g. 10, 2.5, 500ms)")
-    })?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| BadTimeout::NotANumber(text.to_string()))?;
     let secs = v * scale;
     if !secs.is_finite() || secs <= 0.0 || secs > f64::from(u32::MAX) / 1000.0 {
-        return Err(format!(
-            "--timeout {text:?} must be more than 0 and at most 49 days (the driver takes milliseconds in 32 bits)"
-        ));
+        return Err(BadTimeout::OutOfRange(text.to_string()));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -263,7 +275,7 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
         Word::Suspend => {
             refuse("--device-map", device_map.is_some())?;
             let timeout = match &timeout {
-                Some(t) => parse_timeout(t).map_err(|e| usage(Some(c), e))?,
+                Some(t) => parse_timeout(t).map_err(|e| usage(Some(c), e.to_string()))?,
                 None => Duration::from_secs(10),
             };
             Command::Suspend {

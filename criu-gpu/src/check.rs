@@ -27,7 +27,7 @@ pub fn check(c: &Contents, cfg: &Config, device_map: Option<&str>) -> Verdict {
     v.reasons.extend(c.errors.iter().cloned());
     match &c.cuda {
         Some(Ok(md)) => check_cuda(md, c, cfg, device_map, &mut v),
-        Some(Err(e)) => v.reasons.push(e.clone()),
+        Some(Err(e)) => v.reasons.push(e.to_string()),
         None if c.lists_cuda => v.notes.push(
             "NVIDIA: no metadata (CRIU's C cuda_plugin made the image): the driver and GPUs can only be checked by the restore itself".into(),
         ),

@@ -185,8 +185,13 @@ DESCRIPTION
     It does not check what CRIU itself checks (kernel, namespaces, files, pids).
 ";
 
+/// A `help` for no command there is.
+#[derive(Debug, thiserror::Error)]
+#[error("no help for {0:?}: the commands are {commands}", commands = crate::args::COMMANDS.join(", "))]
+pub struct NoSuchCommand(pub String);
+
 /// The page for `command`, or the overview.
-pub fn page(command: Option<&str>) -> Result<&'static str, String> {
+pub fn page(command: Option<&str>) -> Result<&'static str, NoSuchCommand> {
     Ok(match command {
         None => OVERVIEW,
         Some("suspend") => SUSPEND,
@@ -195,11 +200,6 @@ pub fn page(command: Option<&str>) -> Result<&'static str, String> {
         Some("inspect") => INSPECT,
         Some("check") => CHECK,
         Some("help") => OVERVIEW,
-        Some(other) => {
-            return Err(format!(
-                "no help for {other:?}: the commands are {}",
-                crate::args::COMMANDS.join(", ")
-            ));
-        }
+        Some(other) => return Err(NoSuchCommand(other.to_string())),
     })
 }

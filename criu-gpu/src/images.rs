@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use criu_gpu_core::images::amd::{self as amd, DMABUF_FILE_PREFIX, KFD_FILE_PREFIX};
 use criu_gpu_core::images::metadata;
@@ -109,16 +109,92 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
     }
 }
 
+/// Why a checkpoint cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Neither an inventory nor a GPU image file.
+    #[error(
+        "{0} is not a CRIU checkpoint: it holds no inventory.img (nor any GPU image file); give a CRIU image directory (criu dump -D DIR) or a checkpoint archive"
+    )]
+    NotACheckpoint(String),
+    /// Nothing to open there.
+    #[error(
+        "cannot open {}: {err}; give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
+        path.display()
+    )]
+    Missing {
+        /// What was given.
+        path: PathBuf,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// A device, a FIFO, a socket.
+    #[error("{} is neither a directory nor a regular file", .0.display())]
+    NotDirOrFile(PathBuf),
+    /// A file cannot be read.
+    #[error("cannot read {}: {err}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// A file that is no archive this tool reads.
+    #[error(
+        "{} is not a checkpoint archive: it starts with {head:02x?}, which is neither tar nor gzip, zstd or xz; give an image directory or a .tar, .tar.gz or .tar.zst",
+        path.display()
+    )]
+    NotAnArchive {
+        /// The file.
+        path: PathBuf,
+        /// Its first bytes (at most 8).
+        head: Vec<u8>,
+    },
+    /// A directory that cannot be listed.
+    #[error("cannot list {}: {err}", path.display())]
+    Unlisted {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// A directory of too many entries.
+    #[error("{} has more than {MAX_DIR_ENTRIES} entries: not an image directory", .0.display())]
+    TooManyEntries(PathBuf),
+    /// More GPU image data than read at once.
+    #[error(
+        "{} holds more GPU image files than this tool reads at once ({MAX_READ_FILES} files, {MAX_READ_BYTES} bytes)",
+        .0.display()
+    )]
+    TooMuchData(PathBuf),
+    /// The archive cannot be read.
+    #[error("{}: {err}", path.display())]
+    Archive {
+        /// The archive.
+        path: PathBuf,
+        /// Why.
+        err: archive::ArchiveError,
+    },
+}
+
+/// An archive path that is not looked at, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum IgnoredPath {
+    /// It climbs up.
+    #[error("{0}: a path with `..` (ignored)")]
+    DotDot(String),
+    /// It starts at the root.
+    #[error("{0}: an absolute path (ignored)")]
+    Absolute(String),
+}
+
 /// Reads the checkpoint at `path`; refuses one that holds no CRIU image at all (neither
 /// `inventory.img` nor any file of the GPU side).
-pub fn open(path: &Path) -> Result<ImageSet, String> {
+pub fn open(path: &Path) -> Result<ImageSet, OpenError> {
     let set = open_any(path)?;
     let any_gpu_file = set.sizes.keys().any(|n| limit_for(n).is_some());
     if !set.has_inventory() && !any_gpu_file && set.refused.is_empty() {
-        return Err(format!(
-            "{} is not a CRIU checkpoint: it holds no inventory.img (nor any GPU image file); give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
-            set.source
-        ));
+        return Err(OpenError::NotACheckpoint(set.source));
     }
     Ok(set)
 }
@@ -130,51 +206,46 @@ impl ImageSet {
     }
 }
 
-fn open_any(path: &Path) -> Result<ImageSet, String> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        format!(
-            "cannot open {}: {e}; give a CRIU image directory (criu dump -D DIR) or a checkpoint archive",
-            path.display()
-        )
+fn open_any(path: &Path) -> Result<ImageSet, OpenError> {
+    let meta = std::fs::metadata(path).map_err(|err| OpenError::Missing {
+        path: path.to_path_buf(),
+        err,
     })?;
     if meta.is_dir() {
         return open_dir(path);
     }
     if !meta.is_file() {
-        return Err(format!(
-            "{} is neither a directory nor a regular file",
-            path.display()
-        ));
+        return Err(OpenError::NotDirOrFile(path.to_path_buf()));
     }
     let mut head = Vec::new();
     criu_plugin::files::open_regular(None, path, false)
         .and_then(|f| f.take(512).read_to_end(&mut head))
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let packing = archive::sniff(&head).ok_or_else(|| {
-        format!(
-            "{} is not a checkpoint archive: it starts with {:02x?}, which is neither tar nor gzip, zstd or xz; give an image directory or a .tar, .tar.gz or .tar.zst",
-            path.display(),
-            &head[..head.len().min(8)]
-        )
+        .map_err(|err| OpenError::Unreadable {
+            path: path.to_path_buf(),
+            err,
+        })?;
+    let packing = archive::sniff(&head).ok_or_else(|| OpenError::NotAnArchive {
+        path: path.to_path_buf(),
+        head: head[..head.len().min(8)].to_vec(),
     })?;
     open_archive(path, packing)
 }
 
-fn open_dir(path: &Path) -> Result<ImageSet, String> {
+fn open_dir(path: &Path) -> Result<ImageSet, OpenError> {
     let mut set = ImageSet {
         source: format!("directory {}", path.display()),
         ..ImageSet::default()
     };
-    let dir =
-        std::fs::read_dir(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+    let unlisted = |err| OpenError::Unlisted {
+        path: path.to_path_buf(),
+        err,
+    };
+    let dir = std::fs::read_dir(path).map_err(unlisted)?;
     for (n, ent) in dir.enumerate() {
         if n >= MAX_DIR_ENTRIES {
-            return Err(format!(
-                "{} has more than {MAX_DIR_ENTRIES} entries: not an image directory",
-                path.display()
-            ));
+            return Err(OpenError::TooManyEntries(path.to_path_buf()));
         }
-        let ent = ent.map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+        let ent = ent.map_err(unlisted)?;
         let name = ent.file_name().to_string_lossy().into_owned();
         // Links are not followed: image files are regular files.
         let Ok(m) = std::fs::symlink_metadata(ent.path()) else {
@@ -195,13 +266,15 @@ fn open_dir(path: &Path) -> Result<ImageSet, String> {
             continue;
         }
         if !set.room_for(m.len()) {
-            return Err(format!(
-                "{} holds more GPU image files than this tool reads at once ({MAX_READ_FILES} files, {MAX_READ_BYTES} bytes)",
-                path.display()
-            ));
+            return Err(OpenError::TooMuchData(path.to_path_buf()));
         }
-        let bytes = criu_plugin::files::read_regular(None, &ent.path(), true, limit)
-            .map_err(|e| format!("cannot read {}: {e}", ent.path().display()))?;
+        let bytes =
+            criu_plugin::files::read_regular(None, &ent.path(), true, limit).map_err(|err| {
+                OpenError::Unreadable {
+                    path: ent.path(),
+                    err,
+                }
+            })?;
         set.files.insert(name, bytes);
     }
     Ok(set)
@@ -209,28 +282,28 @@ fn open_dir(path: &Path) -> Result<ImageSet, String> {
 
 /// The image file name of an archive path, when the path lies at the top or under
 /// `checkpoint/`; otherwise why it is ignored (`None` for ordinary other files).
-fn image_name(path: &str) -> Result<Option<String>, String> {
+fn image_name(path: &str) -> Result<Option<&str>, IgnoredPath> {
     let mut parts: Vec<&str> = Vec::new();
     for c in path.split('/') {
         match c {
             "" | "." => {}
-            ".." => return Err(format!("{path}: a path with `..` (ignored)")),
+            ".." => return Err(IgnoredPath::DotDot(path.to_string())),
             c => parts.push(c),
         }
     }
     if path.starts_with('/') {
-        return Err(format!("{path}: an absolute path (ignored)"));
+        return Err(IgnoredPath::Absolute(path.to_string()));
     }
     Ok(match parts.as_slice() {
         // No image file has a longer name; a longer one is not worth remembering.
         [name] | ["checkpoint", name] if name.len() > MAX_NAME_BYTES => None,
-        [name] => Some((*name).to_string()),
-        ["checkpoint", name] => Some((*name).to_string()),
+        [name] => Some(*name),
+        ["checkpoint", name] => Some(*name),
         _ => None,
     })
 }
 
-fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
+fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, OpenError> {
     let set = std::cell::RefCell::new(ImageSet {
         source: format!("{} archive {}", packing.name(), path.display()),
         ..ImageSet::default()
@@ -238,10 +311,10 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
     let visit = |e: &Entry| -> Want {
         let mut s = set.borrow_mut();
         let name = match image_name(&e.path) {
-            Ok(Some(n)) => n,
+            Ok(Some(n)) => n.to_string(),
             Ok(None) => return Want::Skip,
             Err(why) => {
-                s.note(why);
+                s.note(why.to_string());
                 return Want::Skip;
             }
         };
@@ -276,7 +349,7 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
         }
     };
     let take = |e: &Entry, d: Data| {
-        let Ok(Some(name)) = image_name(&e.path) else {
+        let Ok(Some(name)) = image_name(&e.path).map(|n| n.map(str::to_string)) else {
             return;
         };
         let mut s = set.borrow_mut();
@@ -287,7 +360,10 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, String> {
             Data::TooLarge { limit } => s.too_large.push((name, e.size, limit)),
         }
     };
-    archive::read(path, packing, visit, take).map_err(|e| format!("{}: {e}", path.display()))?;
+    archive::read(path, packing, visit, take).map_err(|err| OpenError::Archive {
+        path: path.to_path_buf(),
+        err,
+    })?;
     Ok(set.into_inner())
 }
 
@@ -299,12 +375,9 @@ mod tests {
     fn archive_paths() {
         assert_eq!(
             image_name("./checkpoint/pstree.img"),
-            Ok(Some("pstree.img".into()))
+            Ok(Some("pstree.img"))
         );
-        assert_eq!(
-            image_name("inventory.img"),
-            Ok(Some("inventory.img".into()))
-        );
+        assert_eq!(image_name("inventory.img"), Ok(Some("inventory.img")));
         assert_eq!(image_name("rootfs-diff/etc/x"), Ok(None));
         assert!(image_name("../../etc/passwd").is_err());
         assert!(image_name("/checkpoint/pstree.img").is_err());

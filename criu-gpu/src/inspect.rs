@@ -3,9 +3,9 @@
 
 use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::images::amd::{
-    self as amd, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
+    self as amd, ImageError, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
 };
-use criu_gpu_core::images::metadata::{self, CudaMetadata};
+use criu_gpu_core::images::metadata::{self, CudaMetadata, MetadataError};
 use serde_json::{Value, json};
 
 use crate::images::ImageSet;
@@ -19,11 +19,11 @@ pub struct Contents {
     pub lists_cuda: bool,
     pub lists_amdgpu: bool,
     /// The NVIDIA metadata, when present (or why it cannot be read).
-    pub cuda: Option<Result<CudaMetadata, String>>,
+    pub cuda: Option<Result<CudaMetadata, MetadataError>>,
     /// Each KFD image by CRIU file id.
-    pub kfd: Vec<(u32, Result<KfdCheckpoint, String>)>,
+    pub kfd: Vec<(u32, Result<KfdCheckpoint, ImageError>)>,
     /// Each render-node image by name.
-    pub render: Vec<(String, Result<RenderNodeImage, String>)>,
+    pub render: Vec<(String, Result<RenderNodeImage, ImageError>)>,
     /// Problems of the image as a whole (files too large, pages files of the wrong size).
     pub errors: Vec<String>,
 }
@@ -46,7 +46,7 @@ pub fn read(set: &ImageSet) -> Contents {
         cuda: set
             .files
             .get(metadata::FILE_NAME)
-            .map(|b| CudaMetadata::decode_bytes(b).map_err(|e| e.to_string())),
+            .map(|b| CudaMetadata::decode_bytes(b)),
         kfd: Vec::new(),
         render: Vec::new(),
         errors: Vec::new(),
@@ -69,8 +69,7 @@ pub fn read(set: &ImageSet) -> Contents {
             }
             continue;
         };
-        let img =
-            amd::decode_framed::<KfdCheckpoint>(bytes, name, &limits).map_err(|e| e.to_string());
+        let img = amd::decode_framed::<KfdCheckpoint>(bytes, name, &limits);
         if let Ok(img) = &img {
             check_pages(set, id, img, &mut c.errors);
         }
@@ -80,8 +79,7 @@ pub fn read(set: &ImageSet) -> Contents {
         if !name.starts_with("amdgpu-renderD-") {
             break;
         }
-        let img =
-            amd::decode_framed::<RenderNodeImage>(bytes, name, &limits).map_err(|e| e.to_string());
+        let img = amd::decode_framed::<RenderNodeImage>(bytes, name, &limits);
         c.render.push((name.clone(), img));
     }
     c
@@ -170,7 +168,7 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
             }
             cuda_json = cuda_to_json(md);
         }
-        Some(Err(e)) => errors.push(e.clone()),
+        Some(Err(e)) => errors.push(e.to_string()),
         None if c.lists_cuda => t.push_str(
             "NVIDIA: CUDA processes were checkpointed by a plugin that writes no metadata (CRIU's C cuda_plugin): their GPUs are not recorded\n",
         ),
@@ -206,7 +204,7 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
                 }
                 kfd_json.push(kfd_to_json(*id, img));
             }
-            Err(e) => errors.push(e.clone()),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     let mut render_json = Vec::new();
@@ -231,7 +229,7 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
                     "bytes": bytes,
                 }));
             }
-            Err(e) => errors.push(e.clone()),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     if c.lists_amdgpu && c.kfd.is_empty() && c.render.is_empty() {

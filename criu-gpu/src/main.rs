@@ -48,6 +48,18 @@ impl From<String> for Failed {
     }
 }
 
+/// A typed error of a module fails the command with its message (exit status 1).
+macro_rules! failed_from {
+    ($($error:ty),*) => {$(
+        impl From<$error> for Failed {
+            fn from(e: $error) -> Failed {
+                Failed::new(e.to_string())
+            }
+        }
+    )*};
+}
+failed_from!(help::NoSuchCommand, targets::TargetError, images::OpenError);
+
 /// A progress line on stderr.
 pub fn progress(line: &str) {
     eprintln!("criu-gpu: {line}");

@@ -17,16 +17,39 @@ const MAX_PROCS_BYTES: u64 = 4 << 20;
 /// Where cgroup hierarchies are mounted; a relative `--cgroup` path is taken below it.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
+/// Why a target's processes cannot be found.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// No such process.
+    #[error("no process {0} (check the pid with `ps -p {0}`; in a container, give the host's pid)")]
+    NoProcess(i32),
+    /// The path is no cgroup.
+    #[error(
+        "{} is not a cgroup (no cgroup.procs there); give its directory, e.g. /sys/fs/cgroup/unified/NAME (v2) or /sys/fs/cgroup/pids/NAME (v1), or a path relative to {CGROUP_ROOT}",
+        .0.display()
+    )]
+    NotACgroup(PathBuf),
+    /// Too many sub-cgroups to walk.
+    #[error("{} has more than {MAX_CGROUPS} sub-cgroups; name a smaller one", .0.display())]
+    TooManyCgroups(PathBuf),
+    /// A `cgroup.procs` cannot be read.
+    #[error("cannot read {}: {err}", path.display())]
+    Unreadable {
+        /// The `cgroup.procs` file.
+        path: PathBuf,
+        /// Why.
+        err: std::io::Error,
+    },
+}
+
 /// The pids of `target`, in order (root first for a tree, ascending for a cgroup), without
 /// this process.
-pub fn resolve(target: &Target) -> Result<Vec<i32>, String> {
+pub fn resolve(target: &Target) -> Result<Vec<i32>, TargetError> {
     let me = std::process::id() as i32;
     let mut pids = match target {
         Target::Pid(pid) => {
             if !Path::new(&format!("/proc/{pid}")).exists() {
-                return Err(format!(
-                    "no process {pid} (check the pid with `ps -p {pid}`; in a container, give the host's pid)"
-                ));
+                return Err(TargetError::NoProcess(*pid));
             }
             session::process_tree(*pid)
         }
@@ -37,7 +60,7 @@ pub fn resolve(target: &Target) -> Result<Vec<i32>, String> {
 }
 
 /// The cgroup directory `path` names: as given, or below `/sys/fs/cgroup` when relative.
-pub fn cgroup_dir(path: &Path) -> Result<PathBuf, String> {
+pub fn cgroup_dir(path: &Path) -> Result<PathBuf, TargetError> {
     let candidates: Vec<PathBuf> = if path.is_absolute() {
         vec![path.to_path_buf()]
     } else {
@@ -47,30 +70,25 @@ pub fn cgroup_dir(path: &Path) -> Result<PathBuf, String> {
         .iter()
         .find(|d| d.join("cgroup.procs").is_file())
         .cloned()
-        .ok_or_else(|| {
-            format!(
-                "{} is not a cgroup (no cgroup.procs there); give its directory, e.g. /sys/fs/cgroup/unified/NAME (v2) or /sys/fs/cgroup/pids/NAME (v1), or a path relative to {CGROUP_ROOT}",
-                path.display()
-            )
-        })
+        .ok_or_else(|| TargetError::NotACgroup(path.to_path_buf()))
 }
 
 /// Every pid of cgroup `dir` and of its sub-cgroups, ascending.
-pub fn cgroup_pids(dir: &Path) -> Result<Vec<i32>, String> {
+pub fn cgroup_pids(dir: &Path) -> Result<Vec<i32>, TargetError> {
     let mut pids = Vec::new();
     let mut todo = vec![(dir.to_path_buf(), 0usize)];
     let mut seen = 0usize;
     while let Some((d, depth)) = todo.pop() {
         seen += 1;
         if seen > MAX_CGROUPS {
-            return Err(format!(
-                "{} has more than {MAX_CGROUPS} sub-cgroups; name a smaller one",
-                dir.display()
-            ));
+            return Err(TargetError::TooManyCgroups(dir.to_path_buf()));
         }
         let procs = d.join("cgroup.procs");
         let bytes = criu_plugin::files::read_regular(None, &procs, false, MAX_PROCS_BYTES)
-            .map_err(|e| format!("cannot read {}: {e}", procs.display()))?;
+            .map_err(|err| TargetError::Unreadable {
+                path: procs.clone(),
+                err,
+            })?;
         pids.extend(
             String::from_utf8_lossy(&bytes)
                 .split_whitespace()
@@ -107,9 +125,12 @@ mod tests {
         assert!(
             resolve(&Target::Pid(i32::MAX))
                 .unwrap_err()
+                .to_string()
                 .contains("no process")
         );
-        let e = resolve(&Target::Cgroup("/nonexistent-cg".into())).unwrap_err();
+        let e = resolve(&Target::Cgroup("/nonexistent-cg".into()))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a cgroup"), "{e}");
     }
 }

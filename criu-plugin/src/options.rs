@@ -57,14 +57,21 @@ impl Options {
     }
 }
 
+/// Why an entry is not a plugin option.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadOption {
+    /// Its bytes are not text (shown with replacement characters).
+    #[error("plugin option {0:?} is not UTF-8")]
+    NotUtf8(String),
+    /// Not `PLUGIN.NAME[=VALUE]`.
+    #[error("plugin option {0:?} is not PLUGIN.NAME[=VALUE]")]
+    NotPluginDotName(String),
+}
+
 /// Parses one entry (`--PLUGIN.NAME[=VALUE]`; the leading dashes are optional).
-pub fn parse_entry(entry: &[u8]) -> Result<PluginOption, String> {
-    let text = std::str::from_utf8(entry).map_err(|_| {
-        format!(
-            "plugin option {:?} is not UTF-8",
-            String::from_utf8_lossy(entry)
-        )
-    })?;
+pub fn parse_entry(entry: &[u8]) -> Result<PluginOption, BadOption> {
+    let text = std::str::from_utf8(entry)
+        .map_err(|_| BadOption::NotUtf8(String::from_utf8_lossy(entry).into_owned()))?;
     let body = text.strip_prefix("--").unwrap_or(text);
     let (key, value) = match body.split_once('=') {
         Some((k, v)) => (k, Some(v.to_string())),
@@ -76,7 +83,7 @@ pub fn parse_entry(entry: &[u8]) -> Result<PluginOption, String> {
             name: name.to_string(),
             value,
         }),
-        _ => Err(format!("plugin option {text:?} is not PLUGIN.NAME[=VALUE]")),
+        _ => Err(BadOption::NotPluginDotName(text.to_string())),
     }
 }
 

@@ -269,90 +269,130 @@ fn first_acceptable(
     None
 }
 
+/// Why a file was passed over: a candidate library, or the loader cache.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// A directory, a device node, a FIFO...
+    #[error("not a regular file")]
+    NotRegular,
+    /// It cannot be looked at or read.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Shorter than an ELF header.
+    #[error("too short for an ELF header")]
+    TooShort,
+    /// No ELF magic.
+    #[error("not an ELF object")]
+    NotElf,
+    /// An ELF object of another class or byte order.
+    #[error("an ELF object of another word size or byte order")]
+    OtherClass,
+    /// An ELF object for another machine.
+    #[error("an ELF object for machine {0}")]
+    OtherMachine(u16),
+    /// Larger than read.
+    #[error("{0} bytes, more than the {MAX_CACHE_BYTES} read")]
+    TooLarge(u64),
+}
+
+/// Why the loader cache gave no paths (the search goes on without it).
+#[derive(Debug, thiserror::Error)]
+enum CacheUnused {
+    /// This architecture's cache flags are not known.
+    #[error("not read on this architecture")]
+    NotHere,
+    /// There is no cache.
+    #[error("absent")]
+    Absent,
+    /// It cannot be read.
+    #[error("not read: {0}")]
+    NotRead(Unusable),
+    /// It is not a cache this search understands.
+    #[error("ignored: {0}")]
+    Malformed(BadCache),
+}
+
+/// What is wrong with the bytes of a loader cache.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct BadCache(&'static str);
+
 /// `Ok(false)`: no such file. `Ok(true)`: a regular file holding an ELF object of this
 /// machine's class, byte order and architecture. `Err`: something else is there.
-fn acceptable(path: &Path) -> Result<bool, String> {
+fn acceptable(path: &Path) -> Result<bool, Unusable> {
     // stat first: a device node or FIFO is never opened.
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {}
-        Ok(_) => return Err("not a regular file".into()),
+        Ok(_) => return Err(Unusable::NotRegular),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
     let mut file = open_regular(path)?;
     let mut header = [0u8; 20];
     file.read_exact(&mut header)
-        .map_err(|_| "too short for an ELF header".to_string())?;
+        .map_err(|_| Unusable::TooShort)?;
     elf_for_this_machine(&header).map(|()| true)
 }
 
 /// Opens `path` for reading without blocking on a FIFO, and checks (on the open file) that it
 /// is a regular file.
-fn open_regular(path: &Path) -> Result<File, String> {
+fn open_regular(path: &Path) -> Result<File, Unusable> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| e.to_string())?;
+        .open(path)?;
     match file.metadata() {
         Ok(m) if m.is_file() => Ok(file),
-        Ok(_) => Err("not a regular file".into()),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => Err(Unusable::NotRegular),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Checks the first 20 bytes of an ELF file: magic, class, byte order, machine.
-fn elf_for_this_machine(header: &[u8; 20]) -> Result<(), String> {
+fn elf_for_this_machine(header: &[u8; 20]) -> Result<(), Unusable> {
     if header[..4] != *b"\x7fELF" {
-        return Err("not an ELF object".into());
+        return Err(Unusable::NotElf);
     }
     if header[4] != ELF_CLASS || header[5] != ELF_DATA {
-        return Err("an ELF object of another word size or byte order".into());
+        return Err(Unusable::OtherClass);
     }
     let machine = u16::from_ne_bytes([header[18], header[19]]);
     match ELF_MACHINE {
-        Some(m) if m != machine => Err(format!("an ELF object for machine {machine}")),
+        Some(m) if m != machine => Err(Unusable::OtherMachine(machine)),
         _ => Ok(()),
     }
 }
 
 /// The paths the loader cache `cache` gives for `name` on this machine, in its order. A missing
 /// cache gives none; one that cannot be read or parsed is an error (the search goes on).
-fn cache_paths(cache: &Path, name: &str) -> Result<Vec<PathBuf>, String> {
+fn cache_paths(cache: &Path, name: &str) -> Result<Vec<PathBuf>, CacheUnused> {
     let Some(flags) = CACHE_FLAGS else {
-        return Err("not read on this architecture".into());
+        return Err(CacheUnused::NotHere);
     };
     let bytes = match read_cache(cache) {
         Ok(Some(b)) => b,
-        Ok(None) => return Err("absent".into()),
-        Err(why) => return Err(format!("not read: {why}")),
+        Ok(None) => return Err(CacheUnused::Absent),
+        Err(why) => return Err(CacheUnused::NotRead(why)),
     };
-    let paths = lookup(&bytes, name.as_bytes(), flags).map_err(|why| format!("ignored: {why}"))?;
-    Ok(paths)
+    lookup(&bytes, name.as_bytes(), flags).map_err(CacheUnused::Malformed)
 }
 
 /// The cache's bytes, at most [`MAX_CACHE_BYTES`]; `None` when there is no such file.
-fn read_cache(cache: &Path) -> Result<Option<Vec<u8>>, String> {
+fn read_cache(cache: &Path) -> Result<Option<Vec<u8>>, Unusable> {
     match std::fs::metadata(cache) {
-        Ok(m) if !m.is_file() => return Err("not a regular file".into()),
-        Ok(m) if m.len() > MAX_CACHE_BYTES => return Err(too_large(m.len())),
+        Ok(m) if !m.is_file() => return Err(Unusable::NotRegular),
+        Ok(m) if m.len() > MAX_CACHE_BYTES => return Err(Unusable::TooLarge(m.len())),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
     let file = open_regular(cache)?;
     let mut bytes = Vec::new();
-    file.take(MAX_CACHE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    file.take(MAX_CACHE_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_CACHE_BYTES {
-        return Err(too_large(bytes.len() as u64));
+        return Err(Unusable::TooLarge(bytes.len() as u64));
     }
     Ok(Some(bytes))
-}
-
-fn too_large(len: u64) -> String {
-    format!("{len} bytes, more than the {MAX_CACHE_BYTES} read")
 }
 
 /// The old format's magic (libc5 and glibc before 2.2); glibc 2.2 to 2.31 wrote it followed by
@@ -378,19 +418,19 @@ const NEW_ORDER: u8 = if cfg!(target_endian = "little") { 2 } else { 3 };
 /// `flags`, in file order. Entries for hardware-capability subdirectories are left out: the
 /// loader takes one of those only after checking the CPU, and the search goes on to the
 /// system directories without them.
-fn lookup(data: &[u8], name: &[u8], flags: i32) -> Result<Vec<PathBuf>, String> {
+fn lookup(data: &[u8], name: &[u8], flags: i32) -> Result<Vec<PathBuf>, BadCache> {
     if data.starts_with(NEW_MAGIC) {
         return lookup_new(data, 0, name, flags);
     }
     if !data.starts_with(OLD_MAGIC) {
-        return Err("not a loader cache".into());
+        return Err(BadCache("not a loader cache"));
     }
-    let count = u32_at(data, 12).ok_or("truncated header")? as usize;
+    let count = u32_at(data, 12).ok_or(BadCache("truncated header"))? as usize;
     let old_end = count
         .checked_mul(OLD_ENTRY)
         .and_then(|n| n.checked_add(OLD_HEADER))
         .filter(|&end| end <= data.len())
-        .ok_or("entries run past the end of the file")?;
+        .ok_or(BadCache("entries run past the end of the file"))?;
     // The new table, when there, follows at the next multiple of 8.
     let new_at = old_end.checked_add(7).map_or(usize::MAX, |n| n & !7);
     if data.get(new_at..).is_some_and(|d| d.starts_with(NEW_MAGIC)) {
@@ -402,7 +442,7 @@ fn lookup(data: &[u8], name: &[u8], flags: i32) -> Result<Vec<PathBuf>, String> 
         let (Some(f), Some(key), Some(value)) =
             (i32_at(data, at), u32_at(data, at + 4), u32_at(data, at + 8))
         else {
-            return Err("truncated entry".into());
+            return Err(BadCache("truncated entry"));
         };
         if f == flags && key_is(data, old_end, key, name) {
             out.push(value_path(data, old_end, value)?);
@@ -412,19 +452,19 @@ fn lookup(data: &[u8], name: &[u8], flags: i32) -> Result<Vec<PathBuf>, String> 
 }
 
 /// [`lookup`] in the new-format table whose header starts at `base`.
-fn lookup_new(data: &[u8], base: usize, name: &[u8], flags: i32) -> Result<Vec<PathBuf>, String> {
+fn lookup_new(data: &[u8], base: usize, name: &[u8], flags: i32) -> Result<Vec<PathBuf>, BadCache> {
     let (Some(count), Some(order)) = (u32_at(data, base + 20), data.get(base + 28)) else {
-        return Err("truncated header".into());
+        return Err(BadCache("truncated header"));
     };
     if *order != 0 && order & 3 != NEW_ORDER {
-        return Err("written for another byte order".into());
+        return Err(BadCache("written for another byte order"));
     }
     let count = count as usize;
     count
         .checked_mul(NEW_ENTRY)
         .and_then(|n| n.checked_add(base + NEW_HEADER))
         .filter(|&end| end <= data.len())
-        .ok_or("entries run past the end of the file")?;
+        .ok_or(BadCache("entries run past the end of the file"))?;
     let mut out = Vec::new();
     for i in 0..count {
         let at = base + NEW_HEADER + i * NEW_ENTRY;
@@ -434,7 +474,7 @@ fn lookup_new(data: &[u8], base: usize, name: &[u8], flags: i32) -> Result<Vec<P
             u32_at(data, at + 8),
             u64_at(data, at + 16),
         ) else {
-            return Err("truncated entry".into());
+            return Err(BadCache("truncated entry"));
         };
         if f == flags && baseline(hwcap) && key_is(data, base, key, name) {
             out.push(value_path(data, base, value)?);
@@ -462,20 +502,20 @@ fn key_is(data: &[u8], strings: usize, offset: u32, name: &[u8]) -> bool {
 }
 
 /// The absolute path at `strings + offset`, NUL-terminated within [`MAX_PATH`] bytes.
-fn value_path(data: &[u8], strings: usize, offset: u32) -> Result<PathBuf, String> {
+fn value_path(data: &[u8], strings: usize, offset: u32) -> Result<PathBuf, BadCache> {
     let start = strings
         .checked_add(offset as usize)
         .filter(|&s| s < data.len())
-        .ok_or("an entry's path lies past the end of the file")?;
+        .ok_or(BadCache("an entry's path lies past the end of the file"))?;
     let tail = data.get(start..).unwrap_or_default();
     let window = tail.get(..MAX_PATH).unwrap_or(tail);
     let len = window
         .iter()
         .position(|&b| b == 0)
-        .ok_or("an entry's path is not terminated")?;
+        .ok_or(BadCache("an entry's path is not terminated"))?;
     let path = window.get(..len).unwrap_or_default();
     if path.first() != Some(&b'/') {
-        return Err("an entry's path is not absolute".into());
+        return Err(BadCache("an entry's path is not absolute"));
     }
     Ok(PathBuf::from(OsStr::from_bytes(path)))
 }

@@ -1,24 +1,110 @@
-//! The AMD backend's settings: `amdgpu.*` keys of the plugin's settings file, the
-//! `CRIU_GPU_AMDGPU_*` environment overrides, and the environment variables of CRIU's C
-//! plugin (`KFD_MAX_BUFFER_SIZE`, `KFD_*_CHECK`), which keep working.
-//!
-//! | key | C plugin variable | meaning | default |
-//! |---|---|---|---|
-//! | `amdgpu.topology` | — | KFD sysfs topology root | `/sys/class/kfd/kfd/topology` |
-//! | `amdgpu.max-buffer-size` | `KFD_MAX_BUFFER_SIZE` | staging memory for BO copies, all copy threads together (`K`/`M`/`G` suffixes, `0x` hex) | 256 MiB |
-//! | `amdgpu.copy-threads` | — | copy threads (each moves pieces device ↔ host ↔ file) | CPUs, 2 to 8 |
-//! | `amdgpu.chunk-size` | — | largest piece of a BO moved at once | 4 MiB |
-//! | `amdgpu.parallel-restore` | — | restored tasks hand their BO copies to CRIU's main process, which does them at `RESUME_DEVICES_LATE` (CRIU 4.2 and later); off, each task copies its own while CRIU restores the others | false |
-//! | `amdgpu.kfd-fw-ver-check` ... | `KFD_FW_VER_CHECK` ... | the seven GPU compatibility checks at restore | on |
-//!
-//! Precedence: `CRIU_GPU_AMDGPU_<KEY>` environment, then the C plugin's variable, then the
-//! settings file, then the default. Container runtimes strip the environment, so the file is
-//! the dependable place.
+//! The AMD backend's settings: their table (`amdgpu.*` keys, with the variables of CRIU's C
+//! plugin, `KFD_MAX_BUFFER_SIZE` and `KFD_*_CHECK`, which keep working), and their values read
+//! from [`crate::config::Config`], which applies the precedence of every setting.
 
 use std::path::PathBuf;
 
 use super::topology::{CompatChecks, DEFAULT_SYSFS_ROOT};
-use crate::config::{Config, env_name};
+use crate::config::Config;
+pub use crate::settings::parse_size;
+use crate::settings::{CPluginName, Setting, SettingError, Syntax, ValueError, parse_switch};
+
+/// One compatibility check of the C plugin, by key, variable and C plugin variable.
+const fn check(key: &'static str, env: &'static str, c_env: &'static str) -> Setting {
+    Setting {
+        key,
+        env,
+        c_plugin: CPluginName::Env(c_env),
+        syntax: Syntax::Switch,
+        default: "`yes`",
+        doc: "the C plugin's GPU compatibility checks",
+        about: "The C plugin's restore-time GPU compatibility checks: firmware and SDMA firmware version, cache count, GWS count and VRAM size no larger on the checkpointing machine, NUMA affinity kept, capability flags equal.",
+    }
+}
+
+/// The AMD side's settings.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        key: "amdgpu.topology",
+        env: "CRIU_GPU_AMDGPU_TOPOLOGY",
+        c_plugin: CPluginName::None,
+        syntax: Syntax::Text,
+        default: "`/sys/class/kfd/kfd/topology`",
+        doc: "the KFD topology",
+        about: "The KFD topology in sysfs.",
+    },
+    Setting {
+        key: "amdgpu.max-buffer-size",
+        env: "CRIU_GPU_AMDGPU_MAX_BUFFER_SIZE",
+        c_plugin: CPluginName::Env("KFD_MAX_BUFFER_SIZE"),
+        syntax: Syntax::Size,
+        default: "`256M`",
+        doc: "staging memory of the buffer copies",
+        about: "Staging memory for buffer copies, all copy threads together; `0` keeps the default.",
+    },
+    Setting {
+        key: "amdgpu.copy-threads",
+        env: "CRIU_GPU_AMDGPU_COPY_THREADS",
+        c_plugin: CPluginName::None,
+        syntax: Syntax::WholeNumber,
+        default: "the number of CPUs, at least 2 and at most 8",
+        doc: "buffer copy threads",
+        about: "Buffer copy threads, 1 to 64. Each moves pieces device to host to file.",
+    },
+    Setting {
+        key: "amdgpu.chunk-size",
+        env: "CRIU_GPU_AMDGPU_CHUNK_SIZE",
+        c_plugin: CPluginName::None,
+        syntax: Syntax::Size,
+        default: "`4M`",
+        doc: "largest piece of a buffer copied at once",
+        about: "Largest piece of a buffer copied at once, at least `4K`.",
+    },
+    Setting {
+        key: "amdgpu.parallel-restore",
+        env: "CRIU_GPU_AMDGPU_PARALLEL_RESTORE",
+        c_plugin: CPluginName::None,
+        syntax: Syntax::Bool,
+        default: "`false`",
+        doc: "CRIU's main process copies the restored buffers (CRIU 4.2+)",
+        about: "Restored tasks hand their buffer copies to CRIU's main process, which does them at `RESUME_DEVICES_LATE` (CRIU 4.2 and later). Off, each task copies its own while CRIU restores the others. No thread is left in CRIU's process between hooks either way.",
+    },
+    check(
+        "amdgpu.kfd-fw-ver-check",
+        "CRIU_GPU_AMDGPU_KFD_FW_VER_CHECK",
+        "KFD_FW_VER_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-sdma-fw-ver-check",
+        "CRIU_GPU_AMDGPU_KFD_SDMA_FW_VER_CHECK",
+        "KFD_SDMA_FW_VER_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-caches-count-check",
+        "CRIU_GPU_AMDGPU_KFD_CACHES_COUNT_CHECK",
+        "KFD_CACHES_COUNT_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-num-gws-check",
+        "CRIU_GPU_AMDGPU_KFD_NUM_GWS_CHECK",
+        "KFD_NUM_GWS_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-vram-size-check",
+        "CRIU_GPU_AMDGPU_KFD_VRAM_SIZE_CHECK",
+        "KFD_VRAM_SIZE_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-numa-check",
+        "CRIU_GPU_AMDGPU_KFD_NUMA_CHECK",
+        "KFD_NUMA_CHECK",
+    ),
+    check(
+        "amdgpu.kfd-capability-check",
+        "CRIU_GPU_AMDGPU_KFD_CAPABILITY_CHECK",
+        "KFD_CAPABILITY_CHECK",
+    ),
+];
 
 /// Default staging memory (all copy threads together).
 pub const DEFAULT_STAGING_BYTES: u64 = 256 << 20;
@@ -71,54 +157,13 @@ pub fn default_copy_threads() -> usize {
         .clamp(2, DEFAULT_MAX_COPY_THREADS)
 }
 
-/// Parses a size the way the C plugin parses `KFD_MAX_BUFFER_SIZE` (`strtoul` base 0:
-/// decimal, `0x` hex, leading-zero octal) with an optional `K`, `M` or `G` suffix (binary
-/// units; lower case is accepted too). Overflow is an error.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = match t.as_bytes().last() {
-        Some(b'K' | b'k') => (&t[..t.len() - 1], 10),
-        Some(b'M' | b'm') => (&t[..t.len() - 1], 20),
-        Some(b'G' | b'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let bad = || {
-        format!(
-            "{:?} is not a size (e.g. 268435456, 0x10000000, 256M, 2G)",
-            crate::config::shown(text)
-        )
-    };
-    let value = if let Some(hex) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        u64::from_str_radix(hex, 16).map_err(|_| bad())?
-    } else if digits.len() > 1 && digits.starts_with('0') {
-        u64::from_str_radix(&digits[1..], 8).map_err(|_| bad())?
-    } else {
-        digits.parse::<u64>().map_err(|_| bad())?
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
-}
-
-/// A check switch as CRIU's C plugin reads `KFD_*_CHECK` (`0`/`no` off, `1`/`yes` on, any
-/// case), `None` for anything else.
-fn switch_value(v: &str) -> Option<bool> {
-    match v.trim() {
-        "0" => Some(false),
-        "1" => Some(true),
-        t if t.eq_ignore_ascii_case("no") => Some(false),
-        t if t.eq_ignore_ascii_case("yes") => Some(true),
-        _ => None,
-    }
-}
-
 impl AmdgpuSettings {
-    /// Reads the settings from `cfg`, with environment overrides looked up through `env`
-    /// (pass `|_| None` to ignore the environment); the first bad value is an error.
-    pub fn from_config(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+    /// Reads the settings from `cfg`, with the environment `env` applied over it
+    /// ([`Config::apply_env`]; pass `|_| None` to add nothing); the first bad value is an error.
+    pub fn from_config(
+        cfg: &Config,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, SettingError> {
         let (s, errors) = Self::from_config_lenient(cfg, env);
         match errors.into_iter().next() {
             Some(e) => Err(e),
@@ -128,113 +173,89 @@ impl AmdgpuSettings {
 
     /// Reads the settings like [`Self::from_config`], but a bad value keeps its default and is
     /// returned among the errors, so that a typo in an AMD setting fails only a run that
-    /// needs an AMD GPU. A bad `KFD_MAX_BUFFER_SIZE` (CRIU's C plugin's variable) is warned
-    /// about and ignored, as the C plugin does, and is not among the errors.
+    /// needs an AMD GPU. A bad value of a C plugin's variable (`KFD_MAX_BUFFER_SIZE`,
+    /// `KFD_*_CHECK`) is ignored, as the C plugin ignores it, and is not among the errors.
     pub fn from_config_lenient(
         cfg: &Config,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> (Self, Vec<String>) {
-        // A plugin option (CRIU 4.3) wins over every environment variable, ours or the C
-        // plugin's; the environment wins over the file.
-        let option = |key: &str| cfg.option_value(key).map(str::to_string);
-        let ours_env = |key: &str| option(key).or_else(|| env(&env_name(key)));
-        let file = |key: &str| cfg.get(key).map(str::to_string);
-        let ours = |key: &str| ours_env(key).or_else(|| file(key));
+    ) -> (Self, Vec<SettingError>) {
+        let cfg = cfg.with_env(env);
         let mut errors = Vec::new();
         let mut s = AmdgpuSettings::default();
-        if let Some(v) = ours("amdgpu.topology") {
+        if let Some(v) = cfg.get("amdgpu.topology") {
             s.topology_root = PathBuf::from(v);
         }
-        let size = |v: &str| -> Result<u64, String> {
-            let n = parse_size(v)?;
-            // 0 means "no limit" for the C plugin; here it keeps the default bound.
-            Ok(if n == 0 {
-                DEFAULT_STAGING_BYTES
-            } else {
-                n.max(MIN_CHUNK_BYTES as u64)
-            })
-        };
-        // Precedence: our variable, then the C plugin's, then the file. A bad value of the C
-        // plugin's variable is ignored, as the C plugin does.
-        let legacy = env("KFD_MAX_BUFFER_SIZE");
-        if let Some(v) = ours_env("amdgpu.max-buffer-size") {
-            match size(&v) {
-                Ok(n) => s.staging_bytes = n,
-                Err(e) => errors.push(format!("amdgpu.max-buffer-size: {e}")),
-            }
-        } else if let Some(n) = legacy.as_deref().and_then(|v| {
-            size(v)
-                .map_err(|e| {
-                    log::warn!("amdgpu: KFD_MAX_BUFFER_SIZE: {e}; ignored, as CRIU's C plugin does")
-                })
-                .ok()
-        }) {
-            s.staging_bytes = n;
-        } else if let Some(v) = file("amdgpu.max-buffer-size") {
-            match size(&v) {
-                Ok(n) => s.staging_bytes = n,
-                Err(e) => errors.push(format!("amdgpu.max-buffer-size: {e}")),
+        if let Some(v) = cfg.get("amdgpu.max-buffer-size") {
+            match parse_size(v) {
+                // 0 means "no limit" for the C plugin; here it keeps the default bound.
+                Ok(0) => s.staging_bytes = DEFAULT_STAGING_BYTES,
+                Ok(n) => s.staging_bytes = n.max(MIN_CHUNK_BYTES as u64),
+                Err(source) => errors.push(SettingError::Key {
+                    key: "amdgpu.max-buffer-size",
+                    source,
+                }),
             }
         }
-        if let Some(v) = ours("amdgpu.copy-threads") {
+        if let Some(v) = cfg.get("amdgpu.copy-threads") {
             match v.trim().parse::<usize>() {
                 Ok(n) if (1..=MAX_COPY_THREADS).contains(&n) => s.copy_threads = n,
-                Ok(n) => errors.push(format!(
-                    "amdgpu.copy-threads = {n}: expected 1 to {MAX_COPY_THREADS}"
-                )),
-                Err(_) => errors.push(format!(
-                    "amdgpu.copy-threads = {}: expected a whole number",
-                    crate::config::shown(&v)
-                )),
+                Ok(n) => errors.push(SettingError::Value {
+                    quoted: format!("amdgpu.copy-threads = {n}"),
+                    source: ValueError::OutOfRange {
+                        min: 1,
+                        max: MAX_COPY_THREADS as u64,
+                    },
+                }),
+                Err(_) => errors.push(SettingError::Value {
+                    quoted: format!("amdgpu.copy-threads = {}", crate::config::shown(v)),
+                    source: ValueError::Expected("a whole number"),
+                }),
             }
         }
-        if let Some(v) = ours("amdgpu.chunk-size") {
-            match parse_size(&v).and_then(|n| {
-                usize::try_from(n).map_err(|_| format!("amdgpu.chunk-size = {v}: too large"))
-            }) {
+        if let Some(v) = cfg.get("amdgpu.chunk-size") {
+            let n = parse_size(v).and_then(|n| {
+                usize::try_from(n)
+                    .map_err(|_| ValueError::TooLarge(format!("amdgpu.chunk-size = {v}")))
+            });
+            match n {
                 Ok(n) => s.chunk_bytes = n.max(MIN_CHUNK_BYTES),
-                Err(e) => errors.push(format!("amdgpu.chunk-size: {e}")),
+                Err(source) => errors.push(SettingError::Key {
+                    key: "amdgpu.chunk-size",
+                    source,
+                }),
             }
         }
-        if let Some(v) = ours("amdgpu.parallel-restore") {
-            let mut c = Config::default();
-            c.set("amdgpu.parallel-restore", &v);
-            match c.get_bool("amdgpu.parallel-restore", false) {
-                Ok(b) => s.parallel_restore = b,
-                Err(e) => errors.push(e),
-            }
+        match cfg.get_bool("amdgpu.parallel-restore", false) {
+            Ok(b) => s.parallel_restore = b,
+            Err(e) => errors.push(e),
         }
         // Each check by its key, as the other settings: a bad value is named with where it
         // came from and fails only a run that needs an AMD GPU. CompatChecks sees good values
         // only.
         let mut switches = std::collections::BTreeMap::new();
         for name in CompatChecks::ENV_VARS {
-            let key = format!("amdgpu.{}", name.to_ascii_lowercase().replace('_', "-"));
-            let found = if let Some(v) = option(&key) {
-                Some((v, cfg.describe_origin(&key)))
-            } else if let Some(v) = env(&env_name(&key)) {
-                Some((v, format!("environment {}", env_name(&key))))
-            } else if let Some(v) = env(name) {
-                Some((v, format!("environment {name}, CRIU's C plugin's variable")))
-            } else {
-                file(&key).map(|v| (v, cfg.describe_origin(&key)))
-            };
-            let Some((v, origin)) = found else {
+            let Some(setting) = SETTINGS
+                .iter()
+                .find(|s| s.c_plugin == CPluginName::Env(name))
+            else {
                 continue;
             };
-            if switch_value(&v).is_some() {
-                switches.insert(name, v.trim().to_string());
-            } else if origin.starts_with("environment KFD_") {
-                // As the C plugin does with its own variables: ignored, keeping the default.
-                log::warn!(
-                    "amdgpu: {name} = {} ({origin}) is not yes or no: ignored, the check stays on",
-                    crate::config::shown(&v)
-                );
-            } else {
-                errors.push(format!(
-                    "{key} = {} ({origin}): expected yes or no (or 1 or 0)",
-                    crate::config::shown(&v)
-                ));
+            let Some(v) = cfg.get(setting.key) else {
+                continue;
+            };
+            match parse_switch(v) {
+                Ok(_) => {
+                    switches.insert(name, v.trim().to_string());
+                }
+                Err(source) => errors.push(SettingError::Value {
+                    quoted: format!(
+                        "{} = {} ({})",
+                        setting.key,
+                        crate::config::shown(v),
+                        cfg.describe_origin(setting.key)
+                    ),
+                    source,
+                }),
             }
         }
         s.checks = CompatChecks::from_env(|name| switches.get(name).cloned());
@@ -332,15 +353,39 @@ mod tests {
         let (s, errors) = AmdgpuSettings::from_config_lenient(&Config::default(), &env);
         // The C plugin's own variable is ignored as it ignores it; ours is an error.
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].starts_with(
+        assert!(errors[0].to_string().starts_with(
             "amdgpu.kfd-vram-size-check = sure (environment CRIU_GPU_AMDGPU_KFD_VRAM_SIZE_CHECK)"
         ));
         assert!(s.checks.capability && s.checks.vram_size && !s.checks.num_gws);
         let long = Config::parse(&format!("amdgpu.kfd-numa-check = {}\n", "x".repeat(60_000)));
         let (_, errors) = AmdgpuSettings::from_config_lenient(&long, &|_| None);
         assert!(
-            errors[0].len() < 400 && errors[0].contains("(60000 bytes)"),
+            errors[0].to_string().len() < 400 && errors[0].to_string().contains("(60000 bytes)"),
             "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_bad_c_plugin_variable_is_ignored_for_every_key_and_the_file_is_used() {
+        let cfg = Config::parse("amdgpu.kfd-numa-check = no\namdgpu.max-buffer-size = 8M\n");
+        let env = |k: &str| match k {
+            "KFD_NUMA_CHECK" => Some("perhaps".to_string()),
+            "KFD_MAX_BUFFER_SIZE" => Some("lots".to_string()),
+            "KFD_FW_VER_CHECK" => Some("0".to_string()),
+            _ => None,
+        };
+        let (s, errors) = AmdgpuSettings::from_config_lenient(&cfg, &env);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(!s.checks.numa && !s.checks.fw_version);
+        assert_eq!(s.staging_bytes, 8 << 20);
+        let with_env = cfg.with_env(&env);
+        assert_eq!(with_env.warnings.len(), 2, "{:?}", with_env.warnings);
+        assert!(with_env.warnings[0].starts_with(
+            "KFD_MAX_BUFFER_SIZE = lots (environment KFD_MAX_BUFFER_SIZE, CRIU's C plugin's variable): "
+        ));
+        assert_eq!(
+            with_env.describe_origin("amdgpu.kfd-fw-ver-check"),
+            "environment KFD_FW_VER_CHECK, CRIU's C plugin's variable"
         );
     }
 

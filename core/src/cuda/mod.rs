@@ -59,6 +59,7 @@ pub use dump::put_back::{check_put_back, put_back};
 use error::{Failure, FailureKind};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
+pub(crate) use settings::SETTINGS;
 
 /// Inventory name of CRIU's C plugin, kept so images move both ways.
 pub const INVENTORY_NAME: &CStr = c"cuda_plugin";
