@@ -6,7 +6,7 @@
 //! With an older CRIU these tests say so and pass: `scripts/test.sh` runs every end-to-end
 //! suite again against CRIU 4.3 (`CRIU_BIN=.criu-4.3/bin/criu`), where they run.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 
@@ -34,7 +34,7 @@ fn libdir_with_another_plugin(f: &Fake) -> PathBuf {
         &[
             "-shared".into(),
             "-fPIC".into(),
-            format!("-I{}/include", common::MANIFEST_DIR),
+            format!("-I{}/include", common::REPO),
             fixture("other-plugin/every_hook_plugin.c"),
         ],
     );

@@ -15,13 +15,13 @@
 //! What goes wrong (lock timeouts, failing driver calls, stopped processes, unreadable settings,
 //! odd hook orders, concurrent dumps) is in `tests/e2e_cuda_fake_failures.rs`.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::Tree;
 use common::fake_cuda::*;
+use common::{Tree, children_of, comm_of, ns_pid_of, pid_ns_of};
 
 // ---- the tests ----------------------------------------------------------------------------
 

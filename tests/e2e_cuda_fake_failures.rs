@@ -7,7 +7,7 @@
 //! CRIU comes from `$CRIU_BIN`, `<repo>/.criu/bin/criu` (`scripts/install-criu.sh`) or `PATH`;
 //! without one these tests fail, unless `GPU_PLUGIN_SKIP_E2E=1`. They need root and `cc`.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

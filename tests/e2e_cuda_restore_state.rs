@@ -9,7 +9,7 @@
 //!
 //! CRIU comes from `$CRIU_BIN`; these tests need root and `cc` (or `GPU_PLUGIN_SKIP_E2E=1`).
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -10,12 +10,12 @@
 //!
 //! Needs root, `cc` and CRIU as `tests/e2e_cuda_fake.rs` does.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 
 use common::fake_cuda::*;
-use common::{CriuRun, Tree, cc, fixture};
+use common::{CriuRun, Tree, cc, comm_of, fixture};
 use cuda_ckpt_sys::library_search::{LOADER_CACHE, SYSTEM_DIRS, Search};
 
 /// CRIU's environment.

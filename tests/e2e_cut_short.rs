@@ -13,7 +13,7 @@
 //! The kill loops are bounded in count and in time: `CUT_SHORT_KILLS` sets the number of
 //! kills of dumps (default 160) and of restores (a quarter of it, at least 40).
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::Path;
 use std::process::Command;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
 use common::run_leftovers::{GONE_WITHIN, Run, Tally};
-use common::{reap_until_gone, signal, state_of, wait_until};
+use common::{children_of, reap_until_gone, sid_of, signal, state_of, wait_until};
 
 /// How long a process may stay frozen after CRIU's end.
 const BACK_WITHIN: Duration = Duration::from_secs(2);

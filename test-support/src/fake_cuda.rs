@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{CriuRun, E2e, plugin_libdir, wait_until};
+use crate::{
+    CriuRun, E2e, children_of, comm_of, exists, ns_pid_of, plugin_libdir, sid_of, signal, state_of,
+    wait_until,
+};
 
 /// A test with the fake driver built and a device directory of its own.
 pub struct Fake {
@@ -30,12 +33,12 @@ pub struct FakeGpu {
 impl Fake {
     pub fn start(test: &str) -> Option<Fake> {
         let mut e = E2e::start(test)?;
-        let super::FakeCudaBuild {
+        let crate::FakeCudaBuild {
             libcuda,
             nvml,
             workload,
             gpu_list,
-        } = super::fake_cuda_build();
+        } = crate::fake_cuda_build();
         let shm = Path::new("/dev/shm");
         let base = if shm.is_dir() {
             shm.to_path_buf()
@@ -444,7 +447,7 @@ impl Workload {
                 .collect()
         };
         let before = verdicts(self).len();
-        assert!(super::signal(pid, libc::SIGUSR1), "SIGUSR1 to {pid}");
+        assert!(signal(pid, libc::SIGUSR1), "SIGUSR1 to {pid}");
         wait_until(format!("pid {pid}: a verify verdict"), || {
             verdicts(self).len() > before
         });
@@ -455,7 +458,7 @@ impl Workload {
     /// error reported.
     pub fn assert_all_running(&self, what: &str) {
         for &pid in &self.pids {
-            let st = super::state_of(pid);
+            let st = state_of(pid);
             assert!(
                 matches!(st, Some('R' | 'S')),
                 "{what}: pid {pid} is not running: {st:?}"
@@ -517,56 +520,6 @@ impl Workload {
     }
 }
 
-/// Children of every thread of `pid`.
-pub fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        out.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
-    }
-    out
-}
-
-pub fn comm_of(pid: i32) -> Option<String> {
-    let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    Some(c.trim_end().to_string())
-}
-
-/// The pid of `pid` in its own (innermost) pid namespace: the last NSpid value.
-pub fn ns_pid_of(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
-
-/// Session id of `pid` (as this process sees it) from `/proc/<pid>/stat`.
-pub fn sid_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // state ppid pgrp session ...
-    stat.rsplit_once(") ")?
-        .1
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()
-}
-
-/// The pid namespace of `pid` (`pid:[inode]`).
-pub fn pid_ns_of(pid: i32) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
-}
-
 pub fn lib() -> String {
     plugin_libdir().display().to_string()
 }
@@ -582,7 +535,7 @@ pub fn assert_nothing_restored(run: &CriuRun, pids: &[i32]) {
         "CRIU forked tasks before failing: {run:?}"
     );
     for &p in pids {
-        assert!(!super::exists(p), "pid {p} exists after the failed restore");
+        assert!(!exists(p), "pid {p} exists after the failed restore");
     }
 }
 
