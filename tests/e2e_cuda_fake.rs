@@ -21,49 +21,25 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::fake_cuda::*;
+use common::scenario::*;
 use common::{Tree, children_of, comm_of, ns_pid_of, pid_ns_of};
 
 // ---- the tests ----------------------------------------------------------------------------
 
 #[test]
 fn a_cuda_tree_is_dumped_and_restored() {
-    let Some(f) = Fake::start("cuda-tree") else {
+    let Some(f) = OneGpu::start("cuda-tree") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "16",
-            "--chunk-mib",
-            "8",
-            "--children",
-            "2",
-            "--threads",
-            "1",
-        ],
-    );
+    let w = f.workload(&TREE_OF_3);
     assert_eq!(w.pids.len(), 3);
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let files = f.device_memory(&w);
     for (p, v) in &files {
         assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
     }
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
+    let images = &f.images;
 
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let dump = f.dumped(&w);
     dump.assert_no_plugin_errors();
     for &p in &w.pids {
         assert!(
@@ -80,13 +56,7 @@ fn a_cuda_tree_is_dumped_and_restored() {
         "{dump:?}"
     );
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
     assert!(
         images.join("gpu-plugin-cuda.img").is_file(),
         "no gpu-plugin-cuda.img"
@@ -98,12 +68,7 @@ fn a_cuda_tree_is_dumped_and_restored() {
     );
     let marks = w.marks();
 
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     assert!(
@@ -132,23 +97,11 @@ fn a_cuda_tree_is_dumped_and_restored() {
 /// otherwise at ERROR), while NVML did answer and a restore that needs `cuInit` still works.
 #[test]
 fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
-    let Some(f) = Fake::start("cuda-one-thread") else {
+    let Some(f) = OneGpu::start("cuda-one-thread") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
+    let dump = f.dumped(&w);
     dump.assert_no_plugin_errors();
     assert!(!dump.has("left CRIU's process with"), "{dump:?}");
     let nvml_log = std::fs::read_to_string(f.e.dir().join("nvml.log")).unwrap_or_default();
@@ -157,14 +110,9 @@ fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
         "NVML was not asked, or its thread did not start: {nvml_log:?}"
     );
     let marks = w.marks();
-    let mut env = f.env(&nv, "restore.calls");
+    let mut env = f.env("restore.calls");
     env.push(("FAKE_CUDA_RESTORE_NEEDS_INIT", "1".into()));
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &env,
-    );
+    let restore = f.restore("restore.log", &env);
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     assert!(!restore.has("left CRIU's process with"), "{restore:?}");
@@ -173,47 +121,20 @@ fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=800", "restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=800", "restore=0", "unlock=0"]);
     w.assert_all_running("after the restore");
     w.assert_continues(&marks);
 }
 
 #[test]
 fn leave_running_gives_every_process_its_gpu_back() {
-    let Some(f) = Fake::start("cuda-leave-running") else {
+    let Some(f) = OneGpu::start("cuda-leave-running") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "16",
-            "--chunk-mib",
-            "8",
-            "--children",
-            "2",
-            "--threads",
-            "1",
-        ],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let w = f.workload(&TREE_OF_3);
+    let files = f.device_memory(&w);
     let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "--leave-running", "-L", &lib(), "-v4"],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &["--leave-running"], &f.env("dump.calls"));
     dump.assert_ok();
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
@@ -335,38 +256,17 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
 
 #[test]
 fn an_image_without_plugin_metadata_restores() {
-    let Some(f) = Fake::start("cuda-no-metadata") else {
+    let Some(f) = OneGpu::start("cuda-no-metadata") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &["--mib", "16", "--chunk-mib", "8", "--children", "1"],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let w = f.workload(&["--mib", "16", "--chunk-mib", "8", "--children", "1"]);
+    let files = f.device_memory(&w);
+    let images = &f.images;
+    let _dump = f.dumped(&w);
     // What CRIU's C plugin leaves: the inventory entry, no file of ours.
     std::fs::remove_file(images.join("gpu-plugin-cuda.img")).expect("gpu-plugin-cuda.img");
     let marks = w.marks();
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
@@ -388,31 +288,14 @@ fn an_image_without_plugin_metadata_restores() {
 
 #[test]
 fn a_cuda_image_needs_the_cuda_side() {
-    let Some(f) = Fake::start("cuda-disabled") else {
+    let Some(f) = OneGpu::start("cuda-disabled") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
-    let mut env = f.env(&nv, "restore.calls");
+    let w = f.workload(&["--mib", "8"]);
+    let _dump = f.dumped(&w);
+    let mut env = f.env("restore.calls");
     env.push(("CRIU_GPU_DISABLE", "cuda".into()));
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &env,
-    );
+    let restore = f.restore("restore.log", &env);
     restore.assert_failed();
     assert!(
         restore.has("Missing required plugin: cuda_plugin"),
@@ -432,21 +315,13 @@ fn a_cuda_image_needs_the_cuda_side() {
 
 #[test]
 fn a_process_without_cuda_is_left_to_criu() {
-    let Some(f) = Fake::start("cuda-not-mine") else {
+    let Some(f) = OneGpu::start("cuda-not-mine") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
-    let images = f.e.images("img");
+    let images = &f.images;
     let root = tree.root.to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &[], &f.env("dump.calls"));
     dump.assert_ok();
     f.e.reap(&tree.pids());
     dump.assert_no_plugin_errors();
@@ -483,12 +358,7 @@ fn a_process_without_cuda_is_left_to_criu() {
         "inventory.img records cuda_plugin for a tree without CUDA"
     );
     let dumped = tree.text();
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     tree.assert_continues(&dumped);
@@ -503,11 +373,9 @@ fn a_process_without_cuda_is_left_to_criu() {
 
 #[test]
 fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() {
-    let Some(f) = Fake::start("cuda-pid-ns") else {
+    let Some(f) = OneGpu::start("cuda-pid-ns") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let (mut w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
     let dumped = w.pids.clone();
     assert_eq!(w.ns_pids, [1, 2]);
@@ -522,16 +390,10 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
     for (p, v) in &files {
         assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
     }
-    let lib = lib();
-    let images = f.e.images("img");
+    let images = &f.images;
     let root = w.root().to_string();
 
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &[], &f.env("dump.calls"));
     dump.assert_ok();
     // `unshare` exits with its child; every pid is free again.
     f.e.reap(&[dumped.as_slice(), &[unshare]].concat());
@@ -549,13 +411,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
         "{dump:?}"
     );
     let calls = f.calls("dump.calls");
-    for &p in &dumped {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&dumped, &["lock=0", "checkpoint=0"]);
     for &p in &w.ns_pids {
         assert!(
             f.device_files(p).is_empty(),
@@ -572,12 +428,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
     assert_eq!(recorded, ["1", "2"], "processes in the metadata:\n{md}");
     let marks = w.marks();
 
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     // The restored init is re-parented here (this process is a subreaper): adopt the new
     // namespace before anything can fail, so that it is killed in any case.
     let new_root = children_of(std::process::id() as i32)
@@ -620,13 +471,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &restored {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&restored, &["restore=0", "unlock=0"]);
     for &p in &dumped {
         assert!(
             calls.transitions(p).is_empty(),

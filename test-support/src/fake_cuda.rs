@@ -180,6 +180,13 @@ impl Calls {
             .collect()
     }
 
+    /// Each of `pids` made exactly the state-changing calls `expected` ("op=rc", in order).
+    pub fn assert_transitions(&self, pids: &[i32], expected: &[&str]) {
+        for &p in pids {
+            assert_eq!(self.transitions(p), expected, "pid {p}: {self:?}");
+        }
+    }
+
     pub fn ops(&self) -> Vec<&str> {
         self.0.iter().map(|(op, _, _)| op.as_str()).collect()
     }

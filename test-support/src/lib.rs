@@ -28,6 +28,7 @@ pub mod fake_cuda_build;
 pub mod procs;
 pub mod release_plugin;
 pub mod run_leftovers;
+pub mod scenario;
 pub mod tree;
 
 use std::path::{Path, PathBuf};
