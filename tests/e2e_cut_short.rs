@@ -20,6 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
+use common::rng::{Rng, env_number};
 use common::run_leftovers::{GONE_WITHIN, Run, Tally};
 use common::scenario::*;
 use common::{children_of, reap_until_gone, sid_of, signal, state_of, wait_until};
@@ -30,41 +31,7 @@ const BACK_WITHIN: Duration = Duration::from_secs(2);
 const LOOP_BUDGET: Duration = Duration::from_secs(240);
 
 fn dump_kills() -> usize {
-    std::env::var("CUT_SHORT_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(160)
-}
-
-/// A small random-number generator (xorshift), seeded from the clock and printed, so that a
-/// failing sequence can be told apart from another.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("CUT_SHORT_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-                    | 1
-            });
-        eprintln!("cut-short seed {seed} (CUT_SHORT_SEED={seed} repeats it)");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
+    env_number("CUT_SHORT_KILLS").unwrap_or(160)
 }
 
 const SIGNALS: [(libc::c_int, &str); 3] = [
@@ -268,7 +235,7 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
     left.check(&again.run, &w.pids, "a second whole dump");
     let span = whole.took.max(again.took).as_micros().max(1) as u64;
     eprintln!("a whole dump takes {:?}", whole.took.max(again.took));
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("CUT_SHORT_SEED");
     let started = Instant::now();
     let (mut killed, mut finished, mut guarded) = (0usize, 0usize, 0usize);
     let mut ended_with_criu = 0usize;
@@ -366,7 +333,7 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
     eprintln!("a whole restore takes {:?}", whole.took);
     left.check(&whole.run, &w.pids, "a whole restore");
     end_tree(&w);
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("CUT_SHORT_SEED");
     let started = Instant::now();
     let kills = (dump_kills() / 4).max(40);
     let (mut killed, mut finished, mut ran_on) = (0usize, 0usize, 0usize);
@@ -494,7 +461,7 @@ fn a_child_killed_mid_dump_leaves_the_root_running() {
         return;
     };
     let env = f.env("calls");
-    let rng = std::cell::RefCell::new(Rng::new());
+    let rng = std::cell::RefCell::new(Rng::from_env("CUT_SHORT_SEED"));
     for round in 0..6 {
         let pause = Duration::from_micros(rng.borrow_mut().below(60_000));
         kill_child_mid_dump(&f, &env, round, &[], Duration::from_secs(60), &|| {

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
+use common::scenario::*;
 use common::{children_of, comm_of, ns_pid_of, reap_until_gone, signal, state_of};
 
 /// The restored tree's host pids: the image's where it shares this pid namespace, else the

@@ -202,68 +202,6 @@ impl std::fmt::Debug for Calls {
 }
 
 /// A running workload tree (`workload.c`): the root, then its children in fork order.
-/// [`Workload`] arguments of a root and one child, each with 8 MiB of device memory in two
-/// 4 MiB chunks and one worker thread.
-pub const ROOT_AND_CHILD: [&str; 8] = [
-    "--mib",
-    "8",
-    "--chunk-mib",
-    "4",
-    "--children",
-    "1",
-    "--threads",
-    "1",
-];
-
-/// A [`ROOT_AND_CHILD`] tree on one stand-in GPU, dumped (and so ended) by CRIU, its images
-/// kept for restores.
-pub struct Dumped {
-    pub f: Fake,
-    pub w: Workload,
-    /// Device files each process holds.
-    pub files: usize,
-    pub lib: String,
-    pub env: Vec<(&'static str, String)>,
-    pub images: PathBuf,
-}
-
-impl Dumped {
-    /// The tree of test `test`, in a pid namespace of its own when `in_pid_ns`; `None` where
-    /// the end-to-end tests cannot run.
-    pub fn new(test: &str, in_pid_ns: bool) -> Option<Dumped> {
-        let f = Fake::start(test)?;
-        let gpu = &f.gpus(1, 0)[0];
-        let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-        let (w, extra) = if in_pid_ns {
-            let (w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
-            (w, vec![unshare])
-        } else {
-            (Workload::start(&f, "w", &ROOT_AND_CHILD), Vec::new())
-        };
-        let files = f.device_files(w.own_pid(w.root())).len();
-        let lib = lib();
-        let env = f.env(&nv, "calls");
-        let images = f.e.images("img");
-        let root = w.root().to_string();
-        f.criu(
-            &["dump", "-t", &root, "-L", &lib, "-v4"],
-            &images,
-            "dump.log",
-            &env,
-        )
-        .assert_ok();
-        f.e.reap(&[w.pids.as_slice(), &extra].concat());
-        Some(Dumped {
-            f,
-            w,
-            files,
-            lib,
-            env,
-            images,
-        })
-    }
-}
-
 pub struct Workload {
     pub out: PathBuf,
     /// Host pids (what signals and the plugin use).
@@ -287,12 +225,7 @@ impl Workload {
             pids: vec![root],
             ns_pids: vec![root],
         };
-        w.wait_line(root, "ready ");
-        let children: Vec<i32> = w
-            .lines(root)
-            .iter()
-            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
-            .collect();
+        let children = w.children_announced(root);
         for &c in &children {
             f.e.adopt(root, c);
             w.pids.push(c);
@@ -352,12 +285,7 @@ impl Workload {
             pids: vec![root],
             ns_pids: vec![1],
         };
-        w.wait_line(root, "ready ");
-        let children: Vec<i32> = w
-            .lines(root)
-            .iter()
-            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
-            .collect();
+        let children = w.children_announced(root);
         for &c in &children {
             let mut host = 0;
             wait_until(
@@ -381,6 +309,15 @@ impl Workload {
             w.wait_counting(p);
         }
         (w, unshare)
+    }
+
+    /// The children `root` says it forked (as pids it sees), once it is ready.
+    fn children_announced(&self, root: i32) -> Vec<i32> {
+        self.wait_line(root, "ready ");
+        self.lines(root)
+            .iter()
+            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
+            .collect()
     }
 
     pub fn root(&self) -> i32 {

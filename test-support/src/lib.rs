@@ -27,6 +27,7 @@ pub mod fake_cuda;
 pub mod fake_cuda_build;
 pub mod procs;
 pub mod release_plugin;
+pub mod rng;
 pub mod run_leftovers;
 pub mod scenario;
 pub mod tree;
@@ -48,18 +49,25 @@ pub const REPO: &str = env!("CRIU_GPU_WORKSPACE");
 /// How long a test waits for something a running process should do.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// Cargo's scratch directory for tests, `target/tmp` (absolute), found from the running test
-/// executable (`target/<profile>/deps/<test>`): `CARGO_TARGET_TMPDIR` is given to test
-/// targets only, not to this library.
-pub fn target_tmp() -> &'static Path {
+/// The target directory the running test executable was built in
+/// (`target/<profile>/deps/<test>`).
+pub fn target_dir() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let exe = std::env::current_exe().expect("test executable path");
-        let target = exe
-            .ancestors()
+        exe.ancestors()
             .nth(3)
-            .expect("test executable lives in target/<profile>/deps");
-        let tmp = target.join("tmp");
+            .expect("test executable lives in target/<profile>/deps")
+            .to_path_buf()
+    })
+}
+
+/// Cargo's scratch directory for tests, `target/tmp` (absolute): `CARGO_TARGET_TMPDIR` is
+/// given to test targets only, not to this library.
+pub fn target_tmp() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = target_dir().join("tmp");
         std::fs::create_dir_all(&tmp).expect("target/tmp");
         tmp
     })

@@ -143,3 +143,56 @@ impl OneGpu {
         }
     }
 }
+
+/// [`Workload`] arguments of a root and one child, each with 8 MiB of device memory in two
+/// 4 MiB chunks and one worker thread.
+pub const ROOT_AND_CHILD: [&str; 8] = [
+    "--mib",
+    "8",
+    "--chunk-mib",
+    "4",
+    "--children",
+    "1",
+    "--threads",
+    "1",
+];
+
+/// A [`ROOT_AND_CHILD`] tree on one stand-in GPU, dumped (and so ended) by CRIU, its images
+/// kept for restores.
+pub struct Dumped {
+    pub f: OneGpu,
+    pub w: Workload,
+    /// Device files each process holds.
+    pub files: usize,
+    pub lib: String,
+    pub env: Vec<(&'static str, String)>,
+    pub images: PathBuf,
+}
+
+impl Dumped {
+    /// The tree of test `test`, in a pid namespace of its own when `in_pid_ns`; `None` where
+    /// the end-to-end tests cannot run.
+    pub fn new(test: &str, in_pid_ns: bool) -> Option<Dumped> {
+        let f = OneGpu::start(test)?;
+        let (w, extra) = if in_pid_ns {
+            let (w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
+            (w, vec![unshare])
+        } else {
+            (f.workload(&ROOT_AND_CHILD), Vec::new())
+        };
+        let files = f.device_files(w.own_pid(w.root())).len();
+        let lib = f.lib.clone();
+        let env = f.env("calls");
+        let images = f.images.clone();
+        f.dump(w.root(), &[], &env).assert_ok();
+        f.e.reap(&[w.pids.as_slice(), &extra].concat());
+        Some(Dumped {
+            f,
+            w,
+            files,
+            lib,
+            env,
+            images,
+        })
+    }
+}
