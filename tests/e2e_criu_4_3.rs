@@ -26,11 +26,8 @@ fn criu_4_3(f: &Fake, test: &str) -> bool {
     new_enough
 }
 
-fn start(test: &str) -> Option<Fake> {
-    Fake::start(test).filter(|f| criu_4_3(f, test))
-}
-
-fn start_one_gpu(test: &str) -> Option<OneGpu> {
+/// A test on one stand-in GPU, where CRIU is 4.3 or later.
+fn start(test: &str) -> Option<OneGpu> {
     OneGpu::start(test).filter(|f| criu_4_3(f, test))
 }
 
@@ -63,7 +60,7 @@ fn other_calls(path: &Path) -> Vec<String> {
 
 #[test]
 fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_survives() {
-    let Some(mut f) = start_one_gpu("criu43-two-plugins") else {
+    let Some(mut f) = start("criu43-two-plugins") else {
         return;
     };
     let w = f.workload(&["--mib", "8", "--children", "1"]);
@@ -111,13 +108,7 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
 
     // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
     // GPU plugin gives every process its GPU back although the other one answered first.
-    let script = f.e.dir().join("fail-post-dump.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = common::failing_post_dump_script(f.e.dir());
     let failed = f.criu(
         &[
             "dump",
@@ -156,32 +147,16 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
     };
     let gpus = f.gpus(2, 0);
     let (a, b) = (&gpus[0], &gpus[1]);
-    let nv_a = f.nvidia_proc("nv-a", &[("0000:00:06.0", "Fake GPU", &a.uuid)]);
-    let nv_ab = f.nvidia_proc(
-        "nv-ab",
-        &[
-            ("0000:00:06.0", "Fake GPU", &a.uuid),
-            ("0000:00:07.0", "Fake GPU", &b.uuid),
-        ],
-    );
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let nv_ab = f.two_gpus_listed("nv-ab", a, b);
+    let w = f.workload(&["--mib", "8"]);
     let pid = w.root();
-    let lib = common::plugin_libdir().display().to_string();
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &pid.to_string(), "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv_a, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    f.dumped(&w);
     f.clear_device_dir();
     let pairs = f.dev.join(format!("restore-pairs.{pid}"));
     let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
     // The environment names a map too: the option wins over it.
     let restore_env = |calls: &str| {
-        let mut env = f.env(&nv_ab, calls);
+        let mut env = f.f.env(&nv_ab, calls);
         env.push(("FAKE_CUDA_GPUS", "2".into()));
         env.push(("CRIU_GPU_CUDA_DEVICE_MAP", format!("{}={}", a.uuid, a.uuid)));
         env
@@ -195,14 +170,14 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
             "restore",
             "-d",
             "-L",
-            &lib,
+            &f.lib,
             "-v4",
             &format!(
                 "--plugin-option=gpu_plugin.cuda.device-map={}={missing}",
                 a.uuid
             ),
         ],
-        &images,
+        &f.images,
         "restore-missing.log",
         &restore_env("missing.calls"),
     );
@@ -254,11 +229,11 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
                 "restore",
                 "-d",
                 "-L",
-                &lib,
+                &f.lib,
                 "-v4",
                 &format!("--plugin-option={option}"),
             ],
-            &images,
+            &f.images,
             &format!("restore-{n}.log"),
             &restore_env(&format!("map{n}.calls")),
         );
@@ -290,7 +265,7 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
 /// touched, while a tree without CUDA still dumps (with a warning).
 #[test]
 fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else() {
-    let Some(f) = start_one_gpu("criu43-backend-option") else {
+    let Some(f) = start("criu43-backend-option") else {
         return;
     };
     let option = "--plugin-option=cuda_plugin.backend=cuda-checkpoint";

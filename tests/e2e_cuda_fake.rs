@@ -155,39 +155,22 @@ fn leave_running_gives_every_process_its_gpu_back() {
 
 #[test]
 fn an_image_from_other_gpus_is_refused_early_or_mapped() {
-    let Some(f) = Fake::start("cuda-gpu-map") else {
+    let Some(f) = OneGpu::start("cuda-gpu-map") else {
         return;
     };
     // GPU 0 (A) is what the workload runs on; GPU 1 (B) exists only for the restoring driver.
     let gpus = f.gpus(2, 0);
     let (a, b) = (&gpus[0], &gpus[1]);
-    assert_eq!(f.gpus(1, 0)[0].uuid, a.uuid);
-    let nv_a = one_gpu(&f, "nv-a", "0000:00:06.0", "Fake GPU", a);
+    assert_eq!(f.gpu.uuid, a.uuid);
     let nv_pro = one_gpu(&f, "nv-pro", "0000:00:07.0", "Fake GPU Pro", b);
     let nv_b = one_gpu(&f, "nv-b", "0000:00:07.0", "Fake GPU", b);
-    let nv_ab = f.nvidia_proc(
-        "nv-ab",
-        &[
-            ("0000:00:06.0", "Fake GPU", &a.uuid),
-            ("0000:00:07.0", "Fake GPU", &b.uuid),
-        ],
-    );
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let nv_ab = f.two_gpus_listed("nv-ab", a, b);
+    let w = f.workload(&["--mib", "8"]);
     let pid = w.root();
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = pid.to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv_a, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    f.dumped(&w);
     f.clear_device_dir();
     let restore_env = |nv: &Path, calls: &str, map: Option<String>| {
-        let mut env = f.env(nv, calls);
+        let mut env = f.f.env(nv, calls);
         env.push(("FAKE_CUDA_GPUS", "2".into()));
         if let Some(m) = map {
             env.push(("CRIU_GPU_CUDA_DEVICE_MAP", m));
@@ -198,12 +181,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
     let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
 
     // Only a GPU of another model here: refused before anything is forked.
-    let refused = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore-pro.log",
-        &restore_env(&nv_pro, "pro.calls", None),
-    );
+    let refused = f.restore("restore-pro.log", &restore_env(&nv_pro, "pro.calls", None));
     refused.assert_failed();
     let first = refused.first_error().unwrap_or_default();
     assert!(
@@ -219,12 +197,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
 
     // A GPU of the same model with another UUID: mapped automatically.
     let marks = w.marks();
-    let mapped = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore-auto.log",
-        &restore_env(&nv_b, "auto.calls", None),
-    );
+    let mapped = f.restore("restore-auto.log", &restore_env(&nv_b, "auto.calls", None));
     mapped.assert_ok();
     mapped.assert_no_plugin_errors();
     assert_eq!(
@@ -238,9 +211,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
     f.clear_device_dir();
 
     // Both GPUs here, and an explicit map from A to B.
-    let explicit = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
+    let explicit = f.restore(
         "restore-map.log",
         &restore_env(&nv_ab, "map.calls", Some(format!("{}={}", a.uuid, b.uuid))),
     );

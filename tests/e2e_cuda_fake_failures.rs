@@ -598,13 +598,7 @@ fn a_failing_post_dump_script_gives_every_process_its_gpu_back() {
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let script = f.e.dir().join("fail-post-dump.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = common::failing_post_dump_script(f.e.dir());
     let dump = f.criu(
         &[
             "dump",

@@ -159,3 +159,17 @@ impl std::fmt::Debug for CriuRun {
 pub fn bytes_contain(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+/// A CRIU action script in `dir` that fails the post-dump action (and no other).
+pub fn failing_post_dump_script(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("fail-post-dump.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
+    )
+    .expect("write the action script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+        .expect("make the action script executable");
+    script
+}

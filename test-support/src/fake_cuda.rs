@@ -101,6 +101,18 @@ impl Fake {
         dir
     }
 
+    /// A GPU list `name` of `a` at 0000:00:06.0 and `b` at 0000:00:07.0, both of the fake's
+    /// model.
+    pub fn two_gpus_listed(&self, name: &str, a: &FakeGpu, b: &FakeGpu) -> PathBuf {
+        self.nvidia_proc(
+            name,
+            &[
+                ("0000:00:06.0", "Fake GPU", &a.uuid),
+                ("0000:00:07.0", "Fake GPU", &b.uuid),
+            ],
+        )
+    }
+
     /// CRIU's environment: the plugin on the fake driver with GPU list `nv`, the fake's calls
     /// logged to `calls` (a file under the work directory).
     pub fn env(&self, nv: &Path, calls: &str) -> Vec<(&'static str, String)> {

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use compile::{cc, fixture, tree_binary};
-pub use criu::{CriuRun, bytes_contain, criu_binary};
+pub use criu::{CriuRun, bytes_contain, criu_binary, failing_post_dump_script};
 pub use dirs::{OUTER_PID_VAR, TempDir, build_dir, owner_tag};
 pub use e2e::{E2e, plugin_libdir, plugin_path};
 pub use fake_cuda_build::{FakeCudaBuild, fake_cuda_build};
