@@ -108,7 +108,6 @@ fn a_process_holding_an_nvidia_device_is_never_dumped_without_its_gpu_state() {
     let node = NvidiaNode::create("unusable");
     let pid = holder(&f, &node.0);
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
     let with = |key: &'static str, value: &str| {
         let mut env = f.env("calls");
         env.retain(|(k, _)| *k != key);
@@ -142,32 +141,14 @@ fn a_process_holding_an_nvidia_device_is_never_dumped_without_its_gpu_state() {
     ];
     for (name, env, needles) in &cases {
         let images = f.e.images(&format!("img-{name}"));
-        let dump = f.criu(
-            &["dump", "-t", &pid.to_string(), "-L", &lib, "-v4"],
-            &images,
-            "dump.log",
-            env,
-        );
+        let dump = f.dump_into(&images, pid, &[], env);
         let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
         refused(&dump, pid, &node.0, &needles);
         assert!(f.calls("calls").0.is_empty(), "{name}: driver calls");
 
         // The same bad setting does not fail a dump that needs no GPU.
         let images = f.e.images(&format!("img-plain-{name}"));
-        let dump = f.criu(
-            &[
-                "dump",
-                "-t",
-                &tree.root.to_string(),
-                "--leave-running",
-                "-L",
-                &lib,
-                "-v4",
-            ],
-            &images,
-            "dump.log",
-            env,
-        );
+        let dump = f.dump_into(&images, tree.root, &["--leave-running"], env);
         dump.assert_ok();
     }
 }
@@ -179,7 +160,6 @@ fn no_library_is_loaded_from_the_image_directory() {
     };
     let marker_lib = marker_lib();
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
     let marker = f.e.dir().join("loaded");
     // (libcuda, nvml) as the settings give them; CRIU runs in the image directory, which
     // holds the marker library under both names and in a `lib/` below it.
@@ -200,20 +180,7 @@ fn no_library_is_loaded_from_the_image_directory() {
             env.push(("CRIU_GPU_NVML", nvml.to_string()));
         }
         env.push(("GPU_PLUGIN_TEST_MARKER", marker.display().to_string()));
-        let dump = f.criu(
-            &[
-                "dump",
-                "-t",
-                &tree.root.to_string(),
-                "--leave-running",
-                "-L",
-                &lib,
-                "-v4",
-            ],
-            &images,
-            "dump.log",
-            &env,
-        );
+        let dump = f.dump_into(&images, tree.root, &["--leave-running"], &env);
         dump.assert_ok();
         assert!(
             !marker.exists(),

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::CriuRun;
 use crate::fake_cuda::{Fake, FakeGpu, Workload, lib, one_gpu};
@@ -100,13 +100,24 @@ impl OneGpu {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> CriuRun {
+        self.dump_into(&self.images, root, extra, env)
+    }
+
+    /// [`OneGpu::dump`] into another image directory.
+    pub fn dump_into(
+        &self,
+        images: &Path,
+        root: impl std::fmt::Display,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> CriuRun {
         let root = root.to_string();
         let args: Vec<&str> = ["dump", "-t", &root]
             .into_iter()
             .chain(extra.iter().copied())
             .chain(["-L", &self.lib, "-v4"])
             .collect();
-        self.f.criu(&args, &self.images, "dump.log", env)
+        self.f.criu(&args, images, "dump.log", env)
     }
 
     /// `w` dumped with the driver's calls in `dump.calls`: the dump succeeded and CRIU's kill
