@@ -76,18 +76,8 @@ fn a_cuda_tree_is_dumped_and_restored() {
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device files not recreated"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
+    f.assert_device_memory(&files, "device files not recreated");
     w.assert_all_running("after the restore");
     w.assert_continues(&marks);
 }
@@ -138,18 +128,11 @@ fn leave_running_gives_every_process_its_gpu_back() {
     dump.assert_ok();
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device memory not back"
-        );
-    }
+    calls.assert_transitions(
+        &w.pids,
+        &["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+    );
+    f.assert_device_memory(&files, "device memory not back");
     w.assert_all_running("after a --leave-running dump");
 }
 
@@ -233,7 +216,7 @@ fn an_image_without_plugin_metadata_restores() {
     let w = f.workload(&["--mib", "16", "--chunk-mib", "8", "--children", "1"]);
     let files = f.device_memory(&w);
     let images = &f.images;
-    let _dump = f.dumped(&w);
+    f.dumped(&w);
     // What CRIU's C plugin leaves: the inventory entry, no file of ours.
     std::fs::remove_file(images.join("gpu-plugin-cuda.img")).expect("gpu-plugin-cuda.img");
     let marks = w.marks();
@@ -241,18 +224,8 @@ fn an_image_without_plugin_metadata_restores() {
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device files not recreated"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
+    f.assert_device_memory(&files, "device files not recreated");
     w.assert_all_running("after a restore without metadata");
     w.assert_continues(&marks);
 }
@@ -263,7 +236,7 @@ fn a_cuda_image_needs_the_cuda_side() {
         return;
     };
     let w = f.workload(&["--mib", "8"]);
-    let _dump = f.dumped(&w);
+    f.dumped(&w);
     let mut env = f.env("restore.calls");
     env.push(("CRIU_GPU_DISABLE", "cuda".into()));
     let restore = f.restore("restore.log", &env);
