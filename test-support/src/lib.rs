@@ -1,5 +1,6 @@
-//! What the workspace's tests share (the plugin's suites of `tests/` and `criu-gpu`'s): real CRIU, the plugin built from this tree, small C
-//! programs as the processes to checkpoint.
+//! What the workspace's tests share (the plugin's suites of `tests/` and `criu-gpu`'s): real
+//! CRIU, the plugin built from this tree, small C programs as the processes to checkpoint, the
+//! stand-in CUDA driver ([`fake_cuda`]) and the scenarios written on it ([`scenario`]).
 //!
 //! - CRIU is `$CRIU_BIN` (which must exist), else `<repo>/.criu/bin/criu` (made by
 //!   `scripts/install-criu.sh`), else `criu` on `PATH`. Without one the tests FAIL, unless
@@ -15,7 +16,6 @@
 //! - Subreaping and reaping are process-wide, so every e2e test holds one lock ([`E2e::start`]).
 //! - Everything a test starts is killed by id and every directory it made is removed when its
 //!   [`E2e`] is dropped, also when an assertion fails.
-
 //!
 //! `<repo>` is the workspace root ([`REPO`]), not this crate's folder.
 
