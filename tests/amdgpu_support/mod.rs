@@ -205,6 +205,18 @@ pub fn spawn(sim: &SimKfd, spec: &ProcessSpec) -> Proc {
     }
 }
 
+/// The simulator on topology `2gpu`, and process `pid` on both its GPUs with `bos` BOs of
+/// mixed kinds up to `max_size` bytes: (topology, simulator, process).
+pub fn two_gpu_process(pid: u32, bos: usize, max_size: u64) -> (PathBuf, SimKfd, Proc) {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let p = spawn(
+        &sim,
+        &ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(bos, max_size),
+    );
+    (topo, sim, p)
+}
+
 fn vma_stat(sim: &SimKfd, path: &str) -> libc::stat {
     match path.strip_prefix("/dev/dri/renderD") {
         Some(m) => sim.render_stat(m.parse().unwrap()),
