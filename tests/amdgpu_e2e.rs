@@ -506,12 +506,7 @@ fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
 
 #[test]
 fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(
-        &sim,
-        &ProcessSpec::new(1001, &[53109, 1266]).with_mixed_bos(12, 1 << 20),
-    );
+    let (topo, sim, a) = two_gpu_process(1001, 12, 1 << 20);
     let b = spawn(
         &sim,
         &ProcessSpec::new(1002, &[53109, 1266]).with_mixed_bos(4, 1 << 16),

@@ -8,17 +8,11 @@ mod support;
 use std::os::unix::net::{UnixListener, UnixStream};
 
 use criu_plugin::HookError;
-use kfd_sim::{ProcessSpec, SimKfd};
 use support::*;
 
 #[test]
 fn a_streamed_dump_is_refused_before_the_gpu_is_touched() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(300, &[53109, 1266]).with_mixed_bos(8, 1 << 20),
-    );
+    let (topo, sim, p) = two_gpu_process(300, 8, 1 << 20);
     let images = TempDir::new("stream");
     // CRIU's connection to criu-image-streamer, as `--stream` makes it.
     let sock = images.path().join(criu_plugin::stream::CAPTURE_SOCKET);

@@ -27,7 +27,7 @@
 //! path of e.g. `/usr/lib/criu/gpu_plugin.so`) through CRIU's built-in directory only; without
 //! that variable it does nothing.
 
-mod common;
+use criu_gpu_test_support as common;
 // Some of the harness serves tests/e2e_containers_2026.rs only.
 #[allow(dead_code)]
 mod containers_support;

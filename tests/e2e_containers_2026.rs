@@ -47,7 +47,7 @@
 //!   containerd): `docker checkpoint create`, `docker start --checkpoint` of a plain container.
 //! - buildah 1.43 and skopeo 1.22 run (`--version`), for turning checkpoint archives into images.
 
-mod common;
+use criu_gpu_test_support as common;
 #[allow(dead_code)]
 mod containers_support;
 

@@ -25,7 +25,7 @@
 //! containerd freezes the container's cgroup around a checkpoint, which CRIU before 4.2 does
 //! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
 
-mod common;
+use criu_gpu_test_support as common;
 #[allow(dead_code)]
 mod containers_support;
 

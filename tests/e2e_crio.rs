@@ -24,7 +24,7 @@
 //! CRI-O freezes the container around the checkpoint, which CRIU before 4.2 does not thaw for
 //! plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
 
-mod common;
+use criu_gpu_test_support as common;
 #[allow(dead_code)]
 mod containers_support;
 

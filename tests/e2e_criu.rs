@@ -6,7 +6,7 @@
 //! without one these tests fail, unless `GPU_PLUGIN_SKIP_E2E=1`. They need root. That a program
 //! other than CRIU can load the plugin is `tests/host_harness.rs`'s business.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;

@@ -6,24 +6,29 @@
 //! With an older CRIU these tests say so and pass: `scripts/test.sh` runs every end-to-end
 //! suite again against CRIU 4.3 (`CRIU_BIN=.criu-4.3/bin/criu`), where they run.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 
 use common::fake_cuda::*;
+use common::scenario::*;
 use common::{cc, fixture, plugin_path};
 
-/// Skips (passes) where CRIU is older than 4.3.
-fn start(test: &str) -> Option<Fake> {
-    let f = Fake::start(test)?;
-    if f.e.criu_release().is_none_or(|r| r < (4, 3)) {
+/// Whether CRIU is 4.3 or later; says the test is skipped (it passes) where not.
+fn criu_4_3(f: &Fake, test: &str) -> bool {
+    let new_enough = f.e.criu_release().is_some_and(|r| r >= (4, 3));
+    if !new_enough {
         eprintln!(
             "SKIPPED {test}: CRIU {:?} is older than 4.3 (run with CRIU_BIN=.criu-4.3/bin/criu)",
             f.e.criu_release()
         );
-        return None;
     }
-    Some(f)
+    new_enough
+}
+
+/// A test on one stand-in GPU, where CRIU is 4.3 or later.
+fn start(test: &str) -> Option<OneGpu> {
+    OneGpu::start(test).filter(|f| criu_4_3(f, test))
 }
 
 /// A plugin directory holding this plugin and the every-hook plugin of
@@ -34,7 +39,7 @@ fn libdir_with_another_plugin(f: &Fake) -> PathBuf {
         &[
             "-shared".into(),
             "-fPIC".into(),
-            format!("-I{}/include", common::MANIFEST_DIR),
+            format!("-I{}/include", common::REPO),
             fixture("other-plugin/every_hook_plugin.c"),
         ],
     );
@@ -55,39 +60,26 @@ fn other_calls(path: &Path) -> Vec<String> {
 
 #[test]
 fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_survives() {
-    let Some(f) = start("criu43-two-plugins") else {
+    let Some(mut f) = start("criu43-two-plugins") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = f.nvidia_proc("nv", &[("0000:00:06.0", &gpu.model, &gpu.uuid)]);
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let lib = libdir_with_another_plugin(&f).display().to_string();
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
+    f.lib = libdir_with_another_plugin(&f).display().to_string();
     let other_log = f.e.dir().join("other.log");
     let env = |calls: &str| {
-        let mut env = f.env(&nv, calls);
-        env.push(("OTHER_PLUGIN_LOG", other_log.display().to_string()));
-        env
+        f.env_with(
+            calls,
+            &[("OTHER_PLUGIN_LOG", &other_log.display().to_string())],
+        )
     };
-    let images = f.e.images("img");
     let root = w.root().to_string();
 
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &env("dump.calls"),
-    );
+    let dump = f.dump(&root, &[], &env("dump.calls"));
     dump.assert_ok();
     f.e.reap(&w.pids);
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
     let seen = other_calls(&other_log);
     for hook in ["DUMP_DEVICES_LATE", "DUMP_FINISH 0"] {
         assert!(
@@ -98,22 +90,11 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     std::fs::remove_file(&other_log).unwrap();
 
     let marks = w.marks();
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &env("restore.calls"),
-    );
+    let restore = f.restore("restore.log", &env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
     let seen = other_calls(&other_log);
     for hook in ["RESTORE_INIT", "POST_FORKING"] {
         assert!(
@@ -127,13 +108,7 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
 
     // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
     // GPU plugin gives every process its GPU back although the other one answered first.
-    let script = f.e.dir().join("fail-post-dump.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = common::failing_post_dump_script(f.e.dir());
     let failed = f.criu(
         &[
             "dump",
@@ -142,7 +117,7 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
             "--action-script",
             &script.display().to_string(),
             "-L",
-            &lib,
+            &f.lib,
             "-v4",
         ],
         &f.e.images("img2"),
@@ -152,13 +127,10 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     failed.assert_failed();
     failed.assert_no_plugin_errors();
     let calls = f.calls("dump2.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(
+        &w.pids,
+        &["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+    );
     let seen = other_calls(&other_log);
     assert!(
         seen.iter()
@@ -175,32 +147,16 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
     };
     let gpus = f.gpus(2, 0);
     let (a, b) = (&gpus[0], &gpus[1]);
-    let nv_a = f.nvidia_proc("nv-a", &[("0000:00:06.0", "Fake GPU", &a.uuid)]);
-    let nv_ab = f.nvidia_proc(
-        "nv-ab",
-        &[
-            ("0000:00:06.0", "Fake GPU", &a.uuid),
-            ("0000:00:07.0", "Fake GPU", &b.uuid),
-        ],
-    );
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let nv_ab = f.two_gpus_listed("nv-ab", a, b);
+    let w = f.workload(&["--mib", "8"]);
     let pid = w.root();
-    let lib = common::plugin_libdir().display().to_string();
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &pid.to_string(), "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv_a, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    f.dumped(&w);
     f.clear_device_dir();
     let pairs = f.dev.join(format!("restore-pairs.{pid}"));
     let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
     // The environment names a map too: the option wins over it.
     let restore_env = |calls: &str| {
-        let mut env = f.env(&nv_ab, calls);
+        let mut env = f.f.env(&nv_ab, calls);
         env.push(("FAKE_CUDA_GPUS", "2".into()));
         env.push(("CRIU_GPU_CUDA_DEVICE_MAP", format!("{}={}", a.uuid, a.uuid)));
         env
@@ -214,14 +170,14 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
             "restore",
             "-d",
             "-L",
-            &lib,
+            &f.lib,
             "-v4",
             &format!(
                 "--plugin-option=gpu_plugin.cuda.device-map={}={missing}",
                 a.uuid
             ),
         ],
-        &images,
+        &f.images,
         "restore-missing.log",
         &restore_env("missing.calls"),
     );
@@ -273,11 +229,11 @@ fn a_gpu_map_given_as_a_plugin_option_is_used_and_a_missing_gpu_is_refused_befor
                 "restore",
                 "-d",
                 "-L",
-                &lib,
+                &f.lib,
                 "-v4",
                 &format!("--plugin-option={option}"),
             ],
-            &images,
+            &f.images,
             &format!("restore-{n}.log"),
             &restore_env(&format!("map{n}.calls")),
         );
@@ -312,25 +268,22 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     let Some(f) = start("criu43-backend-option") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = f.nvidia_proc("nv", &[("0000:00:06.0", &gpu.model, &gpu.uuid)]);
-    let lib = common::plugin_libdir().display().to_string();
     let option = "--plugin-option=cuda_plugin.backend=cuda-checkpoint";
 
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let w = f.workload(&["--mib", "8"]);
     let refused = f.criu(
         &[
             "dump",
             "-t",
             &w.root().to_string(),
             "-L",
-            &lib,
+            &f.lib,
             "-v4",
             option,
         ],
         &f.e.images("img"),
         "dump.log",
-        &f.env(&nv, "dump.calls"),
+        &f.env("dump.calls"),
     );
     refused.assert_failed();
     let first = refused.first_error().unwrap_or_default();
@@ -356,13 +309,13 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
             "-t",
             &tree.root.to_string(),
             "-L",
-            &lib,
+            &f.lib,
             "-v4",
             option,
         ],
         &f.e.images("img-plain"),
         "plain.log",
-        &f.env(&nv, "plain.calls"),
+        &f.env("plain.calls"),
     );
     plain.assert_ok();
     plain.assert_no_plugin_errors();

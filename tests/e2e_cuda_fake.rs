@@ -15,55 +15,31 @@
 //! What goes wrong (lock timeouts, failing driver calls, stopped processes, unreadable settings,
 //! odd hook orders, concurrent dumps) is in `tests/e2e_cuda_fake_failures.rs`.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::Tree;
 use common::fake_cuda::*;
+use common::scenario::*;
+use common::{Tree, children_of, comm_of, ns_pid_of, pid_ns_of};
 
 // ---- the tests ----------------------------------------------------------------------------
 
 #[test]
 fn a_cuda_tree_is_dumped_and_restored() {
-    let Some(f) = Fake::start("cuda-tree") else {
+    let Some(f) = OneGpu::start("cuda-tree") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "16",
-            "--chunk-mib",
-            "8",
-            "--children",
-            "2",
-            "--threads",
-            "1",
-        ],
-    );
+    let w = f.workload(&TREE_OF_3);
     assert_eq!(w.pids.len(), 3);
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let files = f.device_memory(&w);
     for (p, v) in &files {
         assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
     }
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
+    let images = &f.images;
 
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let dump = f.dumped(&w);
     dump.assert_no_plugin_errors();
     for &p in &w.pids {
         assert!(
@@ -80,13 +56,7 @@ fn a_cuda_tree_is_dumped_and_restored() {
         "{dump:?}"
     );
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
     assert!(
         images.join("gpu-plugin-cuda.img").is_file(),
         "no gpu-plugin-cuda.img"
@@ -98,12 +68,7 @@ fn a_cuda_tree_is_dumped_and_restored() {
     );
     let marks = w.marks();
 
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     assert!(
@@ -111,18 +76,8 @@ fn a_cuda_tree_is_dumped_and_restored() {
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device files not recreated"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
+    f.assert_device_memory(&files, "device files not recreated");
     w.assert_all_running("after the restore");
     w.assert_continues(&marks);
 }
@@ -132,23 +87,11 @@ fn a_cuda_tree_is_dumped_and_restored() {
 /// otherwise at ERROR), while NVML did answer and a restore that needs `cuInit` still works.
 #[test]
 fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
-    let Some(f) = Fake::start("cuda-one-thread") else {
+    let Some(f) = OneGpu::start("cuda-one-thread") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
+    let dump = f.dumped(&w);
     dump.assert_no_plugin_errors();
     assert!(!dump.has("left CRIU's process with"), "{dump:?}");
     let nvml_log = std::fs::read_to_string(f.e.dir().join("nvml.log")).unwrap_or_default();
@@ -157,14 +100,9 @@ fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
         "NVML was not asked, or its thread did not start: {nvml_log:?}"
     );
     let marks = w.marks();
-    let mut env = f.env(&nv, "restore.calls");
+    let mut env = f.env("restore.calls");
     env.push(("FAKE_CUDA_RESTORE_NEEDS_INIT", "1".into()));
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &env,
-    );
+    let restore = f.restore("restore.log", &env);
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     assert!(!restore.has("left CRIU's process with"), "{restore:?}");
@@ -173,100 +111,49 @@ fn criu_keeps_one_thread_with_nvml_and_a_restore_that_needs_cuinit() {
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=800", "restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=800", "restore=0", "unlock=0"]);
     w.assert_all_running("after the restore");
     w.assert_continues(&marks);
 }
 
 #[test]
 fn leave_running_gives_every_process_its_gpu_back() {
-    let Some(f) = Fake::start("cuda-leave-running") else {
+    let Some(f) = OneGpu::start("cuda-leave-running") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "16",
-            "--chunk-mib",
-            "8",
-            "--children",
-            "2",
-            "--threads",
-            "1",
-        ],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let w = f.workload(&TREE_OF_3);
+    let files = f.device_memory(&w);
     let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "--leave-running", "-L", &lib(), "-v4"],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &["--leave-running"], &f.env("dump.calls"));
     dump.assert_ok();
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device memory not back"
-        );
-    }
+    calls.assert_transitions(
+        &w.pids,
+        &["lock=0", "checkpoint=0", "restore=0", "unlock=0"],
+    );
+    f.assert_device_memory(&files, "device memory not back");
     w.assert_all_running("after a --leave-running dump");
 }
 
 #[test]
 fn an_image_from_other_gpus_is_refused_early_or_mapped() {
-    let Some(f) = Fake::start("cuda-gpu-map") else {
+    let Some(f) = OneGpu::start("cuda-gpu-map") else {
         return;
     };
     // GPU 0 (A) is what the workload runs on; GPU 1 (B) exists only for the restoring driver.
     let gpus = f.gpus(2, 0);
     let (a, b) = (&gpus[0], &gpus[1]);
-    assert_eq!(f.gpus(1, 0)[0].uuid, a.uuid);
-    let nv_a = one_gpu(&f, "nv-a", "0000:00:06.0", "Fake GPU", a);
+    assert_eq!(f.gpu.uuid, a.uuid);
     let nv_pro = one_gpu(&f, "nv-pro", "0000:00:07.0", "Fake GPU Pro", b);
     let nv_b = one_gpu(&f, "nv-b", "0000:00:07.0", "Fake GPU", b);
-    let nv_ab = f.nvidia_proc(
-        "nv-ab",
-        &[
-            ("0000:00:06.0", "Fake GPU", &a.uuid),
-            ("0000:00:07.0", "Fake GPU", &b.uuid),
-        ],
-    );
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let nv_ab = f.two_gpus_listed("nv-ab", a, b);
+    let w = f.workload(&["--mib", "8"]);
     let pid = w.root();
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = pid.to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv_a, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    f.dumped(&w);
     f.clear_device_dir();
     let restore_env = |nv: &Path, calls: &str, map: Option<String>| {
-        let mut env = f.env(nv, calls);
+        let mut env = f.f.env(nv, calls);
         env.push(("FAKE_CUDA_GPUS", "2".into()));
         if let Some(m) = map {
             env.push(("CRIU_GPU_CUDA_DEVICE_MAP", m));
@@ -277,12 +164,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
     let expected_pairs = format!("{} {}\n", a.uuid, b.uuid);
 
     // Only a GPU of another model here: refused before anything is forked.
-    let refused = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore-pro.log",
-        &restore_env(&nv_pro, "pro.calls", None),
-    );
+    let refused = f.restore("restore-pro.log", &restore_env(&nv_pro, "pro.calls", None));
     refused.assert_failed();
     let first = refused.first_error().unwrap_or_default();
     assert!(
@@ -298,12 +180,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
 
     // A GPU of the same model with another UUID: mapped automatically.
     let marks = w.marks();
-    let mapped = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore-auto.log",
-        &restore_env(&nv_b, "auto.calls", None),
-    );
+    let mapped = f.restore("restore-auto.log", &restore_env(&nv_b, "auto.calls", None));
     mapped.assert_ok();
     mapped.assert_no_plugin_errors();
     assert_eq!(
@@ -317,9 +194,7 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
     f.clear_device_dir();
 
     // Both GPUs here, and an explicit map from A to B.
-    let explicit = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
+    let explicit = f.restore(
         "restore-map.log",
         &restore_env(&nv_ab, "map.calls", Some(format!("{}={}", a.uuid, b.uuid))),
     );
@@ -335,84 +210,36 @@ fn an_image_from_other_gpus_is_refused_early_or_mapped() {
 
 #[test]
 fn an_image_without_plugin_metadata_restores() {
-    let Some(f) = Fake::start("cuda-no-metadata") else {
+    let Some(f) = OneGpu::start("cuda-no-metadata") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &["--mib", "16", "--chunk-mib", "8", "--children", "1"],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
+    let w = f.workload(&["--mib", "16", "--chunk-mib", "8", "--children", "1"]);
+    let files = f.device_memory(&w);
+    let images = &f.images;
+    f.dumped(&w);
     // What CRIU's C plugin leaves: the inventory entry, no file of ours.
     std::fs::remove_file(images.join("gpu-plugin-cuda.img")).expect("gpu-plugin-cuda.img");
     let marks = w.marks();
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-        assert_eq!(
-            f.device_files(p),
-            files[&p],
-            "pid {p}: device files not recreated"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
+    f.assert_device_memory(&files, "device files not recreated");
     w.assert_all_running("after a restore without metadata");
     w.assert_continues(&marks);
 }
 
 #[test]
 fn a_cuda_image_needs_the_cuda_side() {
-    let Some(f) = Fake::start("cuda-disabled") else {
+    let Some(f) = OneGpu::start("cuda-disabled") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
-    let lib = lib();
-    let images = f.e.images("img");
-    let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
-    let mut env = f.env(&nv, "restore.calls");
+    let w = f.workload(&["--mib", "8"]);
+    f.dumped(&w);
+    let mut env = f.env("restore.calls");
     env.push(("CRIU_GPU_DISABLE", "cuda".into()));
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &env,
-    );
+    let restore = f.restore("restore.log", &env);
     restore.assert_failed();
     assert!(
         restore.has("Missing required plugin: cuda_plugin"),
@@ -432,21 +259,13 @@ fn a_cuda_image_needs_the_cuda_side() {
 
 #[test]
 fn a_process_without_cuda_is_left_to_criu() {
-    let Some(f) = Fake::start("cuda-not-mine") else {
+    let Some(f) = OneGpu::start("cuda-not-mine") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
-    let images = f.e.images("img");
+    let images = &f.images;
     let root = tree.root.to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &[], &f.env("dump.calls"));
     dump.assert_ok();
     f.e.reap(&tree.pids());
     dump.assert_no_plugin_errors();
@@ -483,12 +302,7 @@ fn a_process_without_cuda_is_left_to_criu() {
         "inventory.img records cuda_plugin for a tree without CUDA"
     );
     let dumped = tree.text();
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     restore.assert_ok();
     restore.assert_no_plugin_errors();
     tree.assert_continues(&dumped);
@@ -503,11 +317,9 @@ fn a_process_without_cuda_is_left_to_criu() {
 
 #[test]
 fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() {
-    let Some(f) = Fake::start("cuda-pid-ns") else {
+    let Some(f) = OneGpu::start("cuda-pid-ns") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let (mut w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
     let dumped = w.pids.clone();
     assert_eq!(w.ns_pids, [1, 2]);
@@ -522,16 +334,10 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
     for (p, v) in &files {
         assert_eq!(v.len(), 3, "pid {p}: counter + 2 chunks: {v:?}");
     }
-    let lib = lib();
-    let images = f.e.images("img");
+    let images = &f.images;
     let root = w.root().to_string();
 
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib, "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &[], &f.env("dump.calls"));
     dump.assert_ok();
     // `unshare` exits with its child; every pid is free again.
     f.e.reap(&[dumped.as_slice(), &[unshare]].concat());
@@ -549,13 +355,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
         "{dump:?}"
     );
     let calls = f.calls("dump.calls");
-    for &p in &dumped {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&dumped, &["lock=0", "checkpoint=0"]);
     for &p in &w.ns_pids {
         assert!(
             f.device_files(p).is_empty(),
@@ -572,12 +372,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
     assert_eq!(recorded, ["1", "2"], "processes in the metadata:\n{md}");
     let marks = w.marks();
 
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &f.env(&nv, "restore.calls"),
-    );
+    let restore = f.restore("restore.log", &f.env("restore.calls"));
     // The restored init is re-parented here (this process is a subreaper): adopt the new
     // namespace before anything can fail, so that it is killed in any case.
     let new_root = children_of(std::process::id() as i32)
@@ -620,13 +415,7 @@ fn a_container_in_its_own_pid_namespace_gets_its_gpu_back_under_new_host_pids() 
         "{restore:?}"
     );
     let calls = f.calls("restore.calls");
-    for &p in &restored {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&restored, &["restore=0", "unlock=0"]);
     for &p in &dumped {
         assert!(
             calls.transitions(p).is_empty(),

@@ -7,39 +7,28 @@
 //! CRIU comes from `$CRIU_BIN`, `<repo>/.criu/bin/criu` (`scripts/install-criu.sh`) or `PATH`;
 //! without one these tests fail, unless `GPU_PLUGIN_SKIP_E2E=1`. They need root and `cc`.
 
-mod common;
+use criu_gpu_test_support as common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::fake_cuda::*;
+use common::scenario::*;
 use common::{CriuRun, Tree, cc, plugin_libdir, wait_until};
 
 // ---- the tests ----------------------------------------------------------------------------
 
 #[test]
 fn a_lock_timeout_fails_the_dump_and_leaves_the_process_running() {
-    let Some(f) = Fake::start("cuda-lock-timeout") else {
+    let Some(f) = OneGpu::start("cuda-lock-timeout") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &["--mib", "8", "--threads", "1", "--hold-ms", "8000"],
-    );
+    let w = f.workload(&["--mib", "8", "--threads", "1", "--hold-ms", "8000"]);
     let pid = w.root();
     assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2");
     w.wait_line(pid, "hold begin");
 
     let root = pid.to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "--timeout", "2", "-L", &lib(), "-v4"],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &["--timeout", "2"], &f.env("dump.calls"));
     dump.assert_failed();
     let first = dump.first_error().unwrap_or_default();
     assert!(
@@ -70,37 +59,16 @@ fn a_lock_timeout_fails_the_dump_and_leaves_the_process_running() {
 
 #[test]
 fn a_checkpoint_failure_half_way_puts_every_process_back() {
-    let Some(f) = Fake::start("cuda-half-way") else {
+    let Some(f) = OneGpu::start("cuda-half-way") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &[
-            "--mib",
-            "16",
-            "--chunk-mib",
-            "8",
-            "--children",
-            "2",
-            "--threads",
-            "1",
-        ],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let w = f.workload(&TREE_OF_3);
+    let files = f.device_memory(&w);
     let second_child = w.pids[2];
-    let mut env = f.env(&nv, "dump.calls");
+    let mut env = f.env("dump.calls");
     env.push(("FAKE_CUDA_FAIL", format!("checkpoint@{second_child}")));
     let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "-L", &lib(), "-v4"],
-        &f.e.images("img"),
-        "dump.log",
-        &env,
-    );
+    let dump = f.dump(&root, &[], &env);
     dump.assert_failed();
     let first = dump.first_error().unwrap_or_default();
     assert!(
@@ -126,18 +94,11 @@ fn a_checkpoint_failure_half_way_puts_every_process_back() {
 
 #[test]
 fn a_stopped_cuda_process_is_refused_clearly() {
-    let Some(f) = Fake::start("cuda-stopped") else {
+    let Some(f) = OneGpu::start("cuda-stopped") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(
-        &f,
-        "w",
-        &["--mib", "8", "--children", "2", "--threads", "1"],
-    );
-    let files: BTreeMap<i32, Vec<String>> =
-        w.pids.iter().map(|&p| (p, f.device_files(p))).collect();
+    let w = f.workload(&["--mib", "8", "--children", "2", "--threads", "1"]);
+    let files = f.device_memory(&w);
     let stopped = w.pids[1];
     assert!(common::signal(stopped, libc::SIGSTOP), "SIGSTOP {stopped}");
     wait_until(format!("pid {stopped} stopped"), || {
@@ -153,12 +114,7 @@ fn a_stopped_cuda_process_is_refused_clearly() {
     let cont = Cont(stopped);
 
     let root = w.root().to_string();
-    let dump = f.criu(
-        &["dump", "-t", &root, "--timeout", "10", "-L", &lib(), "-v4"],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
+    let dump = f.dump(&root, &["--timeout", "10"], &f.env("dump.calls"));
     dump.assert_failed();
     let first = dump.first_error().unwrap_or_default();
     assert!(
@@ -393,19 +349,17 @@ fn fifos_in_place_of_driver_files_and_images_do_not_hang_criu() {
 /// working driver, the workload continues.
 #[test]
 fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
-    let Some(f) = Fake::start("cuda-false-success") else {
+    let Some(f) = OneGpu::start("cuda-false-success") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
     let lib = lib();
-    let images = f.e.images("img");
+    let images = &f.images;
     let dump = f.criu(
         &["dump", "-t", &w.root().to_string(), "-L", &lib, "-v4"],
-        &images,
+        images,
         "dump.log",
-        &f.env(&nv, "dump.calls"),
+        &f.env("dump.calls"),
     );
     dump.assert_ok();
     f.e.reap(&w.pids);
@@ -427,12 +381,7 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&md_path, resealed_metadata(&no_records)).unwrap();
-    let r = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "r1.log",
-        &f.env(&nv, "r1.calls"),
-    );
+    let r = f.restore("r1.log", &f.env("r1.calls"));
     assert_nothing_restored(&r, "records no CUDA process");
 
     let stranger: String = md
@@ -445,12 +394,7 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
         })
         .collect();
     std::fs::write(&md_path, resealed_metadata(&stranger)).unwrap();
-    let r = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "r2.log",
-        &f.env(&nv, "r2.calls"),
-    );
+    let r = f.restore("r2.log", &f.env("r2.calls"));
     assert_nothing_restored(
         &r,
         "CUDA process(es) 999999 that the image's process tree does not hold",
@@ -475,35 +419,20 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
         })
         .collect();
     std::fs::write(&md_path, resealed_metadata(&wrapping)).unwrap();
-    let r = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "r-wrap.log",
-        &f.env(&nv, "r-wrap.calls"),
-    );
+    let r = f.restore("r-wrap.log", &f.env("r-wrap.calls"));
     assert_nothing_restored(&r, "too little free GPU memory");
 
     std::fs::write(&md_path, &md).unwrap();
-    let mut env = f.env(&nv, "r3.calls");
+    let mut env = f.env("r3.calls");
     env.push(("FAKE_CUDA_FAIL", format!("restore@{}", w.pids[1])));
-    let r = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "r3.log",
-        &env,
-    );
+    let r = f.restore("r3.log", &env);
     assert_nothing_restored(
         &r,
         "so that the restore fails instead of leaving them frozen",
     );
     assert!(!r.has("Restore finished successfully"), "{r:?}");
 
-    let r = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "r4.log",
-        &f.env(&nv, "r4.calls"),
-    );
+    let r = f.restore("r4.log", &f.env("r4.calls"));
     r.assert_ok();
     r.assert_no_plugin_errors();
     w.assert_all_running("after the second restore");
@@ -514,13 +443,11 @@ fn a_restore_that_cannot_give_the_gpu_state_back_fails() {
 /// wait for good: the setting is refused with a warning and the default used.
 #[test]
 fn a_lock_timeout_of_zero_never_reaches_the_driver() {
-    let Some(f) = Fake::start("cuda-lock-zero") else {
+    let Some(f) = OneGpu::start("cuda-lock-zero") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
-    let mut env = f.env(&nv, "dump.calls");
+    let w = f.workload(&["--mib", "8"]);
+    let mut env = f.env("dump.calls");
     env.push(("CRIU_GPU_CUDA_LOCK_TIMEOUT_MS", "0".into()));
     let dump = f.criu(
         &[
@@ -553,11 +480,9 @@ fn a_lock_timeout_of_zero_never_reaches_the_driver() {
 /// never seized. Each time the workload is unlocked again, nothing stays locked.
 #[test]
 fn odd_hook_orders_never_leave_a_process_locked() {
-    let Some(f) = Fake::start("cuda-hook-orders") else {
+    let Some(f) = OneGpu::start("cuda-hook-orders") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let host = cc(
         "criu_host_41_script",
         &[
@@ -570,7 +495,7 @@ fn odd_hook_orders_never_leave_a_process_locked() {
             "-ldl".into(),
         ],
     );
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let w = f.workload(&["--mib", "8"]);
     let pid = w.root();
     let plugin = plugin_libdir().join("gpu_plugin.so");
     for (n, script) in [
@@ -588,7 +513,7 @@ fn odd_hook_orders_never_leave_a_process_locked() {
             f.e.command(&host)
                 .args(["--images".as_ref(), images.as_os_str()])
                 .args(["--script".as_ref(), plugin.as_os_str(), script.as_ref()])
-                .envs(f.env(&nv, &calls))
+                .envs(f.env(&calls))
                 .stdout(std::process::Stdio::piped())
                 .output()
                 .expect("run the emulated host");
@@ -612,12 +537,10 @@ fn odd_hook_orders_never_leave_a_process_locked() {
 /// always ends running with its GPU state.
 #[test]
 fn concurrent_dumps_of_one_process_never_leave_it_locked() {
-    let Some(f) = Fake::start("cuda-concurrent") else {
+    let Some(f) = OneGpu::start("cuda-concurrent") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8"]);
+    let w = f.workload(&["--mib", "8"]);
     let root = w.root().to_string();
     let lib = lib();
     let mut refused = 0;
@@ -626,13 +549,13 @@ fn concurrent_dumps_of_one_process_never_leave_it_locked() {
             let handles: Vec<_> = ["a", "b"]
                 .iter()
                 .map(|who| {
-                    let (f, root, lib, nv) = (&f, &root, &lib, &nv);
+                    let (f, root, lib) = (&f, &root, &lib);
                     s.spawn(move || {
                         f.criu(
                             &["dump", "-t", root, "--leave-running", "-L", lib, "-v4"],
                             &f.e.images(&format!("img-{round}-{who}")),
                             "dump.log",
-                            &f.env(nv, &format!("{round}-{who}.calls")),
+                            &f.env(&format!("{round}-{who}.calls")),
                         )
                     })
                 })
@@ -675,13 +598,7 @@ fn a_failing_post_dump_script_gives_every_process_its_gpu_back() {
     let gpu = &f.gpus(1, 0)[0];
     let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let script = f.e.dir().join("fail-post-dump.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 1\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = common::failing_post_dump_script(f.e.dir());
     let dump = f.criu(
         &[
             "dump",

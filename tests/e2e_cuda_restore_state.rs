@@ -9,64 +9,42 @@
 //!
 //! CRIU comes from `$CRIU_BIN`; these tests need root and `cc` (or `GPU_PLUGIN_SKIP_E2E=1`).
 
-mod common;
+use criu_gpu_test_support as common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::fake_cuda::*;
+use common::scenario::*;
 use common::{CriuRun, reap_until_gone};
 
-/// A dumped tree of a root and one child, with its images and the stand-in's GPU listing.
+/// A dumped tree of a root and one child on one stand-in GPU, with its images.
 struct Dumped {
-    f: Fake,
+    f: OneGpu,
     w: Workload,
-    nv: PathBuf,
-    images: PathBuf,
     /// The metadata as the dump wrote it.
     md: String,
 }
 
 fn dump_tree(test: &str) -> Option<Dumped> {
-    let f = Fake::start(test)?;
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
-    let images = f.e.images("img");
-    let dump = f.criu(
-        &["dump", "-t", &w.root().to_string(), "-L", &lib(), "-v4"],
-        &images,
-        "dump.log",
-        &f.env(&nv, "dump.calls"),
-    );
-    dump.assert_ok();
-    f.e.reap(&w.pids);
-    let md = std::fs::read_to_string(images.join("gpu-plugin-cuda.img")).expect("metadata");
-    Some(Dumped {
-        f,
-        w,
-        nv,
-        images,
-        md,
-    })
+    let f = OneGpu::start(test)?;
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
+    f.dumped(&w);
+    let md = std::fs::read_to_string(f.images.join("gpu-plugin-cuda.img")).expect("metadata");
+    Some(Dumped { f, w, md })
 }
 
 impl Dumped {
     fn restore(&self, name: &str, extra_env: &[(&str, String)]) -> CriuRun {
-        let mut env = self.f.env(&self.nv, &format!("{name}.calls"));
+        let mut env = self.f.env(&format!("{name}.calls"));
         env.extend(extra_env.iter().cloned());
-        self.f.criu(
-            &["restore", "-d", "-L", &lib(), "-v4"],
-            &self.images,
-            &format!("{name}.log"),
-            &env,
-        )
+        self.f.restore(&format!("{name}.log"), &env)
     }
 
     /// Writes `text` as the image's metadata, its checksum made anew.
     fn write_md(&self, text: &str) {
         std::fs::write(
-            self.images.join("gpu-plugin-cuda.img"),
+            self.f.images.join("gpu-plugin-cuda.img"),
             resealed_metadata(text),
         )
         .expect("write metadata");
@@ -190,7 +168,7 @@ fn a_damaged_metadata_file_is_refused_and_one_of_format_1_0_restores() {
     let marks = d.w.marks();
     let edited = d.md.replacen(" running ", " locked ", 1);
     assert_ne!(edited, d.md);
-    std::fs::write(d.images.join("gpu-plugin-cuda.img"), edited).unwrap();
+    std::fs::write(d.f.images.join("gpu-plugin-cuda.img"), edited).unwrap();
     let r = d.restore("r1", &[]);
     d.assert_failed_clean(&r, "gpu-plugin-cuda.img is damaged or was edited");
     assert_nothing_restored(&r, &d.w.pids);
@@ -200,7 +178,7 @@ fn a_damaged_metadata_file_is_refused_and_one_of_format_1_0_restores() {
     );
 
     let old = metadata_of_format_1_0(&d.md);
-    std::fs::write(d.images.join("gpu-plugin-cuda.img"), &old).unwrap();
+    std::fs::write(d.f.images.join("gpu-plugin-cuda.img"), &old).unwrap();
     let r = d.restore("r2", &[]);
     r.assert_no_plugin_errors();
     d.assert_running(&r, "r2");
@@ -215,7 +193,7 @@ fn an_inventory_without_cuda_plugin_never_leaves_a_process_checkpointed() {
         return;
     };
     let marks = d.w.marks();
-    drop_inventory_plugin(&d.images.join("inventory.img"), b"cuda_plugin");
+    drop_inventory_plugin(&d.f.images.join("inventory.img"), b"cuda_plugin");
     d.write_md("not metadata\n");
 
     let fail = [("FAKE_CUDA_FAIL", format!("restore@{}", d.w.pids[1]))];
@@ -249,7 +227,7 @@ fn a_restore_with_cuda_disabled_never_reports_success_with_processes_checkpointe
         return;
     };
     let marks = d.w.marks();
-    drop_inventory_plugin(&d.images.join("inventory.img"), b"cuda_plugin");
+    drop_inventory_plugin(&d.f.images.join("inventory.img"), b"cuda_plugin");
 
     let off = [("CRIU_GPU_DISABLE", "cuda".to_string())];
     let r = d.restore("r1", &off);
@@ -308,7 +286,7 @@ fn a_fifo_process_tree_is_refused_before_anything_is_restored() {
         );
         return;
     }
-    let pstree = d.images.join("pstree.img");
+    let pstree = d.f.images.join("pstree.img");
     let saved = std::fs::read(&pstree).expect("pstree.img");
     std::fs::remove_file(&pstree).unwrap();
     common::mkfifo(&pstree);

@@ -10,12 +10,13 @@
 //!
 //! Needs root, `cc` and CRIU as `tests/e2e_cuda_fake.rs` does.
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 
 use common::fake_cuda::*;
-use common::{CriuRun, Tree, cc, fixture};
+use common::scenario::*;
+use common::{CriuRun, Tree, cc, comm_of, fixture};
 use cuda_ckpt_sys::library_search::{LOADER_CACHE, SYSTEM_DIRS, Search};
 
 /// CRIU's environment.
@@ -101,17 +102,14 @@ fn refused(run: &CriuRun, pid: i32, node: &Path, needles: &[&str]) {
 
 #[test]
 fn a_process_holding_an_nvidia_device_is_never_dumped_without_its_gpu_state() {
-    let Some(f) = Fake::start("nv-unusable") else {
+    let Some(f) = OneGpu::start("nv-unusable") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let node = NvidiaNode::create("unusable");
     let pid = holder(&f, &node.0);
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
     let with = |key: &'static str, value: &str| {
-        let mut env = f.env(&nv, "calls");
+        let mut env = f.env("calls");
         env.retain(|(k, _)| *k != key);
         env.push((key, value.to_string()));
         env
@@ -143,46 +141,25 @@ fn a_process_holding_an_nvidia_device_is_never_dumped_without_its_gpu_state() {
     ];
     for (name, env, needles) in &cases {
         let images = f.e.images(&format!("img-{name}"));
-        let dump = f.criu(
-            &["dump", "-t", &pid.to_string(), "-L", &lib, "-v4"],
-            &images,
-            "dump.log",
-            env,
-        );
+        let dump = f.dump_into(&images, pid, &[], env);
         let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
         refused(&dump, pid, &node.0, &needles);
         assert!(f.calls("calls").0.is_empty(), "{name}: driver calls");
 
         // The same bad setting does not fail a dump that needs no GPU.
         let images = f.e.images(&format!("img-plain-{name}"));
-        let dump = f.criu(
-            &[
-                "dump",
-                "-t",
-                &tree.root.to_string(),
-                "--leave-running",
-                "-L",
-                &lib,
-                "-v4",
-            ],
-            &images,
-            "dump.log",
-            env,
-        );
+        let dump = f.dump_into(&images, tree.root, &["--leave-running"], env);
         dump.assert_ok();
     }
 }
 
 #[test]
 fn no_library_is_loaded_from_the_image_directory() {
-    let Some(f) = Fake::start("nv-cwd-library") else {
+    let Some(f) = OneGpu::start("nv-cwd-library") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let marker_lib = marker_lib();
     let tree = Tree::start(&f.e, "tree.out", &[]);
-    let lib = lib();
     let marker = f.e.dir().join("loaded");
     // (libcuda, nvml) as the settings give them; CRIU runs in the image directory, which
     // holds the marker library under both names and in a `lib/` below it.
@@ -196,27 +173,14 @@ fn no_library_is_loaded_from_the_image_directory() {
     for (n, (libcuda, nvml)) in cases.iter().enumerate() {
         let images = f.e.images(&format!("img{n}"));
         plant(&marker_lib, &images);
-        let mut env = f.env(&nv, "calls");
+        let mut env = f.env("calls");
         env.retain(|(k, _)| !matches!(*k, "CRIU_GPU_LIBCUDA" | "CRIU_GPU_NVML"));
         env.push(("CRIU_GPU_LIBCUDA", libcuda.to_string()));
         if let Some(nvml) = nvml {
             env.push(("CRIU_GPU_NVML", nvml.to_string()));
         }
         env.push(("GPU_PLUGIN_TEST_MARKER", marker.display().to_string()));
-        let dump = f.criu(
-            &[
-                "dump",
-                "-t",
-                &tree.root.to_string(),
-                "--leave-running",
-                "-L",
-                &lib,
-                "-v4",
-            ],
-            &images,
-            "dump.log",
-            &env,
-        );
+        let dump = f.dump_into(&images, tree.root, &["--leave-running"], &env);
         dump.assert_ok();
         assert!(
             !marker.exists(),
@@ -244,14 +208,12 @@ fn no_library_is_loaded_from_the_image_directory() {
 /// finds nothing there and the free-memory check is skipped, as without NVML).
 #[test]
 fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() {
-    let Some(f) = Fake::start("nv-empty-ld-path") else {
+    let Some(f) = OneGpu::start("nv-empty-ld-path") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let marker = f.e.dir().join("loaded");
-    let images = f.e.images("img");
-    plant(&marker_lib(), &images);
+    let images = &f.images;
+    plant(&marker_lib(), images);
 
     // The attack is real: a program in the image directory with such a path loads the planted
     // library when it asks the loader for the bare name.
@@ -262,7 +224,7 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
     let status =
         f.e.command(&probe)
             .arg("libcuda.so.1")
-            .current_dir(&images)
+            .current_dir(images)
             .env("LD_LIBRARY_PATH", "/nonexistent:")
             .env("GPU_PLUGIN_TEST_MARKER", &marker)
             .status()
@@ -273,7 +235,7 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
     );
     std::fs::remove_file(&marker).unwrap();
 
-    let w = Workload::start(&f, "w", &["--mib", "8", "--children", "1"]);
+    let w = f.workload(&["--mib", "8", "--children", "1"]);
     let lib = lib();
     let fake_dir = f.libcuda.parent().expect("the stand-in's directory");
     assert_eq!(
@@ -282,7 +244,7 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
         "libcuda and NVML side by side"
     );
     let env = |calls: &str, library_path: &str| {
-        let mut env = f.env(&nv, calls);
+        let mut env = f.env(calls);
         env.retain(|(k, _)| !matches!(*k, "CRIU_GPU_LIBCUDA" | "CRIU_GPU_NVML"));
         env.push(("LD_LIBRARY_PATH", library_path.to_string()));
         env.push(("GPU_PLUGIN_TEST_MARKER", marker.display().to_string()));
@@ -292,7 +254,7 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
     let library_path = format!("lib::{}:", fake_dir.display());
     let dump = f.criu(
         &["dump", "-t", &w.root().to_string(), "-L", &lib, "-v4"],
-        &images,
+        images,
         "dump.log",
         &env("dump.calls", &library_path),
     );
@@ -317,24 +279,13 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
         "the stand-in NVML never answered"
     );
     let calls = f.calls("dump.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["lock=0", "checkpoint=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
     let marks = w.marks();
 
     let library_path = "/nonexistent:";
     let mut restore_env = env("restore.calls", library_path);
     restore_env.push(("CRIU_GPU_LIBCUDA", f.libcuda.display().to_string()));
-    let restore = f.criu(
-        &["restore", "-d", "-L", &lib, "-v4"],
-        &images,
-        "restore.log",
-        &restore_env,
-    );
+    let restore = f.restore("restore.log", &restore_env);
     assert!(
         !marker.exists(),
         "LD_LIBRARY_PATH={library_path}: a library of the image directory was loaded: {restore:?}"
@@ -358,13 +309,7 @@ fn an_empty_library_path_entry_never_loads_a_library_from_the_image_directory() 
         );
     }
     let calls = f.calls("restore.calls");
-    for &p in &w.pids {
-        assert_eq!(
-            calls.transitions(p),
-            ["restore=0", "unlock=0"],
-            "pid {p}: {calls:?}"
-        );
-    }
+    calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
     w.assert_all_running("after the restore");
     w.assert_continues(&marks);
 }

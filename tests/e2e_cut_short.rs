@@ -13,15 +13,17 @@
 //! The kill loops are bounded in count and in time: `CUT_SHORT_KILLS` sets the number of
 //! kills of dumps (default 160) and of restores (a quarter of it, at least 40).
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
+use common::rng::{Rng, env_number};
 use common::run_leftovers::{GONE_WITHIN, Run, Tally};
-use common::{reap_until_gone, signal, state_of, wait_until};
+use common::scenario::*;
+use common::{children_of, reap_until_gone, sid_of, signal, state_of, wait_until};
 
 /// How long a process may stay frozen after CRIU's end.
 const BACK_WITHIN: Duration = Duration::from_secs(2);
@@ -29,41 +31,7 @@ const BACK_WITHIN: Duration = Duration::from_secs(2);
 const LOOP_BUDGET: Duration = Duration::from_secs(240);
 
 fn dump_kills() -> usize {
-    std::env::var("CUT_SHORT_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(160)
-}
-
-/// A small random-number generator (xorshift), seeded from the clock and printed, so that a
-/// failing sequence can be told apart from another.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("CUT_SHORT_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-                    | 1
-            });
-        eprintln!("cut-short seed {seed} (CUT_SHORT_SEED={seed} repeats it)");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
+    env_number("CUT_SHORT_KILLS").unwrap_or(160)
 }
 
 const SIGNALS: [(libc::c_int, &str); 3] = [
@@ -241,17 +209,15 @@ fn workload(f: &Fake) -> Workload {
 /// was killed while processes were locked, or while they were checkpointed.
 #[test]
 fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
-    let Some(f) = Fake::start("cut-dump") else {
+    let Some(f) = OneGpu::start("cut-dump") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
     let mut w = workload(&f);
     let files = f.device_files(w.root()).len();
     let lib = lib();
     let mut root = w.root().to_string();
-    let env = f.env(&nv, "calls");
-    let images = f.e.images("img");
+    let env = f.env("calls");
+    let images = &f.images;
     let dump_args = |root: &str| -> Vec<String> {
         ["dump", "--leave-running", "-t", root, "-L", &lib, "-v4"]
             .map(String::from)
@@ -261,15 +227,15 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
     let a = dump_args(&root);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let mut left = Tally::default();
-    let whole = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
+    let whole = criu_cut(&f, &a, images, &env, Duration::from_secs(3600), 0);
     assert_eq!(whole.code, Some(0), "{}", whole.log);
     left.check(&whole.run, &w.pids, "a whole dump");
-    let again = criu_cut(&f, &a, &images, &env, Duration::from_secs(3600), 0);
+    let again = criu_cut(&f, &a, images, &env, Duration::from_secs(3600), 0);
     assert_eq!(again.code, Some(0), "{}", again.log);
     left.check(&again.run, &w.pids, "a second whole dump");
     let span = whole.took.max(again.took).as_micros().max(1) as u64;
     eprintln!("a whole dump takes {:?}", whole.took.max(again.took));
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("CUT_SHORT_SEED");
     let started = Instant::now();
     let (mut killed, mut finished, mut guarded) = (0usize, 0usize, 0usize);
     let mut ended_with_criu = 0usize;
@@ -283,7 +249,7 @@ fn criu_killed_at_random_moments_of_dumps_leaves_nothing_frozen() {
         let after = Duration::from_micros(rng.below(span * 11 / 10));
         let a = dump_args(&root);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        let cut = criu_cut(&f, &a, &images, &env, after, sig);
+        let cut = criu_cut(&f, &a, images, &env, after, sig);
         let what = format!(
             "kill {i}: {name} after {after:?} (criu exit {:?})",
             cut.code
@@ -367,7 +333,7 @@ fn criu_killed_at_random_moments_of_restores_leaves_nothing_behind() {
     eprintln!("a whole restore takes {:?}", whole.took);
     left.check(&whole.run, &w.pids, "a whole restore");
     end_tree(&w);
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("CUT_SHORT_SEED");
     let started = Instant::now();
     let kills = (dump_kills() / 4).max(40);
     let (mut killed, mut finished, mut ran_on) = (0usize, 0usize, 0usize);
@@ -491,13 +457,11 @@ fn kill_child_mid_dump(
 /// its GPU state again within 2 s.
 #[test]
 fn a_child_killed_mid_dump_leaves_the_root_running() {
-    let Some(f) = Fake::start("cut-child") else {
+    let Some(f) = OneGpu::start("cut-child") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let env = f.env(&nv, "calls");
-    let rng = std::cell::RefCell::new(Rng::new());
+    let env = f.env("calls");
+    let rng = std::cell::RefCell::new(Rng::from_env("CUT_SHORT_SEED"));
     for round in 0..6 {
         let pause = Duration::from_micros(rng.borrow_mut().below(60_000));
         kill_child_mid_dump(&f, &env, round, &[], Duration::from_secs(60), &|| {
@@ -511,12 +475,10 @@ fn a_child_killed_mid_dump_leaves_the_root_running() {
 /// the survivors run again.
 #[test]
 fn a_driver_call_that_never_returns_does_not_hang_criu() {
-    let Some(f) = Fake::start("cut-hung") else {
+    let Some(f) = OneGpu::start("cut-hung") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let mut env = f.env(&nv, "calls");
+    let mut env = f.env("calls");
     env.retain(|(k, _)| *k != "FAKE_CUDA_CALL_TIMEOUT_MS");
     env.push(("FAKE_CUDA_CALL_TIMEOUT_MS", "0".into()));
     let calls = f.e.dir().join("calls");
@@ -619,35 +581,29 @@ fn a_dump_racing_a_restore_never_records_the_tree_without_its_gpu_state() {
 /// remains once the guardian has put the process back.
 #[test]
 fn a_stopped_helper_ends_with_criu() {
-    let Some(f) = Fake::start("cut-stopped-helper") else {
+    let Some(f) = OneGpu::start("cut-stopped-helper") else {
         return;
     };
-    let gpu = &f.gpus(1, 0)[0];
-    let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-    let env = f.env(&nv, "calls");
+    let env = f.env("calls");
     // A GPU-busy process: the dump's lock helper waits for the busy section (up to the lock
     // timeout, 5 s) inside the driver.
-    let w = Workload::start(
-        &f,
-        "w",
-        &["--mib", "8", "--threads", "1", "--hold-ms", "8000"],
-    );
+    let w = f.workload(&["--mib", "8", "--threads", "1", "--hold-ms", "8000"]);
     let root = w.root();
     assert!(signal(root, libc::SIGUSR2), "SIGUSR2");
     w.wait_line(root, "hold begin");
-    let images = f.e.images("img");
+    let images = &f.images;
     let (root_s, lib) = (root.to_string(), lib());
     let mut cmd: Command = f.e.command(&f.e.criu);
     cmd.args(["dump", "--leave-running", "-t", &root_s, "--timeout", "5"])
         .args(["-L", &lib, "-v4", "-D"])
-        .arg(&images)
+        .arg(images)
         .args(["-o", "stopped.log"]);
     for (k, v) in &env {
         cmd.env(k, v);
     }
     let mut criu = cmd.spawn().expect("criu");
     let criu_pid = criu.id() as i32;
-    let run = Run::new(criu_pid, &images, "stopped.log");
+    let run = Run::new(criu_pid, images, "stopped.log");
     // The helper: CRIU's child with the plugin mapped, waiting in the driver (the stand-in
     // polls), in CRIU's session (the guardian, which polls too, has left it by then).
     let in_driver = |p: i32| {

@@ -19,7 +19,7 @@
 //!   itself, and the driver's restore fails inside the container (its device cgroup refuses
 //!   195:0, as it did the field reports' restores), so the restored tree is ended.
 
-mod common;
+use criu_gpu_test_support as common;
 #[allow(dead_code)]
 mod containers_support;
 

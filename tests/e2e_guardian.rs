@@ -12,14 +12,15 @@
 //! - the guardian itself killed in the middle of a dump and of a restore: CRIU's run goes on
 //!   (CRIU never sees the guardian, whichever release it is).
 
-mod common;
+use criu_gpu_test_support as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fake_cuda::*;
-use common::{reap_until_gone, signal, state_of};
+use common::scenario::*;
+use common::{children_of, comm_of, ns_pid_of, reap_until_gone, signal, state_of};
 
 /// The restored tree's host pids: the image's where it shares this pid namespace, else the
 /// new init (adopted by this process, a subreaper) and its children.
@@ -401,10 +402,7 @@ fn a_killed_guardian_fails_no_criu_run() {
     let mut criu = criu_start(&d, &args, "restore.log", &slow);
     assert!(wait_log(&d, &mut criu, "restore.log", "restore guardian"));
     let g = guardian_pid(&log_of(&d, "restore.log"), "restore guardian").expect("guardian pid");
-    assert_ne!(
-        common::fake_cuda::children_of(criu.id() as i32).first(),
-        Some(&g)
-    );
+    assert_ne!(children_of(criu.id() as i32).first(), Some(&g));
     signal(g, libc::SIGKILL);
     let code = criu_wait(&mut criu);
     assert_eq!(code, Some(0), "{}", log_of(&d, "restore.log"));

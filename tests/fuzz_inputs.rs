@@ -15,11 +15,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use amdgpu_support::{TempDir, config, dump, fixture, spawn};
+use amdgpu_support::{TempDir, config, dump, two_gpu_process};
 use criu_gpu_core::amdgpu::image::{self, DmabufImage, KfdCheckpoint, ReadLimits, RenderNodeImage};
 use criu_gpu_core::config::Config;
 use criu_gpu_core::images::metadata::CudaMetadata;
-use kfd_sim::{ProcessSpec, SimKfd};
 
 thread_local! {
     /// The largest single allocation this thread made since the last reset (per thread: the
@@ -227,12 +226,7 @@ fn criu_process_trees() {
 
 #[test]
 fn amd_images() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(300, &[53109, 1266]).with_mixed_bos(6, 1 << 16),
-    );
+    let (topo, sim, p) = two_gpu_process(300, 6, 1 << 16);
     let images = TempDir::new("fuzz");
     let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
     let read = |name: String| std::fs::read(images.path().join(name)).unwrap();

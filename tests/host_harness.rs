@@ -13,25 +13,21 @@
 //! sources (see [`plugin_path`]; `cargo build --release -p criu-gpu-plugin --lib`). Without a C
 //! compiler (`cc`) the tests say so and pass; without binutils the export test does.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use criu_gpu_core::GpuPlugin;
+use criu_gpu_test_support::{REPO, build_dir, cc, plugin_path};
 use criu_plugin::{HookId, Plugin};
 
-#[path = "common/release_plugin.rs"]
-mod release_plugin;
 #[path = "host/report.rs"]
 mod report;
 
 use report::*;
 
-const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
-const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 const PKG_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `-ENOTSUP`: "not mine, ask the next plugin".
@@ -157,11 +153,6 @@ impl Family {
 
 // ---- locating and building --------------------------------------------------------------
 
-/// The plugin under test: the release cdylib the package ships.
-fn plugin_path() -> PathBuf {
-    release_plugin::release_plugin_path(Path::new(env!("CARGO_MANIFEST_DIR")))
-}
-
 fn tool_works(tool: &str) -> bool {
     Command::new(tool)
         .arg("--version")
@@ -182,57 +173,21 @@ fn have_cc() -> bool {
 
 /// This process's scratch directory (also the image directory and cwd of the hosts).
 fn work_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = Path::new(TARGET_TMPDIR);
-        // Scratch directories of earlier runs whose process is gone.
-        if let Ok(entries) = std::fs::read_dir(base) {
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                if let Some(pid) = name.strip_prefix("host-harness-")
-                    && !Path::new("/proc").join(pid).exists()
-                {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let dir = base.join(format!("host-harness-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("scratch directory");
-        dir
-    })
+    build_dir()
 }
 
 /// Compiles `source` (under tests/host) into the scratch directory once per process.
 fn build(name: &str, source: &str, extra: &[String]) -> PathBuf {
-    static BUILT: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let out = work_dir().join(name);
-    let mut guard = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let built = guard.get_or_insert_with(HashSet::new);
-    if built.contains(name) {
-        return out;
-    }
-    let src = Path::new(MANIFEST_DIR).join("tests/host").join(source);
-    let include = Path::new(MANIFEST_DIR).join("include");
-    let result = Command::new("cc")
-        .args(["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(&include)
-        .args(extra)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-ldl")
-        .output()
-        .expect("run cc");
-    assert!(
-        result.status.success(),
-        "cc {} {extra:?} failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&result.stderr)
-    );
-    built.insert(name.to_string());
-    out
+    let src = Path::new(REPO).join("tests/host").join(source);
+    let include = Path::new(REPO).join("include");
+    let mut args: Vec<String> = ["-std=gnu11", "-g", "-Wextra", "-I"]
+        .map(String::from)
+        .to_vec();
+    args.push(include.display().to_string());
+    args.extend_from_slice(extra);
+    args.push(src.display().to_string());
+    args.push("-ldl".into());
+    cc(name, &args)
 }
 
 fn host_binary(fam: &Family) -> PathBuf {

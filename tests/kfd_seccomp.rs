@@ -11,7 +11,7 @@
 
 #[path = "amdgpu_support/mod.rs"]
 mod amdgpu_support;
-mod common;
+use criu_gpu_test_support as common;
 mod kfd_supervisor;
 
 use std::path::Path;

@@ -48,7 +48,7 @@ fn action_script(dir: &Path) -> PathBuf {
 
 /// CRIU's command line for a dump of `root` into `images`, behind `launcher`.
 fn criu_dump(t: &T, launcher: &[&str], root: i32, images: &Path, extra: &[&str]) -> Command {
-    let criu = support::criu_bin();
+    let criu = criu_gpu_test_support::criu_binary();
     let mut cmd = match launcher.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
@@ -59,7 +59,7 @@ fn criu_dump(t: &T, launcher: &[&str], root: i32, images: &Path, extra: &[&str])
     };
     std::fs::create_dir_all(images).unwrap();
     cmd.args(["dump", "--leave-running", "-t", &root.to_string(), "-L"])
-        .arg(support::plugin_libdir())
+        .arg(criu_gpu_test_support::plugin_libdir())
         .arg("-D")
         .arg(images)
         .args(["-o", "dump.log", "-v4"])
@@ -166,7 +166,7 @@ fn assert_checkpointed(t: &T, w: &Workload, what: &str) {
 /// Waits until every process of `w` runs untraced again (CRIU gone).
 fn wait_untraced(w: &Workload) {
     for &p in &w.pids {
-        wait_until(&format!("pid {p} untraced"), || {
+        wait_until(format!("pid {p} untraced"), || {
             std::fs::read_to_string(format!("/proc/{p}/status"))
                 .is_ok_and(|s| s.contains("TracerPid:\t0\n"))
         });
@@ -300,7 +300,7 @@ fn a_stopped_guardian_is_named_and_finishes_once_continued() {
     let t0 = Instant::now();
     signal(g, libc::SIGCONT);
     for &p in &w.pids {
-        wait_until(&format!("pid {p} given its GPU memory back"), || {
+        wait_until(format!("pid {p} given its GPU memory back"), || {
             t.device_files(p) > 0
         });
     }

@@ -19,9 +19,9 @@ fn cuda_images(t: &T) -> PathBuf {
     let w = t.workload("w", 1, 4);
     let images = t.dir.join("img");
     std::fs::create_dir_all(&images).unwrap();
-    let mut cmd = Command::new(support::criu_bin());
+    let mut cmd = Command::new(criu_gpu_test_support::criu_binary());
     cmd.args(["dump", "-t", &w.root().to_string(), "-L"])
-        .arg(support::plugin_libdir())
+        .arg(criu_gpu_test_support::plugin_libdir())
         .arg("-D")
         .arg(&images)
         .args(["-o", "dump.log", "-v4"]);

@@ -19,9 +19,9 @@ fn criu_gpu_racing_a_dump_never_loses_a_process() {
         let root = w.root().to_string();
         let images = t.dir.join(format!("img{round}"));
         std::fs::create_dir_all(&images).unwrap();
-        let mut cmd = Command::new(support::criu_bin());
+        let mut cmd = Command::new(criu_gpu_test_support::criu_binary());
         cmd.args(["dump", "--leave-running", "-t", &root, "-L"])
-            .arg(support::plugin_libdir())
+            .arg(criu_gpu_test_support::plugin_libdir())
             .arg("-D")
             .arg(&images)
             .args(["-o", "dump.log", "-v4"]);

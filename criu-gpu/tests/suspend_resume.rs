@@ -256,7 +256,7 @@ fn a_stopped_process_is_refused_before_anything_changes() {
     // SAFETY: kill(2) of a workload this test started.
     unsafe { libc::kill(w.pids[1], libc::SIGSTOP) };
     // SIGSTOP reaches the threads one by one: suspend only once every one has stopped.
-    wait_until(&format!("pid {} stopped", w.pids[1]), || {
+    wait_until(format!("pid {} stopped", w.pids[1]), || {
         all_threads_stopped(w.pids[1])
     });
     let s = t.tool(&["suspend", &w.root().to_string()], &[]);

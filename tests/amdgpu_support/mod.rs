@@ -6,7 +6,6 @@
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use criu_gpu_core::amdgpu::AmdgpuBackend;
 use criu_gpu_core::amdgpu::LocalFdStore;
@@ -20,32 +19,8 @@ use kfd_sim::{CopyLog, ProcessSpec, SimKfd};
 
 pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 
-/// A directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "amdgpu-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+/// A directory removed on drop: the one every test of the workspace uses.
+pub use criu_gpu_test_support::TempDir;
 
 /// A topology fixture of `tests/fixtures/kfd-topology`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -228,6 +203,18 @@ pub fn spawn(sim: &SimKfd, spec: &ProcessSpec) -> Proc {
         kfd,
         render,
     }
+}
+
+/// The simulator on topology `2gpu`, and process `pid` on both its GPUs with `bos` BOs of
+/// mixed kinds up to `max_size` bytes: (topology, simulator, process).
+pub fn two_gpu_process(pid: u32, bos: usize, max_size: u64) -> (PathBuf, SimKfd, Proc) {
+    let topo = fixture("2gpu");
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let p = spawn(
+        &sim,
+        &ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(bos, max_size),
+    );
+    (topo, sim, p)
 }
 
 fn vma_stat(sim: &SimKfd, path: &str) -> libc::stat {

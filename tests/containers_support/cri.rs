@@ -37,7 +37,7 @@ const PAUSE: &str =
 /// The registry program: `$CRIU_GPU_TEST_REGISTRY`, else `<repo>/.registry/bin/registry`.
 fn registry_program() -> PathBuf {
     let p = std::env::var_os("CRIU_GPU_TEST_REGISTRY").map_or_else(
-        || Path::new(common::MANIFEST_DIR).join(".registry/bin/registry"),
+        || Path::new(common::REPO).join(".registry/bin/registry"),
         PathBuf::from,
     );
     assert!(

@@ -28,13 +28,13 @@ use cri_client::v1;
 use super::cri::{CriDaemon, Images, Registry};
 use super::engines::oci_archive_of;
 use super::{Cgroup, PrivateMounts, reap_now, run_tool, tool_2026};
-use crate::common::{self, E2e, MANIFEST_DIR, TempDir};
+use crate::common::{self, E2e, REPO, TempDir};
 
 /// CRI-O's prefix (`bin/crio`, `bin/conmon`, `bin/pinns`): `$CRIU_GPU_TEST_CRIO`, else
 /// `<repo>/.cri-o`; `None`, with a SKIPPED line for `test`, when it has no `bin/crio`.
 pub fn crio_prefix(test: &str) -> Option<PathBuf> {
     let prefix = std::env::var_os("CRIU_GPU_TEST_CRIO")
-        .map_or_else(|| Path::new(MANIFEST_DIR).join(".cri-o"), PathBuf::from);
+        .map_or_else(|| Path::new(REPO).join(".cri-o"), PathBuf::from);
     if prefix.join("bin/crio").is_file() {
         return Some(prefix);
     }

@@ -52,7 +52,7 @@ impl PodmanBins {
             podman: super::tool_2026("CRIU_GPU_TEST_PODMAN2", "bin/podman"),
             conmon: Some(super::tool_2026("CRIU_GPU_TEST_CONMON2", "bin/conmon")),
             runtime,
-            prefix: Some(Path::new(crate::common::MANIFEST_DIR).join(".runtimes-2026")),
+            prefix: Some(Path::new(crate::common::REPO).join(".runtimes-2026")),
             cgroup2_only: false,
         }
     }

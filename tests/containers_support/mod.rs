@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, E2e, MANIFEST_DIR, build_dir, fake_cuda_build, wait_until};
+use crate::common::{self, E2e, REPO, build_dir, fake_cuda_build, wait_until};
 
 /// How long one runtime command may take before it counts as hung.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
@@ -63,7 +63,7 @@ pub fn system_tool(name: &str) -> PathBuf {
 
 /// `<repo>/.runtimes/bin/<name>`.
 pub fn private_tool(name: &str) -> PathBuf {
-    let p = Path::new(MANIFEST_DIR).join(".runtimes/bin").join(name);
+    let p = Path::new(REPO).join(".runtimes/bin").join(name);
     assert!(p.exists(), "{}", install_hint(&p.display().to_string()));
     p
 }
@@ -72,7 +72,7 @@ pub fn private_tool(name: &str) -> PathBuf {
 /// (`scripts/install-runtimes-2026.sh`).
 pub fn tool_2026(var: &str, rel: &str) -> PathBuf {
     let p = std::env::var_os(var).map_or_else(
-        || Path::new(MANIFEST_DIR).join(".runtimes-2026").join(rel),
+        || Path::new(REPO).join(".runtimes-2026").join(rel),
         PathBuf::from,
     );
     assert!(
@@ -114,10 +114,7 @@ fn criu_bin_dir(e: &E2e) -> PathBuf {
 
 /// `PATH` for runtime commands: the CRIU under test, then `.runtimes/bin`, then the caller's.
 pub fn tool_path(e: &E2e) -> OsString {
-    let mut dirs = vec![
-        criu_bin_dir(e),
-        Path::new(MANIFEST_DIR).join(".runtimes/bin"),
-    ];
+    let mut dirs = vec![criu_bin_dir(e), Path::new(REPO).join(".runtimes/bin")];
     if let Some(p) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&p));
     }

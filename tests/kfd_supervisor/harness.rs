@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use kfd_sim::{ProcessSpec, ProcessView, SimGpu, SimKfd};
 
 use super::{DevNs, Inside, Model, Role, Supervisor, kfd_stand_in};
-use crate::common::{self, CriuRun, E2e, MANIFEST_DIR, cc, wait_until};
+use crate::common::{self, CriuRun, E2e, REPO, cc, wait_until};
 
 /// A topology fixture of `tests/fixtures/kfd-topology`.
 pub fn topology(name: &str) -> PathBuf {
-    Path::new(MANIFEST_DIR)
+    Path::new(REPO)
         .join("tests/fixtures/kfd-topology")
         .join(name)
 }
@@ -19,7 +19,7 @@ pub fn topology(name: &str) -> PathBuf {
 pub fn workload() -> PathBuf {
     cc(
         "kfd-workload",
-        &[format!("{MANIFEST_DIR}/tests/kfd_supervisor/workload.c")],
+        &[format!("{REPO}/tests/kfd_supervisor/workload.c")],
     )
 }
 

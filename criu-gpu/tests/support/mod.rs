@@ -1,88 +1,21 @@
 //! What the `criu-gpu` tests share: the stand-in CUDA driver and NVML of the repository's
 //! `tests/fixtures/fake-cuda` built once, workload trees on it (killed by process group when
-//! the test ends), the tool run with the fake's settings, and real CRIU (`$CRIU_BIN`, else `.criu/bin/criu`) with
-//! the plugin built for this run to make images. The tests need root and `cc`.
+//! the test ends), the tool run with the fake's settings, and real CRIU with the release plugin
+//! to make images (both found by `criu-gpu-test-support`). The tests need root and `cc`.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
-/// The repository root (this crate's parent).
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("criu-gpu lives in the repository")
-        .to_path_buf()
-}
-
-fn fixture(rel: &str) -> String {
-    repo()
-        .join("tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
-}
-
-/// This test process's build directory (removed at exit by the OS temp cleanup of cargo's
-/// target directory being reused; named after the pid).
-pub fn build_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("criu-gpu-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("build dir");
-        d
-    })
-}
-
-fn cc(name: &str, args: &[String]) -> PathBuf {
-    let out = build_dir().join(name);
-    if out.is_file() {
-        return out;
-    }
-    let r = Command::new("cc")
-        .args(["-O2", "-Wall"])
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .expect("cc (a C compiler is needed)");
-    assert!(
-        r.status.success(),
-        "cc {args:?}: {}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    out
-}
-
-#[path = "../../../tests/common/fake_cuda_build.rs"]
-mod fake_cuda_build;
-#[path = "../../../tests/common/release_plugin.rs"]
-mod release_plugin;
-
-/// The stand-in driver's files.
-pub use fake_cuda_build::FakeCudaBuild as FakeBuild;
+use criu_gpu_test_support::{FakeCudaBuild, fake_cuda_build};
+pub use criu_gpu_test_support::{build_dir, wait_until};
 
 /// Builds (once per test binary) the stand-in driver, NVML and their programs.
-pub fn fake_build() -> &'static FakeBuild {
-    static B: OnceLock<FakeBuild> = OnceLock::new();
-    B.get_or_init(|| fake_cuda_build::build(&cc, &fixture, build_dir()))
-}
-
-/// Waits up to 20 s for `cond`.
-pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn fake_build() -> FakeCudaBuild {
+    fake_cuda_build()
 }
 
 /// One test: the test lock (the fake's sockets and device files are global), a work
@@ -358,7 +291,7 @@ impl Workload {
     }
 
     pub fn wait_line(&self, pid: i32, prefix: &str) {
-        wait_until(&format!("pid {pid}: {prefix}"), || {
+        wait_until(format!("pid {pid}: {prefix}"), || {
             self.lines(pid).iter().any(|l| l.starts_with(prefix))
         });
     }
@@ -374,7 +307,7 @@ impl Workload {
     /// The device counter of `pid` goes up.
     pub fn wait_counting(&self, pid: i32) {
         let c0 = self.last_counter(pid);
-        wait_until(&format!("pid {pid} counting"), || {
+        wait_until(format!("pid {pid} counting"), || {
             self.last_counter(pid) >= c0 + 3
         });
     }
@@ -397,7 +330,7 @@ impl Workload {
         let before = n(self);
         // SAFETY: kill(2) of a workload this test started.
         unsafe { libc::kill(pid, libc::SIGUSR1) };
-        wait_until(&format!("pid {pid} verify"), || n(self) > before);
+        wait_until(format!("pid {pid} verify"), || n(self) > before);
         let v: Vec<String> = self
             .lines(pid)
             .into_iter()
@@ -455,35 +388,4 @@ impl Drop for Cgroup {
             let _ = std::fs::remove_dir(&d);
         }
     }
-}
-
-/// Real CRIU: `$CRIU_BIN`, else the project's private one (`<repo>/.criu/bin/criu`, made by
-/// `scripts/install-criu.sh`), else `criu` on `PATH`.
-pub fn criu_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("CRIU_BIN") {
-        return PathBuf::from(p);
-    }
-    let private = repo().join(".criu/bin/criu");
-    if private.is_file() {
-        return private;
-    }
-    PathBuf::from("criu")
-}
-
-/// A directory holding only the plugin, as `gpu_plugin.so`: the release cdylib the package
-/// ships (`tests/common/release_plugin.rs`). Copied once per test binary, under another name
-/// and renamed into place: a file rewritten in place would change the code under a guardian
-/// of an earlier run that still maps it (it died of SIGSEGV so).
-pub fn plugin_libdir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let so = release_plugin::release_plugin_path(&repo());
-        let dir = build_dir().join("libdir");
-        std::fs::create_dir_all(&dir).expect("libdir");
-        let part = dir.join("gpu_plugin.so.part");
-        std::fs::copy(&so, &part).expect("copy plugin");
-        std::fs::rename(&part, dir.join("gpu_plugin.so")).expect("plugin into place");
-        dir
-    })
-    .clone()
 }

@@ -22,7 +22,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{plugin_libdir, reap_until_gone, state_of};
+use crate::{WAIT, plugin_libdir, reap_until_gone, state_of};
 
 /// How long a run's processes may take to go once the test has seen the run's work undone
 /// (the guardian's exit, and this machine's init, which reaps 1 to 2 s late).
@@ -138,7 +138,7 @@ impl Run {
                     .filter(|l| !killed.contains(&l.pid))
                     .map(|l| l.pid)
                     .collect();
-                let gone = reap_until_gone(&pids, super::WAIT);
+                let gone = reap_until_gone(&pids, WAIT);
                 panic!(
                     "{what}: {} process(es) of the run still there {within:?} after it was checked ({}):\n{}",
                     rest.len(),

@@ -5,8 +5,8 @@
 //! tests' own build never touches it: the tests link the core library and the simulator, not
 //! the plugin, so no feature of theirs can change the plugin under test.
 //!
-//! Included by path from every suite that loads the plugin (here, `tests/host_harness.rs` and
-//! criu-gpu's tests); `repo` is the workspace root.
+//! Every suite that loads the plugin finds it here (through [`crate::plugin_path`] or
+//! directly); `repo` is the workspace root.
 
 use std::path::{Path, PathBuf};
 
@@ -18,12 +18,7 @@ pub fn release_plugin_path(repo: &Path) -> PathBuf {
     if let Some(p) = std::env::var_os("CRIU_GPU_PLUGIN_SO") {
         return PathBuf::from(p);
     }
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .expect("test executable lives in target/<profile>/deps");
+    let target = crate::target_dir();
     let so = target.join("release/libcriu_gpu_plugin.so");
     let build = "cargo build --release --locked -p criu-gpu-plugin --lib";
     let built = std::fs::metadata(&so)

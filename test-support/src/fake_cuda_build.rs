@@ -1,8 +1,9 @@
-//! How the stand-in CUDA driver of `tests/fixtures/fake-cuda` is built: one recipe for every
-//! test crate that needs it (the plugin's tests and `criu-gpu`'s), each bringing its own way
-//! to compile a file and to find fixtures.
+//! How the stand-in CUDA driver of `tests/fixtures/fake-cuda` is built, for every test crate
+//! that needs it (the plugin's tests and `criu-gpu`'s).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use crate::{build_dir, cc, fixture};
 
 /// The stand-in CUDA driver (`tests/fixtures/fake-cuda`), the stand-in NVML, and the programs
 /// linked against the driver.
@@ -18,13 +19,10 @@ pub struct FakeCudaBuild {
     pub gpu_list: PathBuf,
 }
 
-/// Builds the stand-in with `cc(output name, arguments)` into `build_dir`, taking sources
-/// from `fixture(path under tests/fixtures)`.
-pub fn build(
-    cc: &dyn Fn(&str, &[String]) -> PathBuf,
-    fixture: &dyn Fn(&str) -> String,
-    build_dir: &Path,
-) -> FakeCudaBuild {
+/// Builds (or finds, once built) the stand-in CUDA driver, NVML and their programs in the
+/// build directory.
+pub fn fake_cuda_build() -> FakeCudaBuild {
+    let build_dir = build_dir();
     let shared = |srcs: &[&str], name: &str| {
         let mut args: Vec<String> = vec!["-shared".into(), "-fPIC".into()];
         args.extend(srcs.iter().map(|s| fixture(s)));

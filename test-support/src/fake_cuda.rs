@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{CriuRun, E2e, plugin_libdir, wait_until};
+use crate::{
+    CriuRun, E2e, children_of, comm_of, exists, ns_pid_of, plugin_libdir, sid_of, signal, state_of,
+    wait_until,
+};
 
 /// A test with the fake driver built and a device directory of its own.
 pub struct Fake {
@@ -30,12 +33,12 @@ pub struct FakeGpu {
 impl Fake {
     pub fn start(test: &str) -> Option<Fake> {
         let mut e = E2e::start(test)?;
-        let super::FakeCudaBuild {
+        let crate::FakeCudaBuild {
             libcuda,
             nvml,
             workload,
             gpu_list,
-        } = super::fake_cuda_build();
+        } = crate::fake_cuda_build();
         let shm = Path::new("/dev/shm");
         let base = if shm.is_dir() {
             shm.to_path_buf()
@@ -96,6 +99,18 @@ impl Fake {
             .expect("nv fixture");
         }
         dir
+    }
+
+    /// A GPU list `name` of `a` at 0000:00:06.0 and `b` at 0000:00:07.0, both of the fake's
+    /// model.
+    pub fn two_gpus_listed(&self, name: &str, a: &FakeGpu, b: &FakeGpu) -> PathBuf {
+        self.nvidia_proc(
+            name,
+            &[
+                ("0000:00:06.0", "Fake GPU", &a.uuid),
+                ("0000:00:07.0", "Fake GPU", &b.uuid),
+            ],
+        )
     }
 
     /// CRIU's environment: the plugin on the fake driver with GPU list `nv`, the fake's calls
@@ -177,6 +192,13 @@ impl Calls {
             .collect()
     }
 
+    /// Each of `pids` made exactly the state-changing calls `expected` ("op=rc", in order).
+    pub fn assert_transitions(&self, pids: &[i32], expected: &[&str]) {
+        for &p in pids {
+            assert_eq!(self.transitions(p), expected, "pid {p}: {self:?}");
+        }
+    }
+
     pub fn ops(&self) -> Vec<&str> {
         self.0.iter().map(|(op, _, _)| op.as_str()).collect()
     }
@@ -192,68 +214,6 @@ impl std::fmt::Debug for Calls {
 }
 
 /// A running workload tree (`workload.c`): the root, then its children in fork order.
-/// [`Workload`] arguments of a root and one child, each with 8 MiB of device memory in two
-/// 4 MiB chunks and one worker thread.
-pub const ROOT_AND_CHILD: [&str; 8] = [
-    "--mib",
-    "8",
-    "--chunk-mib",
-    "4",
-    "--children",
-    "1",
-    "--threads",
-    "1",
-];
-
-/// A [`ROOT_AND_CHILD`] tree on one stand-in GPU, dumped (and so ended) by CRIU, its images
-/// kept for restores.
-pub struct Dumped {
-    pub f: Fake,
-    pub w: Workload,
-    /// Device files each process holds.
-    pub files: usize,
-    pub lib: String,
-    pub env: Vec<(&'static str, String)>,
-    pub images: PathBuf,
-}
-
-impl Dumped {
-    /// The tree of test `test`, in a pid namespace of its own when `in_pid_ns`; `None` where
-    /// the end-to-end tests cannot run.
-    pub fn new(test: &str, in_pid_ns: bool) -> Option<Dumped> {
-        let f = Fake::start(test)?;
-        let gpu = &f.gpus(1, 0)[0];
-        let nv = one_gpu(&f, "nv", "0000:00:06.0", &gpu.model, gpu);
-        let (w, extra) = if in_pid_ns {
-            let (w, unshare) = Workload::start_in_pid_ns(&f, "w", &ROOT_AND_CHILD);
-            (w, vec![unshare])
-        } else {
-            (Workload::start(&f, "w", &ROOT_AND_CHILD), Vec::new())
-        };
-        let files = f.device_files(w.own_pid(w.root())).len();
-        let lib = lib();
-        let env = f.env(&nv, "calls");
-        let images = f.e.images("img");
-        let root = w.root().to_string();
-        f.criu(
-            &["dump", "-t", &root, "-L", &lib, "-v4"],
-            &images,
-            "dump.log",
-            &env,
-        )
-        .assert_ok();
-        f.e.reap(&[w.pids.as_slice(), &extra].concat());
-        Some(Dumped {
-            f,
-            w,
-            files,
-            lib,
-            env,
-            images,
-        })
-    }
-}
-
 pub struct Workload {
     pub out: PathBuf,
     /// Host pids (what signals and the plugin use).
@@ -277,12 +237,7 @@ impl Workload {
             pids: vec![root],
             ns_pids: vec![root],
         };
-        w.wait_line(root, "ready ");
-        let children: Vec<i32> = w
-            .lines(root)
-            .iter()
-            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
-            .collect();
+        let children = w.children_announced(root);
         for &c in &children {
             f.e.adopt(root, c);
             w.pids.push(c);
@@ -342,12 +297,7 @@ impl Workload {
             pids: vec![root],
             ns_pids: vec![1],
         };
-        w.wait_line(root, "ready ");
-        let children: Vec<i32> = w
-            .lines(root)
-            .iter()
-            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
-            .collect();
+        let children = w.children_announced(root);
         for &c in &children {
             let mut host = 0;
             wait_until(
@@ -371,6 +321,15 @@ impl Workload {
             w.wait_counting(p);
         }
         (w, unshare)
+    }
+
+    /// The children `root` says it forked (as pids it sees), once it is ready.
+    fn children_announced(&self, root: i32) -> Vec<i32> {
+        self.wait_line(root, "ready ");
+        self.lines(root)
+            .iter()
+            .filter_map(|l| l.strip_prefix("child ")?.parse().ok())
+            .collect()
     }
 
     pub fn root(&self) -> i32 {
@@ -444,7 +403,7 @@ impl Workload {
                 .collect()
         };
         let before = verdicts(self).len();
-        assert!(super::signal(pid, libc::SIGUSR1), "SIGUSR1 to {pid}");
+        assert!(signal(pid, libc::SIGUSR1), "SIGUSR1 to {pid}");
         wait_until(format!("pid {pid}: a verify verdict"), || {
             verdicts(self).len() > before
         });
@@ -455,7 +414,7 @@ impl Workload {
     /// error reported.
     pub fn assert_all_running(&self, what: &str) {
         for &pid in &self.pids {
-            let st = super::state_of(pid);
+            let st = state_of(pid);
             assert!(
                 matches!(st, Some('R' | 'S')),
                 "{what}: pid {pid} is not running: {st:?}"
@@ -517,56 +476,6 @@ impl Workload {
     }
 }
 
-/// Children of every thread of `pid`.
-pub fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        out.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
-    }
-    out
-}
-
-pub fn comm_of(pid: i32) -> Option<String> {
-    let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    Some(c.trim_end().to_string())
-}
-
-/// The pid of `pid` in its own (innermost) pid namespace: the last NSpid value.
-pub fn ns_pid_of(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
-
-/// Session id of `pid` (as this process sees it) from `/proc/<pid>/stat`.
-pub fn sid_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // state ppid pgrp session ...
-    stat.rsplit_once(") ")?
-        .1
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()
-}
-
-/// The pid namespace of `pid` (`pid:[inode]`).
-pub fn pid_ns_of(pid: i32) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
-}
-
 pub fn lib() -> String {
     plugin_libdir().display().to_string()
 }
@@ -582,7 +491,7 @@ pub fn assert_nothing_restored(run: &CriuRun, pids: &[i32]) {
         "CRIU forked tasks before failing: {run:?}"
     );
     for &p in pids {
-        assert!(!super::exists(p), "pid {p} exists after the failed restore");
+        assert!(!exists(p), "pid {p} exists after the failed restore");
     }
 }
 
