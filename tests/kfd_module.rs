@@ -18,7 +18,7 @@
 mod amdgpu_support;
 #[path = "kfd_module_support/mod.rs"]
 mod bench;
-mod common;
+use criu_gpu_test_support as common;
 #[path = "kfd_module_support/kills.rs"]
 mod kills;
 

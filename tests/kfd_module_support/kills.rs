@@ -13,39 +13,11 @@ use std::time::{Duration, Instant};
 use super::bench::{
     Bench, GPU0, GPU1, Module, Status, check_restored, kill_both, reap, setup, wait_gone,
 };
+use super::common::rng::{Rng, env_number, seed_from_env};
 
 /// How many kills each test makes.
 fn kills() -> usize {
-    std::env::var("KFD_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
-}
-
-/// The seed of the kill moments: `KFD_KILL_SEED`, or the clock.
-fn seed() -> u64 {
-    std::env::var("KFD_KILL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-                | 1
-        })
-}
-
-/// xorshift64*: enough to spread kill moments, and repeatable from its seed.
-struct Moments(u64);
-
-impl Moments {
-    fn below(&mut self, max: Duration) -> Duration {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        max.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
-    }
+    env_number("KFD_KILLS").unwrap_or(12)
 }
 
 /// When (since CRIU's start) CRIU's log `log` first says `marker`.
@@ -76,7 +48,7 @@ fn wait_logged(log: &Path, marker: &str, criu: &mut Child, within: Duration) -> 
 /// says `marker` (the stretch where the run holds the most: the queues paused, the tasks
 /// forked).
 fn run_until_kill(
-    m: &mut Moments,
+    m: &mut Rng,
     i: usize,
     criu: &mut Child,
     log: &Path,
@@ -84,14 +56,14 @@ fn run_until_kill(
     (marker, window): (&str, Duration),
 ) -> String {
     if i % 2 == 1 {
-        let at = m.below(whole.mul_f64(1.2));
+        let at = m.within(whole.mul_f64(1.2));
         std::thread::sleep(at);
         return format!("at {:.3} s", at.as_secs_f64());
     }
     if !wait_logged(log, marker, criu, whole * 3) {
         return format!("(CRIU ended before \"{marker}\")");
     }
-    let at = m.below(window.mul_f64(1.5));
+    let at = m.within(window.mul_f64(1.5));
     std::thread::sleep(at);
     format!("{:.3} s after \"{marker}\"", at.as_secs_f64())
 }
@@ -280,14 +252,14 @@ fn criu_killed_in_the_middle_of_amd_dumps() {
         logged_at(&log, "GPU queues paused").expect("the pause is logged"),
         logged_at(&log, "GPU queues of").expect("the restart is logged"),
     );
-    let (n, seed) = (kills(), seed());
+    let (n, seed) = (kills(), seed_from_env("KFD_KILL_SEED"));
     println!(
         "kfd_module: {n} dumps killed, seed {seed} (KFD_KILL_SEED); a whole dump takes {:.2} s, the queues paused from {:.2} to {:.2} s of it",
         whole.as_secs_f64(),
         paused.0.as_secs_f64(),
         paused.1.as_secs_f64()
     );
-    let mut moments = Moments(seed);
+    let mut moments = Rng::new(seed);
     let (mut by_guardian, mut finished, mut slowest) = (0, 0, Duration::ZERO);
     let mut trapped = 0;
     for i in 1..=n {
@@ -494,14 +466,14 @@ fn criu_killed_in_the_middle_of_amd_restores() {
     );
     check_restored(b, pids, &before, [GPU0, GPU1], "restore");
     kill_both(pids);
-    let (n, seed) = (kills(), seed());
+    let (n, seed) = (kills(), seed_from_env("KFD_KILL_SEED"));
     println!(
         "kfd_module: {n} restores killed, seed {seed} (KFD_KILL_SEED); a whole restore takes {:.2} s, from {:.2} to {:.2} s of it from the AMD preflight to its end",
         whole.as_secs_f64(),
         busy.0.as_secs_f64(),
         busy.1.as_secs_f64()
     );
-    let mut moments = Moments(seed);
+    let mut moments = Rng::new(seed);
     let (mut finished, mut ended_by_guardian, mut failures) = (0, 0, Vec::new());
     for i in 1..=n {
         wait_gone(&[pids.0, pids.1]);
