@@ -1,5 +1,7 @@
 //! Unit tests of the SDMA packet encoding and submission logic.
 
+use kfd_sys::{AMDGPU_FAMILY_AI, AMDGPU_FAMILY_CI};
+
 use super::*;
 
 const AI: PacketFormat = PacketFormat {
