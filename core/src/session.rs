@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::cuda::batch::{Batch, restore_each, run_each};
-use crate::cuda::helper::{self, RestoreJob};
-use crate::cuda::{CudaSettings, check_put_back, driver, gpus, procfs, put_back};
+use crate::cuda::helper;
+use crate::cuda::step::{Step, check_put_back};
+use crate::cuda::{CudaSettings, driver, gpus, procfs};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
-pub use crate::cuda::batch::Timed;
 pub use crate::cuda::error::CallError;
 pub use crate::cuda::exclusive::{
     Claim, ClaimError, DirProblem, FALLBACK_DIR, HeldBy, LOCK_DIR, Role,
@@ -23,6 +23,7 @@ pub use crate::cuda::exclusive::{
 pub use crate::cuda::gpus::parse_device_map;
 pub use crate::cuda::nvml::GpuMemory;
 pub use crate::cuda::procfs::{rss_bytes, start_time};
+pub use crate::cuda::step::Timed;
 
 /// `pid` and its descendants, root first (every thread's `/proc/PID/task/TID/children`).
 pub fn process_tree(pid: i32) -> Vec<i32> {
@@ -226,19 +227,17 @@ impl Session {
     /// and unlocks every one, as one batch; a restore that needs `cuInit` is redone from a
     /// helper process, as in the plugin.
     pub fn restore(&self, procs: &[(i32, i32, bool)], pairs: &[GpuPair]) -> Vec<Timed> {
-        let checkpointed: Vec<i32> = procs.iter().filter(|p| p.2).map(|p| p.0).collect();
         let driver = &self.driver;
         self.batch_of_restores(
             procs,
-            pairs,
-            |j| {
-                if checkpointed.contains(&j.pid) {
-                    Ok(j.restore(driver, pairs)?)
-                } else {
-                    Ok(driver.unlock(j.pid)?)
-                }
+            |checkpointed| match checkpointed {
+                true => Step::Restore {
+                    pairs,
+                    unlock: true,
+                },
+                false => Step::Unlock,
             },
-            |j| expect_state(driver, j.pid, ProcessState::Running),
+            |pid, _| expect_state(driver, pid, ProcessState::Running),
         )
     }
 
@@ -248,31 +247,30 @@ impl Session {
         let driver = &self.driver;
         self.batch_of_restores(
             procs,
-            &[],
-            |j| put_back(driver, j.pid, j.unlock),
-            |j| check_put_back(driver, j.pid, j.unlock),
+            |unlock| Step::PutBack { unlock },
+            |pid, s| check_put_back(driver, pid, matches!(s, Step::PutBack { unlock: true })),
         )
     }
 
-    fn batch_of_restores(
+    /// One batch of `step`s (of each process's flag), a restore that needs `cuInit` redone
+    /// from a helper process and then checked with `check`.
+    fn batch_of_restores<'a>(
         &self,
         procs: &[(i32, i32, bool)],
-        pairs: &[GpuPair],
-        here: impl Fn(&RestoreJob) -> Result<(), CallError> + Sync,
-        check: impl Fn(&RestoreJob) -> Result<(), CallError>,
+        step: impl Fn(bool) -> Step<'a>,
+        check: impl Fn(i32, &Step<'_>) -> Result<(), CallError>,
     ) -> Vec<Timed> {
         let mut batch = Batch::new(self.parallel);
-        let mut jobs = Vec::new();
+        let mut steps = Vec::new();
         let mut refused = Vec::new();
-        for &(pid, tid, unlock) in procs {
+        for &(pid, tid, flag) in procs {
             match batch.add(pid, tid) {
-                Ok(()) => jobs.push(RestoreJob { pid, unlock }),
+                Ok(()) => steps.push((pid, step(flag))),
                 Err(e) => refused.push((pid, Err(thread_error(tid, &e)), Duration::ZERO)),
             }
         }
         let driver = &self.driver;
-        let mut ran =
-            batch.run(|_, parallel| restore_each(driver, &jobs, pairs, parallel, here, check));
+        let mut ran = batch.run(|_, parallel| restore_each(driver, &steps, parallel, check));
         ran.log_not_stopped();
         ran.phase.log("restore");
         let mut results = std::mem::take(&mut ran.results);

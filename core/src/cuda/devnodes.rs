@@ -25,7 +25,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FchmodatFlags, Mode, SFlag};
 use nix::unistd::AccessFlags;
 
-use super::gpus::Gpu;
+use super::gpu::Gpu;
 
 /// Major number of NVIDIA's GPU device nodes.
 pub const NVIDIA_MAJOR: u32 = 195;

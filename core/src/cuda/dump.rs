@@ -21,6 +21,7 @@ use super::gpus::{self, Gpu};
 use super::guardian::Action;
 use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
 use super::settings::CudaSettings;
+use super::step::Step;
 use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
 
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
@@ -399,7 +400,9 @@ impl DumpRun {
             not_stopped,
             phase,
         } = batch.run(|pids, parallel| {
-            each_in_helper(driver, pids, parallel, |pid| driver.checkpoint(pid))
+            let steps: Vec<(i32, Step<'_>)> =
+                pids.iter().map(|&pid| (pid, Step::Checkpoint)).collect();
+            each_in_helper(driver, &steps, parallel)
         });
         for (pid, r, took) in results {
             let Some(p) = self.dumped.get_mut(&pid) else {

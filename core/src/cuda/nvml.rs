@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use cuda_ckpt_sys::{GpuUuid, library_search};
 
-use super::driver::Library;
+use super::library::{Library, library};
 
 /// `nvmlMemory_t` (v1): bytes.
 #[repr(C)]
@@ -41,7 +41,7 @@ type MemoryInfoFn = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
 pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
     // Never a file of the working directory (the image directory) nor a FIFO: a bare name is
     // found over absolute directories only and opened by that path.
-    let path = match super::driver::library(lib)? {
+    let path = match library(lib)? {
         Library::Search(name) => library_search::find(name).map_err(|e| e.to_string())?,
         Library::File(path) => path.to_path_buf(),
     };

@@ -18,11 +18,12 @@ use std::time::Duration;
 use criu_plugin::{HookError, HookResult};
 use cuda_ckpt_sys::{Driver, GpuPair, ProcessState};
 
-use super::super::batch::{Batch, Timed, ms, restore_each, run_each};
+use super::super::batch::{Batch, restore_each, run_each};
 use super::super::driver::not_a_cuda_process;
 use super::super::error::{CallError, Failure, FailureKind, Report, call_failure};
-use super::super::helper::{self, RestoreJob};
+use super::super::helper;
 use super::super::metadata::FoundState;
+use super::super::step::{Step, Timed, ms};
 
 /// How long the state query may wait for each target (the driver answers through the
 /// target's own restore thread, which may never answer).
@@ -91,20 +92,19 @@ pub(super) fn settle(
         for (pid, answer) in ask_states(driver, pids) {
             let record = records.get(&pid).copied().flatten();
             match need(pid, record, answer) {
-                Ok(Need::Restore) => jobs.push(RestoreJob { pid, unlock: true }),
+                Ok(Need::Restore) => jobs.push((
+                    pid,
+                    Step::Restore {
+                        pairs: gpu_map,
+                        unlock: true,
+                    },
+                )),
                 Ok(Need::Unlock) => unlocks.push(pid),
                 Ok(Need::Nothing) => out.push((pid, Ok(()), Duration::ZERO)),
                 Err(e) => out.push((pid, Err(e), Duration::ZERO)),
             }
         }
-        let restored = restore_each(
-            driver,
-            &jobs,
-            gpu_map,
-            parallel,
-            |j| Ok(j.restore(driver, gpu_map)?),
-            |_| Ok(()),
-        );
+        let restored = restore_each(driver, &jobs, parallel, |_, _| Ok(()));
         let unlocked = run_each(&unlocks, parallel, |pid| driver.unlock(pid));
         for (pid, r, took) in restored {
             out.push((pid, answer(pid, "restore and unlock", r, took), took));
