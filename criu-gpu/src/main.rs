@@ -48,6 +48,12 @@ impl From<String> for Failed {
     }
 }
 
+impl From<criu_gpu_core::session::OpenError> for Failed {
+    fn from(e: criu_gpu_core::session::OpenError) -> Failed {
+        Failed::new(e.to_string())
+    }
+}
+
 /// A progress line on stderr.
 pub fn progress(line: &str) {
     eprintln!("criu-gpu: {line}");

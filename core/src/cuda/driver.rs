@@ -9,37 +9,77 @@ use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuUuid};
 
 use super::gpus::Gpu;
 use super::helper;
-use super::library::{Library, library};
+use super::library::{Library, LibraryError, library};
 use super::settings::CudaSettings;
 use super::step::ms;
+
+/// Why the CUDA driver the settings name cannot be used; each names the `libcuda` value and
+/// where it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The setting names a library that may not be loaded.
+    #[error("{setting}: {source}")]
+    Library {
+        /// The setting and where it came from.
+        setting: String,
+        /// Why.
+        source: LibraryError,
+    },
+    /// The library cannot be loaded.
+    #[error("{setting}: {source}")]
+    Open {
+        /// The setting and where it came from.
+        setting: String,
+        /// The loader's answer.
+        source: DriverError,
+    },
+    /// The driver has no checkpoint API.
+    #[error(
+        "{setting}: {source}: the CUDA checkpoint API needs driver 570 or later (CUDA {min})",
+        min = cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
+    )]
+    NoCheckpoint {
+        /// The setting and where it came from.
+        setting: String,
+        /// The driver's answer.
+        source: DriverError,
+    },
+}
 
 /// Loads the CUDA driver the settings name and checks that it can checkpoint processes;
 /// returns it with its version.
 /// Errors name the `libcuda` value and where it came from.
-pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
-    let named = |e: &dyn std::fmt::Display| format!("{}: {e}", settings.describe_libcuda());
+pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), LoadError> {
+    let setting = || settings.describe_libcuda();
     let driver = match &settings.libcuda {
         None => Driver::open_default(),
         Some(p) => {
             let value = p.to_string_lossy();
-            match library(&value).map_err(|e| named(&e))? {
+            let found = library(&value).map_err(|source| LoadError::Library {
+                setting: setting(),
+                source,
+            })?;
+            match found {
                 Library::Search(name) => Driver::open_search(name),
                 Library::File(path) => Driver::open(path),
             }
         }
     }
-    .map_err(|e| named(&e))?;
+    .map_err(|source| LoadError::Open {
+        setting: setting(),
+        source,
+    })?;
     log::debug!(
         "cuda: {}: loaded {}",
         settings.describe_libcuda(),
         driver.path()
     );
-    let version = driver.check_checkpoint_support().map_err(|e| {
-        named(&format!(
-            "{e}: the CUDA checkpoint API needs driver 570 or later (CUDA {})",
-            cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
-        ))
-    })?;
+    let version = driver
+        .check_checkpoint_support()
+        .map_err(|source| LoadError::NoCheckpoint {
+            setting: setting(),
+            source,
+        })?;
     Ok((driver, version))
 }
 

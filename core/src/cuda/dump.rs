@@ -58,6 +58,30 @@ pub struct DumpRun {
     inventory_added: bool,
 }
 
+/// Why the NVIDIA side cannot serve a dump that may need it.
+#[derive(Debug, thiserror::Error)]
+pub enum Unusable {
+    /// The settings file cannot be read.
+    #[error("the settings file cannot be read ({0})")]
+    Settings(String),
+    /// The kernel driver's listing is not where the settings say.
+    #[error("{0}")]
+    Machine(String),
+    /// No driver, or one without the checkpoint API.
+    #[error("CUDA checkpointing cannot work: {0}")]
+    Driver(#[from] driver::LoadError),
+    /// The GPUs cannot be listed.
+    #[error("the GPUs cannot be listed from cuda.nvidia-proc = {dir} ({from}): {source}")]
+    Gpus {
+        /// The listing's directory.
+        dir: String,
+        /// Where the setting came from.
+        from: String,
+        /// Why.
+        source: gpus::ListingError,
+    },
+}
+
 /// What the backend did to one process during a dump.
 #[derive(Debug)]
 struct DumpedProcess {
@@ -88,10 +112,10 @@ impl DumpRun {
     /// NVIDIA side cannot run although it may be needed (settings file unreadable, a
     /// `cuda.nvidia-proc` that lists nothing, no driver or checkpoint API, GPUs that cannot
     /// be listed): a process that holds an NVIDIA device then fails the dump with `why`.
-    pub fn start(settings: CudaSettings) -> Result<Option<DumpRun>, String> {
+    pub fn start(settings: CudaSettings) -> Result<Option<DumpRun>, Unusable> {
         if let Some(e) = &settings.file_error {
             // The file may name another libcuda or switch the NVIDIA side off: load nothing.
-            return Err(format!("the settings file cannot be read ({e})"));
+            return Err(Unusable::Settings(e.clone()));
         }
         let proc_dir = &settings.nvidia_proc;
         if let Some(problem) = settings.nvidia_proc_problem() {
@@ -104,17 +128,15 @@ impl DumpRun {
                 );
                 return Ok(None);
             }
-            return Err(problem);
+            return Err(Unusable::Machine(problem));
         }
-        let (driver, driver_version) =
-            driver::load(&settings).map_err(|e| format!("CUDA checkpointing cannot work: {e}"))?;
-        let mut gpus = gpus::read_gpus(proc_dir, &settings.nvidia_dev).map_err(|e| {
-            format!(
-                "the GPUs cannot be listed from cuda.nvidia-proc = {} ({}): {e}",
-                proc_dir.display(),
-                settings.nvidia_proc_from
-            )
-        })?;
+        let (driver, driver_version) = driver::load(&settings)?;
+        let mut gpus =
+            gpus::read_gpus(proc_dir, &settings.nvidia_dev).map_err(|source| Unusable::Gpus {
+                dir: proc_dir.display().to_string(),
+                from: settings.nvidia_proc_from.to_string(),
+                source,
+            })?;
         driver::fill_memory(&settings.nvml, &mut gpus);
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
         if !CriuSymbols::get().request_interrupt_only_mode() {

@@ -90,16 +90,19 @@ pub fn call_failure(pid: i32, e: &CallError) -> Failure {
     Failure::new(e.kind(), e.errno(), format!("cuda: pid {pid}: {e}")).caused_by(e.clone())
 }
 
-/// A system call that failed with `e` (`EIO` when it carries no errno).
+/// A system call that failed with `e` (`EIO` when it carries no errno); `e`, message and all,
+/// is the cause.
 pub fn os_failure(e: &std::io::Error, message: impl Display) -> Failure {
+    let cause = match e.raw_os_error() {
+        Some(n) => std::io::Error::from_raw_os_error(n),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    };
     Failure::new(
         FailureKind::System,
         e.raw_os_error().unwrap_or(libc::EIO),
         message,
     )
-    .caused_by(std::io::Error::from_raw_os_error(
-        e.raw_os_error().unwrap_or(libc::EIO),
-    ))
+    .caused_by(cause)
 }
 
 /// Logging a failure now, for answers recorded before any hook returns them.

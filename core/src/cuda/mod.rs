@@ -80,7 +80,7 @@ enum Run {
     /// a process that holds an NVIDIA device fails it rather than lose its GPU state; the
     /// others are left to CRIU.
     Unusable {
-        why: String,
+        why: dump::Unusable,
     },
     /// A restore with the NVIDIA side switched off, watched for CUDA processes left frozen.
     Disabled(DisabledRestore),
@@ -154,7 +154,7 @@ impl HookHandler for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.pause(pid),
-            Some(Run::Unusable { why }) => refuse_nvidia_user(pid, why),
+            Some(Run::Unusable { why }) => refuse_nvidia_user(pid, &why.to_string()),
             _ => Err(HookError::NotMine),
         }
     }

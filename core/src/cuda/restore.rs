@@ -290,7 +290,7 @@ impl ImageRestore {
     /// Gives every mount namespace of the restored tree (other than this CRIU's) the device
     /// nodes of the GPUs the restore goes to: a container's `/dev` comes back from the
     /// checkpoint, with the checkpointed GPU's node and not the one its new spec gave.
-    fn provide_nodes(&self, tree: &[i32]) -> Result<(), String> {
+    fn provide_nodes(&self, tree: &[i32]) -> Result<(), devnodes::NodeError> {
         let targets: Vec<&Gpu> = self.targets.iter().collect();
         if targets.iter().all(|g| g.minor.is_none()) {
             return Ok(());

@@ -21,11 +21,11 @@ use criu_plugin::child::{self, ChildError};
 use cuda_ckpt_sys::{Driver, DriverError, GpuUuid, ProcessState};
 
 use super::error::CallError;
-use super::library::library;
+use super::library::{LibraryError, library};
 use super::nvml::{self, GpuMemory};
 use super::step::{Step, Timed};
 pub use protocol::StateAnswer;
-use protocol::{MAX_REPLY, Malformed, Reply};
+use protocol::{MAX_REPLY, Malformed, NvmlFailed, Reply};
 
 /// How long an NVML query may take before it is given up (the free-memory check is then
 /// skipped, as without NVML).
@@ -85,9 +85,11 @@ impl Op<'_> {
     /// Inside the helper: does what is asked.
     fn serve(&self) -> Reply {
         match *self {
-            Op::Memory { nvml, uuids } => {
-                Reply::Memory(nvml::query_memory(nvml, uuids).map(|m| m.into_iter().collect()))
-            }
+            Op::Memory { nvml, uuids } => Reply::Memory(
+                nvml::query_memory(nvml, uuids)
+                    .map(|m| m.into_iter().collect())
+                    .map_err(|e| NvmlFailed(e.to_string())),
+            ),
             Op::StateAndLock {
                 driver,
                 pid,
@@ -151,13 +153,40 @@ fn malformed(e: Malformed) -> ChildError {
     ChildError::NoReply(format!("answered malformed data ({e})"))
 }
 
+/// Why NVML's memory figures could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The `nvml` setting names a library that may not be loaded.
+    #[error("nvml = {lib}: {source}")]
+    Library {
+        /// The setting.
+        lib: String,
+        /// Why.
+        source: LibraryError,
+    },
+    /// The helper process gave no answer.
+    #[error("NVML: {0}")]
+    Helper(ChildError),
+    /// NVML's own answer, from the helper.
+    #[error(transparent)]
+    Nvml(NvmlFailed),
+}
+
 /// NVML's memory figures for `uuids`, asked in a helper process.
-pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
-    library(lib).map_err(|e| format!("nvml = {lib}: {e}"))?;
+pub fn query_memory(
+    lib: &str,
+    uuids: &[GpuUuid],
+) -> Result<BTreeMap<GpuUuid, GpuMemory>, MemoryError> {
+    library(lib).map_err(|source| MemoryError::Library {
+        lib: lib.to_string(),
+        source,
+    })?;
     match (Op::Memory { nvml: lib, uuids }).ask(NVML_DEADLINE) {
-        Ok(Reply::Memory(m)) => m.map(|v| v.into_iter().collect()),
-        Ok(_) => Err(format!("NVML: {}", malformed(Malformed::Unexpected))),
-        Err(e) => Err(format!("NVML: {e}")),
+        Ok(Reply::Memory(m)) => m
+            .map(|v| v.into_iter().collect())
+            .map_err(MemoryError::Nvml),
+        Ok(_) => Err(MemoryError::Helper(malformed(Malformed::Unexpected))),
+        Err(e) => Err(MemoryError::Helper(e)),
     }
 }
 
@@ -206,12 +235,26 @@ pub fn state_and_lock(
 /// Unlocks `pid` if it is locked, in a helper killed after `deadline`: for a process whose
 /// lock the plugin gave up waiting for, which may have completed since. `Ok(true)` when it
 /// was locked and is now unlocked.
-pub fn unlock_if_locked(driver: &Driver, pid: i32, deadline: Duration) -> Result<bool, String> {
-    match (Op::UnlockIfLocked { driver, pid }).ask(deadline) {
-        Ok(Reply::UnlockIfLocked(r)) => r.map_err(|e| e.to_string()),
-        Ok(_) => Err(malformed(Malformed::Unexpected).to_string()),
-        Err(e) => Err(e.to_string()),
+pub fn unlock_if_locked(
+    driver: &Driver,
+    pid: i32,
+    deadline: Duration,
+) -> Result<bool, UnlockError> {
+    match (Op::UnlockIfLocked { driver, pid }).ask(deadline)? {
+        Reply::UnlockIfLocked(r) => Ok(r?),
+        _ => Err(malformed(Malformed::Unexpected).into()),
     }
+}
+
+/// Why [`unlock_if_locked`] could not tell or unlock.
+#[derive(Debug, thiserror::Error)]
+pub enum UnlockError {
+    /// The driver's answer.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The helper process gave no answer.
+    #[error(transparent)]
+    Helper(#[from] ChildError),
 }
 
 /// The state of each of `pids`, asked from one helper process with each query on its own
@@ -264,7 +307,9 @@ mod tests {
 
     #[test]
     fn nvml_that_cannot_load_is_reported_from_the_helper() {
-        let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[]).unwrap_err();
+        let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot be loaded"), "{e}");
     }
 }

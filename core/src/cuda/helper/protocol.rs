@@ -27,7 +27,7 @@ pub type StateAnswer = Option<Result<ProcessState, DriverError>>;
 #[derive(Debug, PartialEq)]
 pub enum Reply {
     /// NVML's memory figures by GPU, or why NVML could not answer.
-    Memory(Result<Vec<(GpuUuid, GpuMemory)>, String>),
+    Memory(Result<Vec<(GpuUuid, GpuMemory)>, NvmlFailed>),
     /// A process's state and, when it ran, the lock's result; the time spent in the driver.
     StateAndLock {
         /// The state before anything was done.
@@ -43,6 +43,20 @@ pub enum Reply {
     States(Vec<(i32, StateAnswer)>),
     /// Each process's step result, or why the helper could not start (`cuInit` failed).
     Steps(Result<Vec<Timed>, DriverError>),
+}
+
+/// Why NVML could not answer in the helper, as it said.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NvmlFailed(pub String);
+
+impl Wire for NvmlFailed {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.0.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, Malformed> {
+        Ok(NvmlFailed(String::get(r)?))
+    }
 }
 
 /// Why a reply cannot be read.

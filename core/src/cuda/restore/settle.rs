@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criu_plugin::{HookError, HookResult};
-use cuda_ckpt_sys::{Driver, GpuPair, ProcessState};
+use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
 
 use super::super::batch::{Batch, restore_each, run_each};
 use super::super::driver::not_a_cuda_process;
@@ -122,29 +122,37 @@ pub(super) fn settle(
     results
 }
 
+/// Why a task's state is not known.
+#[derive(Clone, Debug, thiserror::Error)]
+pub(in crate::cuda) enum StateError {
+    /// The driver's answer.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// No answer within the wait.
+    #[error("the driver did not answer for its state within {} s", STATE_WAIT.as_secs())]
+    NoAnswer,
+    /// The helper process that asks gave no answer.
+    #[error("its state could not be asked: {0}")]
+    Helper(String),
+}
+
 /// Asks the driver for every pid's state at once, bounded in time; a helper that fails
 /// leaves every pid without an answer.
 pub(in crate::cuda) fn ask_states(
     driver: &Driver,
     pids: &[i32],
-) -> Vec<(i32, Result<ProcessState, String>)> {
+) -> Vec<(i32, Result<ProcessState, StateError>)> {
     match helper::process_states(driver, pids, STATE_WAIT) {
         Ok(v) => v
             .into_iter()
             .map(|(pid, a)| {
-                let a = match a {
-                    Some(r) => r.map_err(|e| e.to_string()),
-                    None => Err(format!(
-                        "the driver did not answer for its state within {} s",
-                        STATE_WAIT.as_secs()
-                    )),
-                };
-                (pid, a)
+                let a = a.ok_or(StateError::NoAnswer);
+                (pid, a.and_then(|r| r.map_err(StateError::from)))
             })
             .collect(),
         Err(e) => pids
             .iter()
-            .map(|&pid| (pid, Err(format!("its state could not be asked: {e}"))))
+            .map(|&pid| (pid, Err(StateError::Helper(e.to_string()))))
             .collect(),
     }
 }
@@ -153,7 +161,7 @@ pub(in crate::cuda) fn ask_states(
 fn need(
     pid: i32,
     record: Option<FoundState>,
-    state: Result<ProcessState, String>,
+    state: Result<ProcessState, StateError>,
 ) -> Result<Need, HookError> {
     let state = state.map_err(|e| fail(pid, e))?;
     let need = match state {

@@ -31,7 +31,7 @@ fn samples() -> Vec<Reply> {
                 free: 1 << 30,
             },
         )])),
-        Reply::Memory(Err("libnvidia-ml.so.1 cannot be loaded".into())),
+        Reply::Memory(Err(NvmlFailed("libnvidia-ml.so.1 cannot be loaded".into()))),
         Reply::StateAndLock {
             state: Ok(ProcessState::Running),
             lock: Some(Err(CallError::Helper("not told".into()))),
@@ -173,8 +173,8 @@ fn unknown_tags_are_refused() {
 
 #[test]
 fn long_messages_are_cut_not_refused() {
-    let reply = Reply::Memory(Err("x".repeat(MAX_TEXT * 2)));
-    let Ok(Reply::Memory(Err(m))) = decode(&encode(&reply)) else {
+    let reply = Reply::Memory(Err(NvmlFailed("x".repeat(MAX_TEXT * 2))));
+    let Ok(Reply::Memory(Err(NvmlFailed(m)))) = decode(&encode(&reply)) else {
         panic!("not read back");
     };
     assert_eq!(m.len(), MAX_TEXT);
