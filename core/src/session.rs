@@ -243,7 +243,8 @@ impl Session {
     pub fn lock(&self, pids: &[i32], timeout: Duration) -> Vec<Timed> {
         // Never 0, which the driver reads as "wait for good".
         let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
-        run_each(pids, self.parallel, |pid| self.driver.lock(pid, ms))
+        let lock = Step::Lock { timeout_ms: ms };
+        run_each(pids, self.parallel, |pid| lock.run(&self.driver, pid))
     }
 
     /// Checkpoints `procs` (pid, restore thread), all at once, as one batch.
@@ -256,8 +257,9 @@ impl Session {
             }
         }
         let driver = &self.driver;
-        let mut ran =
-            batch.run(|pids, parallel| run_each(pids, parallel, |pid| driver.checkpoint(pid)));
+        let mut ran = batch.run(|pids, parallel| {
+            run_each(pids, parallel, |pid| Step::Checkpoint.run(driver, pid))
+        });
         ran.log_not_stopped();
         ran.phase.log("checkpoint");
         let mut results = std::mem::take(&mut ran.results);

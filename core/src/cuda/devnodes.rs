@@ -27,6 +27,7 @@ use nix::unistd::AccessFlags;
 
 use cuda_ckpt_sys::GpuUuid;
 
+use super::error::{Cause, FailureKind};
 use super::gpu::Gpu;
 
 /// Major number of NVIDIA's GPU device nodes.
@@ -145,6 +146,16 @@ pub enum NodeError {
         /// The system's reason.
         source: io::Error,
     },
+}
+
+/// The restored tasks cannot reach a GPU the restore goes to.
+impl Cause for NodeError {
+    fn errno(&self) -> i32 {
+        libc::ENODEV
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Machine
+    }
 }
 
 fn c_path(p: &Path) -> Result<CString, NodeError> {

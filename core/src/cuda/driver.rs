@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuUuid};
 
+use super::error::{Cause, FailureKind};
 use super::gpus::Gpu;
 use super::helper;
 use super::library::{Library, LibraryError, library};
@@ -44,6 +45,16 @@ pub enum LoadError {
         /// The driver's answer.
         source: DriverError,
     },
+}
+
+/// No CUDA driver the run can use on this machine.
+impl Cause for LoadError {
+    fn errno(&self) -> i32 {
+        libc::ENODEV
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Machine
+    }
 }
 
 /// Loads the CUDA driver the settings name and checks that it can checkpoint processes;

@@ -85,6 +85,19 @@ impl CallError {
     }
 }
 
+/// An error below the hooks that a hook reports: the errno and kind it stands for are decided
+/// once, by its type.
+pub trait Cause: std::error::Error + Send + Sync + Sized + 'static {
+    /// The errno (positive) CRIU gets for it.
+    fn errno(&self) -> i32;
+    /// What kind of failure it is.
+    fn kind(&self) -> FailureKind;
+    /// The failure a hook reports: `context`, then the error's message; the error is the cause.
+    fn failure(self, context: impl Display) -> Failure {
+        Failure::new(self.kind(), self.errno(), format!("{context}{self}")).caused_by(self)
+    }
+}
+
 /// A call for `pid` that failed, with its errno and kind, the call's error as the cause.
 pub fn call_failure(pid: i32, e: &CallError) -> Failure {
     Failure::new(e.kind(), e.errno(), format!("cuda: pid {pid}: {e}")).caused_by(e.clone())

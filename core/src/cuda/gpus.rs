@@ -13,6 +13,7 @@ use std::path::Path;
 use cuda_ckpt_sys::{GpuPair, GpuUuid, ParseUuidError};
 
 use super::devnodes::NodeError;
+use super::error::{Cause, FailureKind};
 
 pub use super::gpu::Gpu;
 
@@ -138,6 +139,26 @@ pub enum MapError {
         /// The checkpointed GPU.
         old: GpuUuid,
     },
+}
+
+/// The GPUs cannot be listed: the machine's fault, not the image's.
+impl Cause for ListingError {
+    fn errno(&self) -> i32 {
+        libc::EIO
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::System
+    }
+}
+
+/// A device map that cannot be read or followed: the settings' fault.
+impl Cause for MapError {
+    fn errno(&self) -> i32 {
+        libc::EINVAL
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Settings
+    }
 }
 
 fn parse_information(bus: &str, text: &str) -> Result<Gpu, ListingError> {

@@ -18,9 +18,9 @@ use std::time::Duration;
 use criu_plugin::{HookError, HookResult};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
 
-use super::super::batch::{Batch, restore_each, run_each};
+use super::super::batch::{Batch, restore_each};
 use super::super::driver::not_a_cuda_process;
-use super::super::error::{CallError, Failure, FailureKind, Report, call_failure};
+use super::super::error::{CallError, Cause, Failure, FailureKind, Report, call_failure};
 use super::super::helper;
 use super::super::metadata::FoundState;
 use super::super::step::{Step, Timed, ms};
@@ -87,30 +87,29 @@ pub(super) fn settle(
         tasks.iter().map(|t| (t.pid, t.record)).collect();
     let mut ran = batch.run(|pids, parallel| {
         let mut out: Vec<Timed<HookError>> = Vec::new();
-        let mut jobs = Vec::new();
-        let mut unlocks = Vec::new();
+        let mut steps = Vec::new();
         for (pid, answer) in ask_states(driver, pids) {
             let record = records.get(&pid).copied().flatten();
             match need(pid, record, answer) {
-                Ok(Need::Restore) => jobs.push((
+                Ok(Need::Restore) => steps.push((
                     pid,
                     Step::Restore {
                         pairs: gpu_map,
                         unlock: true,
                     },
                 )),
-                Ok(Need::Unlock) => unlocks.push(pid),
+                Ok(Need::Unlock) => steps.push((pid, Step::Unlock)),
                 Ok(Need::Nothing) => out.push((pid, Ok(()), Duration::ZERO)),
                 Err(e) => out.push((pid, Err(e), Duration::ZERO)),
             }
         }
-        let restored = restore_each(driver, &jobs, parallel, |_, _| Ok(()));
-        let unlocked = run_each(&unlocks, parallel, |pid| driver.unlock(pid));
-        for (pid, r, took) in restored {
-            out.push((pid, answer(pid, "restore and unlock", r, took), took));
-        }
-        for (pid, r, took) in unlocked {
-            out.push((pid, answer(pid, "unlock", r, took), took));
+        // Restores and unlocks alike in the helper process, all at once.
+        for (pid, r, took) in restore_each(driver, &steps, parallel, |_, _| Ok(())) {
+            let what = match steps.iter().find(|s| s.0 == pid) {
+                Some((_, Step::Unlock)) => "unlock",
+                _ => "restore and unlock",
+            };
+            out.push((pid, answer(pid, what, r, took), took));
         }
         out
     });
@@ -134,6 +133,16 @@ pub(in crate::cuda) enum StateError {
     /// The helper process that asks gave no answer.
     #[error("its state could not be asked: {0}")]
     Helper(String),
+}
+
+/// A task whose state is not known cannot be brought to running.
+impl Cause for StateError {
+    fn errno(&self) -> i32 {
+        libc::EIO
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Driver
+    }
 }
 
 /// Asks the driver for every pid's state at once, bounded in time; a helper that fails
@@ -163,7 +172,7 @@ fn need(
     record: Option<FoundState>,
     state: Result<ProcessState, StateError>,
 ) -> Result<Need, HookError> {
-    let state = state.map_err(|e| fail(pid, e))?;
+    let state = state.map_err(|e| e.failure(format!("cuda: pid {pid}: ")).report())?;
     let need = match state {
         ProcessState::Checkpointed => Need::Restore,
         ProcessState::Locked => Need::Unlock,
