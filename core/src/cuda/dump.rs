@@ -5,6 +5,10 @@
 mod claims;
 mod guardian;
 pub(super) mod put_back;
+mod record;
+mod unusable;
+
+pub use unusable::Unusable;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,10 +23,10 @@ use super::batch::{Batch, Ran, each_in_helper, ms};
 use super::error::{CallError, Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::guardian::Action;
-use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
+use super::metadata::{self, FoundState};
 use super::settings::CudaSettings;
 use super::step::Step;
-use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
+use super::{INVENTORY_NAME, driver, exclusive, helper, image, procfs};
 
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
 const ALARM_MARGIN: Duration = Duration::from_millis(500);
@@ -56,30 +60,6 @@ pub struct DumpRun {
     /// A claim could not be taken where it belongs: warned about once.
     claims_warned: bool,
     inventory_added: bool,
-}
-
-/// Why the NVIDIA side cannot serve a dump that may need it.
-#[derive(Debug, thiserror::Error)]
-pub enum Unusable {
-    /// The settings file cannot be read.
-    #[error("the settings file cannot be read ({0})")]
-    Settings(String),
-    /// The kernel driver's listing is not where the settings say.
-    #[error("{0}")]
-    Machine(String),
-    /// No driver, or one without the checkpoint API.
-    #[error("CUDA checkpointing cannot work: {0}")]
-    Driver(#[from] driver::LoadError),
-    /// The GPUs cannot be listed.
-    #[error("the GPUs cannot be listed from cuda.nvidia-proc = {dir} ({from}): {source}")]
-    Gpus {
-        /// The listing's directory.
-        dir: String,
-        /// Where the setting came from.
-        from: String,
-        /// Why.
-        source: gpus::ListingError,
-    },
 }
 
 /// What the backend did to one process during a dump.
@@ -509,62 +489,6 @@ impl DumpRun {
                     "cuda: pid {pid} was paused but not seized by CRIU, and cannot be unlocked: {e}"
                 ),
             }
-        }
-    }
-
-    /// The GPUs the dumped processes could reach: what the driver checkpointed, and what a
-    /// restore must map. Processes in a container see only its GPUs' nodes in its `/dev`,
-    /// while this CRIU (in the host's mount namespace under runc) sees every GPU's.
-    fn checkpointed_gpus(&self) -> Vec<Gpu> {
-        let mut seen: Option<Vec<Gpu>> = None;
-        for &pid in self.dumped.keys() {
-            if devnodes::other_mount_ns(pid) != Some(true) {
-                return self.gpus.clone();
-            }
-            let Some(v) = devnodes::seen_by_task(pid, &self.gpus) else {
-                return self.gpus.clone();
-            };
-            let all = seen.get_or_insert_with(Vec::new);
-            for g in v {
-                if !all.iter().any(|a| a.uuid == g.uuid) {
-                    all.push(g);
-                }
-            }
-        }
-        match seen {
-            Some(mut v) if !v.is_empty() => {
-                v.sort_by(|a, b| a.bus.cmp(&b.bus));
-                if v.len() < self.gpus.len() {
-                    let names: Vec<String> = v.iter().map(|g| g.uuid.to_string()).collect();
-                    log::info!(
-                        "cuda: the dumped processes reach {} of the {} GPU(s) here: {}",
-                        v.len(),
-                        self.gpus.len(),
-                        names.join(", ")
-                    );
-                }
-                v
-            }
-            _ => self.gpus.clone(),
-        }
-    }
-
-    /// What the image records of this dump.
-    fn metadata(&self) -> CudaMetadata {
-        CudaMetadata {
-            driver_version: self.driver_version,
-            driver_release: driver::read_release(&self.settings.nvidia_proc),
-            gpus: self.checkpointed_gpus(),
-            processes: self
-                .dumped
-                .values()
-                .map(|p| ProcessRecord {
-                    pid: p.ns_pid,
-                    restore_tid: p.restore_tid,
-                    found: p.found,
-                    host_bytes: p.host_bytes,
-                })
-                .collect(),
         }
     }
 
