@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::cuda::batch::{Batch, restore_each, run_each};
-use crate::cuda::helper::{self, RestoreJob};
-use crate::cuda::{CudaSettings, check_put_back, driver, gpus, procfs, put_back};
+use crate::cuda::driver::LoadError;
+use crate::cuda::helper;
+use crate::cuda::step::{Step, check_put_back};
+use crate::cuda::{CudaSettings, driver, gpus, procfs};
 use cuda_ckpt_sys::{Driver, DriverError, GpuPair, GpuUuid, ProcessState};
 
-pub use crate::cuda::batch::Timed;
 pub use crate::cuda::error::CallError;
 pub use crate::cuda::exclusive::{
     Claim, ClaimError, DirProblem, FALLBACK_DIR, HeldBy, LOCK_DIR, Role,
@@ -23,6 +24,7 @@ pub use crate::cuda::exclusive::{
 pub use crate::cuda::gpus::parse_device_map;
 pub use crate::cuda::nvml::GpuMemory;
 pub use crate::cuda::procfs::{rss_bytes, start_time};
+pub use crate::cuda::step::Timed;
 
 /// `pid` and its descendants, root first (every thread's `/proc/PID/task/TID/children`).
 pub fn process_tree(pid: i32) -> Vec<i32> {
@@ -42,11 +44,60 @@ pub fn comm(pid: i32) -> String {
         .unwrap_or_default()
 }
 
+/// Why the driver cannot be used the way the plugin's settings say.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The settings cannot be read.
+    #[error("{0}; fix or remove the settings file (or point CRIU_GPU_PLUGIN_CONFIG elsewhere)")]
+    Config(String),
+    /// A setting's value is bad.
+    #[error("a setting is bad: {0}; fix it in the settings file or the environment")]
+    Setting(String),
+    /// No kernel driver listing where the settings say.
+    #[error("no NVIDIA driver here ({0}): load the nvidia kernel module, or set cuda.nvidia-proc")]
+    NoDriver(String),
+    /// The CUDA driver cannot be loaded or has no checkpoint API.
+    #[error("cannot use the CUDA driver: {0} (set libcuda in the settings to another library)")]
+    Driver(#[from] LoadError),
+}
+
+/// Why a CUDA process's state is not known.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The driver cannot tell whether it uses CUDA.
+    #[error("cannot tell whether it uses CUDA: {0} (are you root?)")]
+    Unknown(DriverError),
+    /// It cannot run, so the driver cannot answer for it.
+    #[error(transparent)]
+    NotRunnable(#[from] NotRunnable),
+    /// The driver's answer to the state query.
+    #[error("the driver cannot tell its state: {0}")]
+    State(DriverError),
+}
+
+/// Why the driver cannot act on a process now.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NotRunnable {
+    /// Stopped by a signal or a debugger.
+    #[error(
+        "it is {how}; CUDA can only act on a running process: continue it (kill -CONT {pid}) and try again"
+    )]
+    Stopped {
+        /// How, in words.
+        how: &'static str,
+        /// The process.
+        pid: i32,
+    },
+    /// In a frozen cgroup.
+    #[error(
+        "it is in frozen cgroup {0}; CUDA can only act on a running process: thaw the cgroup and try again"
+    )]
+    Frozen(String),
+}
+
 /// The plugin's settings (its file, `CRIU_GPU_*` variables), with warnings printed.
-pub fn load_config() -> Result<Config, String> {
-    let cfg = Config::from_process().map_err(|e| {
-        format!("{e}; fix or remove the settings file (or point CRIU_GPU_PLUGIN_CONFIG elsewhere)")
-    })?;
+pub fn load_config() -> Result<Config, OpenError> {
+    let cfg = Config::from_process().map_err(|e| OpenError::Config(e.to_string()))?;
     for w in &cfg.warnings {
         log::warn!("settings: {w}");
     }
@@ -71,7 +122,7 @@ pub enum Found {
     /// A CUDA process with its restore thread; its state, or why it cannot be had.
     Cuda {
         tid: i32,
-        state: Result<ProcessState, String>,
+        state: Result<ProcessState, ProbeError>,
     },
 }
 
@@ -113,24 +164,16 @@ impl Probe {
 
 impl Session {
     /// Loads the driver the plugin's settings name.
-    pub fn open(serial: bool) -> Result<Session, String> {
+    pub fn open(serial: bool) -> Result<Session, OpenError> {
         let cfg = load_config()?;
         let settings = CudaSettings::from_config(&cfg);
         if let Some(p) = settings.problems.first() {
-            return Err(format!(
-                "a setting is bad: {p}; fix it in the settings file or the environment"
-            ));
+            return Err(OpenError::Setting(p.to_string()));
         }
         if let Some(problem) = settings.nvidia_proc_problem() {
-            return Err(format!(
-                "no NVIDIA driver here ({problem}): load the nvidia kernel module, or set cuda.nvidia-proc"
-            ));
+            return Err(OpenError::NoDriver(problem));
         }
-        let (driver, version) = driver::load(&settings).map_err(|e| {
-            format!(
-                "cannot use the CUDA driver: {e} (set libcuda in the settings to another library)"
-            )
-        })?;
+        let (driver, version) = driver::load(&settings)?;
         log::info!(
             "driver {} (CUDA {})",
             driver.path(),
@@ -154,15 +197,15 @@ impl Session {
                 let found = match self.driver.restore_thread_id(pid) {
                     Ok(tid) => Found::Cuda {
                         tid,
-                        state: runnable(pid, tid).map(|()| ProcessState::Running),
+                        state: runnable(pid, tid)
+                            .map(|()| ProcessState::Running)
+                            .map_err(ProbeError::from),
                     },
                     Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => Found::Gone,
                     Err(e) if driver::not_a_cuda_process(&e) => Found::NotCuda,
                     Err(e) => Found::Cuda {
                         tid: 0,
-                        state: Err(format!(
-                            "cannot tell whether it uses CUDA: {e} (are you root?)"
-                        )),
+                        state: Err(ProbeError::Unknown(e)),
                     },
                 };
                 Probe { pid, comm, found }
@@ -188,8 +231,8 @@ impl Session {
                 // A stop that lands while the driver is asked (SIGSTOP reaches threads one by
                 // one) fails the call; say what the user can act on, not the driver's errno.
                 *state = s.clone().map_err(|e| match runnable(p.pid, *tid) {
-                    Err(why) => why,
-                    Ok(()) => format!("the driver cannot tell its state: {e}"),
+                    Err(why) => why.into(),
+                    Ok(()) => ProbeError::State(e),
                 });
             }
         }
@@ -200,7 +243,8 @@ impl Session {
     pub fn lock(&self, pids: &[i32], timeout: Duration) -> Vec<Timed> {
         // Never 0, which the driver reads as "wait for good".
         let ms = timeout.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
-        run_each(pids, self.parallel, |pid| self.driver.lock(pid, ms))
+        let lock = Step::Lock { timeout_ms: ms };
+        run_each(pids, self.parallel, |pid| lock.run(&self.driver, pid))
     }
 
     /// Checkpoints `procs` (pid, restore thread), all at once, as one batch.
@@ -213,8 +257,9 @@ impl Session {
             }
         }
         let driver = &self.driver;
-        let mut ran =
-            batch.run(|pids, parallel| run_each(pids, parallel, |pid| driver.checkpoint(pid)));
+        let mut ran = batch.run(|pids, parallel| {
+            run_each(pids, parallel, |pid| Step::Checkpoint.run(driver, pid))
+        });
         ran.log_not_stopped();
         ran.phase.log("checkpoint");
         let mut results = std::mem::take(&mut ran.results);
@@ -226,19 +271,17 @@ impl Session {
     /// and unlocks every one, as one batch; a restore that needs `cuInit` is redone from a
     /// helper process, as in the plugin.
     pub fn restore(&self, procs: &[(i32, i32, bool)], pairs: &[GpuPair]) -> Vec<Timed> {
-        let checkpointed: Vec<i32> = procs.iter().filter(|p| p.2).map(|p| p.0).collect();
         let driver = &self.driver;
         self.batch_of_restores(
             procs,
-            pairs,
-            |j| {
-                if checkpointed.contains(&j.pid) {
-                    Ok(j.restore(driver, pairs)?)
-                } else {
-                    Ok(driver.unlock(j.pid)?)
-                }
+            |checkpointed| match checkpointed {
+                true => Step::Restore {
+                    pairs,
+                    unlock: true,
+                },
+                false => Step::Unlock,
             },
-            |j| expect_state(driver, j.pid, ProcessState::Running),
+            |pid, _| expect_state(driver, pid, ProcessState::Running),
         )
     }
 
@@ -248,31 +291,30 @@ impl Session {
         let driver = &self.driver;
         self.batch_of_restores(
             procs,
-            &[],
-            |j| put_back(driver, j.pid, j.unlock),
-            |j| check_put_back(driver, j.pid, j.unlock),
+            |unlock| Step::PutBack { unlock },
+            |pid, s| check_put_back(driver, pid, matches!(s, Step::PutBack { unlock: true })),
         )
     }
 
-    fn batch_of_restores(
+    /// One batch of `step`s (of each process's flag), a restore that needs `cuInit` redone
+    /// from a helper process and then checked with `check`.
+    fn batch_of_restores<'a>(
         &self,
         procs: &[(i32, i32, bool)],
-        pairs: &[GpuPair],
-        here: impl Fn(&RestoreJob) -> Result<(), CallError> + Sync,
-        check: impl Fn(&RestoreJob) -> Result<(), CallError>,
+        step: impl Fn(bool) -> Step<'a>,
+        check: impl Fn(i32, &Step<'_>) -> Result<(), CallError>,
     ) -> Vec<Timed> {
         let mut batch = Batch::new(self.parallel);
-        let mut jobs = Vec::new();
+        let mut steps = Vec::new();
         let mut refused = Vec::new();
-        for &(pid, tid, unlock) in procs {
+        for &(pid, tid, flag) in procs {
             match batch.add(pid, tid) {
-                Ok(()) => jobs.push(RestoreJob { pid, unlock }),
+                Ok(()) => steps.push((pid, step(flag))),
                 Err(e) => refused.push((pid, Err(thread_error(tid, &e)), Duration::ZERO)),
             }
         }
         let driver = &self.driver;
-        let mut ran =
-            batch.run(|_, parallel| restore_each(driver, &jobs, pairs, parallel, here, check));
+        let mut ran = batch.run(|_, parallel| restore_each(driver, &steps, parallel, check));
         ran.log_not_stopped();
         ran.phase.log("restore");
         let mut results = std::mem::take(&mut ran.results);
@@ -324,21 +366,17 @@ impl Session {
 }
 
 /// Refuses a process the driver could not answer for: stopped, or in a frozen cgroup.
-fn runnable(pid: i32, tid: i32) -> Result<(), String> {
+fn runnable(pid: i32, tid: i32) -> Result<(), NotRunnable> {
     if let Some(state @ ('T' | 't')) = procfs::thread_state(pid, tid) {
         let how = if state == 't' {
             "stopped by a debugger"
         } else {
             "stopped (SIGSTOP)"
         };
-        return Err(format!(
-            "it is {how}; CUDA can only act on a running process: continue it (kill -CONT {pid}) and try again"
-        ));
+        return Err(NotRunnable::Stopped { how, pid });
     }
     if let Some(cg) = procfs::frozen_cgroup(pid) {
-        return Err(format!(
-            "it is in frozen cgroup {cg}; CUDA can only act on a running process: thaw the cgroup and try again"
-        ));
+        return Err(NotRunnable::Frozen(cg));
     }
     Ok(())
 }

@@ -58,7 +58,12 @@ macro_rules! failed_from {
         }
     )*};
 }
-failed_from!(help::NoSuchCommand, targets::TargetError, images::OpenError);
+failed_from!(
+    help::NoSuchCommand,
+    targets::TargetError,
+    images::OpenError,
+    criu_gpu_core::session::OpenError
+);
 
 /// A progress line on stderr.
 pub fn progress(line: &str) {

@@ -477,7 +477,7 @@ pub fn status(s: &Session, pids: &[i32]) -> (String, serde_json::Value) {
             _ => Vec::new(),
         };
         let note = match &p.found {
-            Found::Cuda { state: Err(e), .. } => Some(e.clone()),
+            Found::Cuda { state: Err(e), .. } => Some(e.to_string()),
             _ => None,
         };
         text.push_str(&format!(

@@ -11,22 +11,16 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use criu_plugin::symbols::AlarmSuspended;
-use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuPair};
+use cuda_ckpt_sys::{Driver, DriverError};
 
 use super::error::CallError;
-use super::helper::{self, RestoreJob};
+use super::helper;
 use super::restore_thread::RunningThreads;
+use super::step::{Step, needs_init};
+pub use super::step::{Timed, ms};
 
 /// How long the helper process of one batch may run (the C plugin's default timeout).
 pub const HELPER_DEADLINE: Duration = Duration::from_secs(300);
-
-/// One process's result and the time its calls took.
-pub type Timed<E = CallError> = (i32, Result<(), E>, Duration);
-
-/// Milliseconds, for log lines.
-pub fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// A batch being put together: the processes whose restore thread runs.
 pub struct Batch {
@@ -191,21 +185,19 @@ pub fn run_each<E: Into<CallError>>(
     })
 }
 
-/// Runs `op` for every pid in a helper process ([`helper::each_in_helper`]): a driver call
-/// that never returns, or waits for a task that died, costs a killed helper, never a CRIU that
-/// hangs. A helper that gives no answer fails every pid, saying why.
-pub fn each_in_helper<E: Into<CallError>>(
-    driver: &Driver,
-    pids: &[i32],
-    parallel: bool,
-    op: impl Fn(i32) -> Result<(), E> + Sync,
-) -> Vec<Timed> {
+/// Makes each step in a helper process ([`helper::each_in_helper`]): a driver call that never
+/// returns, or waits for a task that died, costs a killed helper, never a CRIU that hangs. A
+/// helper that gives no answer fails every pid, saying why.
+pub fn each_in_helper(driver: &Driver, steps: &[(i32, Step<'_>)], parallel: bool) -> Vec<Timed> {
+    if steps.is_empty() {
+        return Vec::new();
+    }
     let t = Instant::now();
-    match helper::each_in_helper(driver, pids, parallel, false, HELPER_DEADLINE, op) {
+    match helper::each_in_helper(driver, steps, parallel, false, HELPER_DEADLINE) {
         Ok(v) => v,
-        Err(e) => pids
+        Err(e) => steps
             .iter()
-            .map(|&pid| {
+            .map(|&(pid, _)| {
                 let why = format!("the driver helper process gave no answer: {e}");
                 (pid, Err(CallError::Helper(why)), t.elapsed())
             })
@@ -213,34 +205,22 @@ pub fn each_in_helper<E: Into<CallError>>(
     }
 }
 
-/// Whether the driver refused a restore because the caller has not called `cuInit` (needed
-/// when persistence mode is off).
-fn needs_init(r: &Result<(), CallError>) -> bool {
-    matches!(r, Err(CallError::Driver(DriverError::Cuda(e)))
-        if e.code == CUresult::NOT_PERMITTED && e.call == "cuCheckpointProcessRestore")
-}
-
-/// Restores (and unlocks) every job: `here` does a job in a helper process; the jobs the driver
-/// refused for want of `cuInit` are redone from a helper process that calls it (`cuInit`
-/// starts threads, which must not stay in CRIU's process) and then checked with `check`.
+/// Makes each step (a restore, or a put-back) in a helper process; the steps whose restore the
+/// driver refused for want of `cuInit` are redone ([`Step::after_init`]) from a helper process
+/// that calls it (`cuInit` starts threads, which must not stay in CRIU's process) and then
+/// checked with `check`.
 pub fn restore_each(
     driver: &Driver,
-    jobs: &[RestoreJob],
-    pairs: &[GpuPair],
+    steps: &[(i32, Step<'_>)],
     parallel: bool,
-    here: impl Fn(&RestoreJob) -> Result<(), CallError> + Sync,
-    check: impl Fn(&RestoreJob) -> Result<(), CallError>,
+    check: impl Fn(i32, &Step<'_>) -> Result<(), CallError>,
 ) -> Vec<Timed> {
-    let pids: Vec<i32> = jobs.iter().map(|j| j.pid).collect();
-    let job = |pid: i32| jobs.iter().find(|j| j.pid == pid);
-    let mut results = each_in_helper(driver, &pids, parallel, |pid| match job(pid) {
-        Some(j) => here(j),
-        None => Ok(()),
-    });
-    let retry: Vec<RestoreJob> = results
+    let step = |pid: i32| steps.iter().find(|s| s.0 == pid).map(|s| &s.1);
+    let mut results = each_in_helper(driver, steps, parallel);
+    let retry: Vec<(i32, Step<'_>)> = results
         .iter()
         .filter(|(_, r, _)| needs_init(r))
-        .filter_map(|(pid, _, _)| job(*pid).copied())
+        .filter_map(|(pid, _, _)| step(*pid).map(|s| (*pid, s.after_init())))
         .collect();
     if retry.is_empty() {
         return results;
@@ -250,7 +230,7 @@ pub fn restore_each(
         retry.len()
     );
     let t = Instant::now();
-    let redone = helper::restore_with_init(driver, &retry, pairs, parallel, HELPER_DEADLINE);
+    let redone = helper::each_in_helper(driver, &retry, parallel, true, HELPER_DEADLINE);
     let helper_wall = t.elapsed();
     for slot in results.iter_mut().filter(|(_, r, _)| needs_init(r)) {
         let (pid, result, took) = slot;
@@ -258,7 +238,7 @@ pub fn restore_each(
             Ok(v) => match v.iter().find(|(p, _, _)| p == pid) {
                 Some((_, Ok(()), helper_took)) => {
                     *took += *helper_took;
-                    job(*pid).map_or(Ok(()), &check)
+                    step(*pid).map_or(Ok(()), |s| check(*pid, s))
                 }
                 Some((_, Err(e), helper_took)) => {
                     *took += *helper_took;

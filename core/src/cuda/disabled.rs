@@ -16,13 +16,36 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criu_plugin::{HookError, HookResult};
-use cuda_ckpt_sys::{Driver, ProcessState};
+use cuda_ckpt_sys::{Driver, DriverError, ProcessState};
 
 use super::batch::{Batch, Timed};
 use super::error::{Failure, FailureKind, Report};
 use super::restore::{end_restored, list_pids, settle};
 use super::settings::CudaSettings;
 use super::{driver, procfs};
+
+/// What a restored task is, that the NVIDIA side, switched off, cannot give its GPU state:
+/// the middle of the message that fails the restore.
+#[derive(Debug, thiserror::Error)]
+enum Frozen {
+    /// A CUDA process whose restore thread cannot be let run.
+    #[error("a CUDA process whose restore thread {tid} cannot run ({source})")]
+    Thread {
+        /// The restore thread.
+        tid: i32,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The driver cannot tell whether it is one.
+    #[error("perhaps a CUDA process: the driver cannot tell ({0})")]
+    Unknown(DriverError),
+    /// A CUDA process not running.
+    #[error("a CUDA process left {0}")]
+    Left(ProcessState),
+    /// A CUDA process whose state is not known.
+    #[error("a CUDA process whose state cannot be had ({0})")]
+    NoState(settle::StateError),
+}
 
 /// A restore the NVIDIA side is switched off for, watched for CUDA processes left frozen.
 pub struct DisabledRestore {
@@ -82,24 +105,18 @@ fn check_tree(
     origin: &str,
 ) -> BTreeMap<i32, HookResult> {
     let tree = procfs::tree(root);
-    let mut failed: BTreeMap<i32, String> = BTreeMap::new();
+    let mut failed: BTreeMap<i32, Frozen> = BTreeMap::new();
     let mut batch = Batch::new(parallel);
     for &pid in &tree {
         match batch.restore_thread_id(driver, pid) {
             Ok(tid) => {
                 if let Err(e) = batch.add(pid, tid) {
-                    failed.insert(
-                        pid,
-                        format!("a CUDA process whose restore thread {tid} cannot run ({e})"),
-                    );
+                    failed.insert(pid, Frozen::Thread { tid, source: e });
                 }
             }
             Err(e) if driver::not_a_cuda_process(&e) => {}
             Err(e) => {
-                failed.insert(
-                    pid,
-                    format!("perhaps a CUDA process: the driver cannot tell ({e})"),
-                );
+                failed.insert(pid, Frozen::Unknown(e));
             }
         }
     }
@@ -109,12 +126,12 @@ fn check_tree(
             .map(|(pid, a)| {
                 let r = match a {
                     Ok(ProcessState::Running) => Ok(()),
-                    Ok(s) => Err(format!("a CUDA process left {s}")),
-                    Err(e) => Err(format!("a CUDA process whose state cannot be had ({e})")),
+                    Ok(s) => Err(Frozen::Left(s)),
+                    Err(e) => Err(Frozen::NoState(e)),
                 };
                 (pid, r, Duration::ZERO)
             })
-            .collect::<Vec<Timed<String>>>()
+            .collect::<Vec<Timed<Frozen>>>()
     });
     ran.log_not_stopped();
     for (pid, r, _) in ran.results {

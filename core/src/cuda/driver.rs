@@ -7,75 +7,91 @@ use std::time::Instant;
 
 use cuda_ckpt_sys::{CUresult, Driver, DriverError, GpuUuid};
 
-use super::batch::ms;
+use super::error::{Cause, FailureKind};
 use super::gpus::Gpu;
 use super::helper;
+use super::library::{Library, LibraryError, library};
 use super::settings::CudaSettings;
+use super::step::ms;
+
+/// Why the CUDA driver the settings name cannot be used; each names the `libcuda` value and
+/// where it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The setting names a library that may not be loaded.
+    #[error("{setting}: {source}")]
+    Library {
+        /// The setting and where it came from.
+        setting: String,
+        /// Why.
+        source: LibraryError,
+    },
+    /// The library cannot be loaded.
+    #[error("{setting}: {source}")]
+    Open {
+        /// The setting and where it came from.
+        setting: String,
+        /// The loader's answer.
+        source: DriverError,
+    },
+    /// The driver has no checkpoint API.
+    #[error(
+        "{setting}: {source}: the CUDA checkpoint API needs driver 570 or later (CUDA {min})",
+        min = cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
+    )]
+    NoCheckpoint {
+        /// The setting and where it came from.
+        setting: String,
+        /// The driver's answer.
+        source: DriverError,
+    },
+}
+
+/// No CUDA driver the run can use on this machine.
+impl Cause for LoadError {
+    fn errno(&self) -> i32 {
+        libc::ENODEV
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Machine
+    }
+}
 
 /// Loads the CUDA driver the settings name and checks that it can checkpoint processes;
 /// returns it with its version.
 /// Errors name the `libcuda` value and where it came from.
-pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), String> {
-    let named = |e: &dyn std::fmt::Display| format!("{}: {e}", settings.describe_libcuda());
+pub fn load(settings: &CudaSettings) -> Result<(Driver, i32), LoadError> {
+    let setting = || settings.describe_libcuda();
     let driver = match &settings.libcuda {
         None => Driver::open_default(),
         Some(p) => {
             let value = p.to_string_lossy();
-            match library(&value).map_err(|e| named(&e))? {
+            let found = library(&value).map_err(|source| LoadError::Library {
+                setting: setting(),
+                source,
+            })?;
+            match found {
                 Library::Search(name) => Driver::open_search(name),
                 Library::File(path) => Driver::open(path),
             }
         }
     }
-    .map_err(|e| named(&e))?;
+    .map_err(|source| LoadError::Open {
+        setting: setting(),
+        source,
+    })?;
     log::debug!(
         "cuda: {}: loaded {}",
         settings.describe_libcuda(),
         driver.path()
     );
-    let version = driver.check_checkpoint_support().map_err(|e| {
-        named(&format!(
-            "{e}: the CUDA checkpoint API needs driver 570 or later (CUDA {})",
-            cuda_ckpt_sys::format_version(cuda_ckpt_sys::MIN_CHECKPOINT_VERSION)
-        ))
-    })?;
+    let version = driver
+        .check_checkpoint_support()
+        .map_err(|source| LoadError::NoCheckpoint {
+            setting: setting(),
+            source,
+        })?;
     Ok((driver, version))
-}
-
-/// How a library named in the settings (`libcuda`, `nvml`) is loaded.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Library<'a> {
-    /// A bare name: found by [`cuda_ckpt_sys::library_search`] over absolute directories only
-    /// (`LD_LIBRARY_PATH`'s absolute entries, the loader cache, the system directories) and
-    /// loaded by that absolute path.
-    Search(&'a str),
-    /// An absolute path to a regular file.
-    File(&'a Path),
-}
-
-/// Where a configured library may be loaded from. CRIU's working directory is the image
-/// directory, which an imported checkpoint fills: code is never loaded from a path it could
-/// supply. So a bare name is searched for over absolute directories only (an empty or relative
-/// `LD_LIBRARY_PATH` entry, which the loader would read against the working directory, is
-/// skipped), a relative path is refused, and an absolute one must be a regular file (`dlopen`
-/// of a FIFO blocks for good).
-pub fn library(value: &str) -> Result<Library<'_>, String> {
-    if value.is_empty() {
-        return Err("an empty library name".into());
-    }
-    if !value.contains('/') {
-        return Ok(Library::Search(value));
-    }
-    let path = Path::new(value);
-    if !path.is_absolute() {
-        return Err(format!(
-            "{value} is a relative path, which would be looked up from CRIU's working directory (the image directory); give an absolute path or a bare library name"
-        ));
-    }
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => Err(format!("{value} is not a regular file")),
-        _ => Ok(Library::File(path)),
-    }
 }
 
 /// The kernel driver's release from `version` beside the GPU listing (normally
@@ -126,31 +142,4 @@ pub fn not_a_cuda_process(e: &DriverError) -> bool {
         e.cuda_code(),
         Some(CUresult::NOT_INITIALIZED | CUresult::INVALID_VALUE | CUresult::NOT_FOUND)
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn libraries_come_from_the_loader_search_or_an_absolute_path_only() {
-        assert_eq!(library("libcuda.so.1"), Ok(Library::Search("libcuda.so.1")));
-        for rel in ["./libcuda.so.1", "lib/libcuda.so.1", "../x.so"] {
-            let e = library(rel).unwrap_err();
-            assert!(
-                e.contains("relative path") && e.contains("image directory"),
-                "{e}"
-            );
-        }
-        assert!(library("").is_err());
-        assert_eq!(
-            library("/nonexistent/libcuda.so.1"),
-            Ok(Library::File(Path::new("/nonexistent/libcuda.so.1")))
-        );
-        assert_eq!(
-            library("/dev/zero"),
-            Err("/dev/zero is not a regular file".into())
-        );
-        assert!(library("/").unwrap_err().contains("not a regular file"));
-    }
 }

@@ -5,6 +5,10 @@
 mod claims;
 mod guardian;
 pub(super) mod put_back;
+mod record;
+mod unusable;
+
+pub use unusable::Unusable;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,9 +23,10 @@ use super::batch::{Batch, Ran, each_in_helper, ms};
 use super::error::{CallError, Failure, FailureKind, Report, call_failure, os_failure};
 use super::gpus::{self, Gpu};
 use super::guardian::Action;
-use super::metadata::{self, CudaMetadata, FoundState, ProcessRecord};
+use super::metadata::{self, FoundState};
 use super::settings::CudaSettings;
-use super::{INVENTORY_NAME, devnodes, driver, exclusive, helper, image, procfs};
+use super::step::Step;
+use super::{INVENTORY_NAME, driver, exclusive, helper, image, procfs};
 
 /// Time kept back from CRIU's alarm so that a lock timeout is reported by us, not by SIGALRM.
 const ALARM_MARGIN: Duration = Duration::from_millis(500);
@@ -87,10 +92,10 @@ impl DumpRun {
     /// NVIDIA side cannot run although it may be needed (settings file unreadable, a
     /// `cuda.nvidia-proc` that lists nothing, no driver or checkpoint API, GPUs that cannot
     /// be listed): a process that holds an NVIDIA device then fails the dump with `why`.
-    pub fn start(settings: CudaSettings) -> Result<Option<DumpRun>, String> {
+    pub fn start(settings: CudaSettings) -> Result<Option<DumpRun>, Unusable> {
         if let Some(e) = &settings.file_error {
             // The file may name another libcuda or switch the NVIDIA side off: load nothing.
-            return Err(format!("the settings file cannot be read ({e})"));
+            return Err(Unusable::Settings(e.clone()));
         }
         let proc_dir = &settings.nvidia_proc;
         if let Some(problem) = settings.nvidia_proc_problem() {
@@ -103,17 +108,15 @@ impl DumpRun {
                 );
                 return Ok(None);
             }
-            return Err(problem);
+            return Err(Unusable::Machine(problem));
         }
-        let (driver, driver_version) =
-            driver::load(&settings).map_err(|e| format!("CUDA checkpointing cannot work: {e}"))?;
-        let mut gpus = gpus::read_gpus(proc_dir, &settings.nvidia_dev).map_err(|e| {
-            format!(
-                "the GPUs cannot be listed from cuda.nvidia-proc = {} ({}): {e}",
-                proc_dir.display(),
-                settings.nvidia_proc_from
-            )
-        })?;
+        let (driver, driver_version) = driver::load(&settings)?;
+        let mut gpus =
+            gpus::read_gpus(proc_dir, &settings.nvidia_dev).map_err(|source| Unusable::Gpus {
+                dir: proc_dir.display().to_string(),
+                from: settings.nvidia_proc_from.to_string(),
+                source,
+            })?;
         driver::fill_memory(&settings.nvml, &mut gpus);
         // Locking needs runnable tasks: keep CRIU from freezing the cgroup before PAUSE_DEVICES.
         if !CriuSymbols::get().request_interrupt_only_mode() {
@@ -399,7 +402,9 @@ impl DumpRun {
             not_stopped,
             phase,
         } = batch.run(|pids, parallel| {
-            each_in_helper(driver, pids, parallel, |pid| driver.checkpoint(pid))
+            let steps: Vec<(i32, Step<'_>)> =
+                pids.iter().map(|&pid| (pid, Step::Checkpoint)).collect();
+            each_in_helper(driver, &steps, parallel)
         });
         for (pid, r, took) in results {
             let Some(p) = self.dumped.get_mut(&pid) else {
@@ -484,62 +489,6 @@ impl DumpRun {
                     "cuda: pid {pid} was paused but not seized by CRIU, and cannot be unlocked: {e}"
                 ),
             }
-        }
-    }
-
-    /// The GPUs the dumped processes could reach: what the driver checkpointed, and what a
-    /// restore must map. Processes in a container see only its GPUs' nodes in its `/dev`,
-    /// while this CRIU (in the host's mount namespace under runc) sees every GPU's.
-    fn checkpointed_gpus(&self) -> Vec<Gpu> {
-        let mut seen: Option<Vec<Gpu>> = None;
-        for &pid in self.dumped.keys() {
-            if devnodes::other_mount_ns(pid) != Some(true) {
-                return self.gpus.clone();
-            }
-            let Some(v) = devnodes::seen_by_task(pid, &self.gpus) else {
-                return self.gpus.clone();
-            };
-            let all = seen.get_or_insert_with(Vec::new);
-            for g in v {
-                if !all.iter().any(|a| a.uuid == g.uuid) {
-                    all.push(g);
-                }
-            }
-        }
-        match seen {
-            Some(mut v) if !v.is_empty() => {
-                v.sort_by(|a, b| a.bus.cmp(&b.bus));
-                if v.len() < self.gpus.len() {
-                    let names: Vec<String> = v.iter().map(|g| g.uuid.to_string()).collect();
-                    log::info!(
-                        "cuda: the dumped processes reach {} of the {} GPU(s) here: {}",
-                        v.len(),
-                        self.gpus.len(),
-                        names.join(", ")
-                    );
-                }
-                v
-            }
-            _ => self.gpus.clone(),
-        }
-    }
-
-    /// What the image records of this dump.
-    fn metadata(&self) -> CudaMetadata {
-        CudaMetadata {
-            driver_version: self.driver_version,
-            driver_release: driver::read_release(&self.settings.nvidia_proc),
-            gpus: self.checkpointed_gpus(),
-            processes: self
-                .dumped
-                .values()
-                .map(|p| ProcessRecord {
-                    pid: p.ns_pid,
-                    restore_tid: p.restore_tid,
-                    found: p.found,
-                    host_bytes: p.host_bytes,
-                })
-                .collect(),
         }
     }
 

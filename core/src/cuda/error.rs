@@ -85,21 +85,37 @@ impl CallError {
     }
 }
 
+/// An error below the hooks that a hook reports: the errno and kind it stands for are decided
+/// once, by its type.
+pub trait Cause: std::error::Error + Send + Sync + Sized + 'static {
+    /// The errno (positive) CRIU gets for it.
+    fn errno(&self) -> i32;
+    /// What kind of failure it is.
+    fn kind(&self) -> FailureKind;
+    /// The failure a hook reports: `context`, then the error's message; the error is the cause.
+    fn failure(self, context: impl Display) -> Failure {
+        Failure::new(self.kind(), self.errno(), format!("{context}{self}")).caused_by(self)
+    }
+}
+
 /// A call for `pid` that failed, with its errno and kind, the call's error as the cause.
 pub fn call_failure(pid: i32, e: &CallError) -> Failure {
     Failure::new(e.kind(), e.errno(), format!("cuda: pid {pid}: {e}")).caused_by(e.clone())
 }
 
-/// A system call that failed with `e` (`EIO` when it carries no errno).
+/// A system call that failed with `e` (`EIO` when it carries no errno); `e`, message and all,
+/// is the cause.
 pub fn os_failure(e: &std::io::Error, message: impl Display) -> Failure {
+    let cause = match e.raw_os_error() {
+        Some(n) => std::io::Error::from_raw_os_error(n),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    };
     Failure::new(
         FailureKind::System,
         e.raw_os_error().unwrap_or(libc::EIO),
         message,
     )
-    .caused_by(std::io::Error::from_raw_os_error(
-        e.raw_os_error().unwrap_or(libc::EIO),
-    ))
+    .caused_by(cause)
 }
 
 /// Logging a failure now, for answers recorded before any hook returns them.

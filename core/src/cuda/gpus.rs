@@ -10,29 +10,158 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use cuda_ckpt_sys::{GpuPair, GpuUuid};
+use cuda_ckpt_sys::{GpuPair, GpuUuid, ParseUuidError};
 
-/// One GPU as the kernel driver describes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Gpu {
-    /// `GPU-…` UUID.
-    pub uuid: GpuUuid,
-    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
-    pub model: String,
-    /// PCI address, e.g. `0000:00:06.0`.
-    pub bus: String,
-    /// Total memory in bytes, when known (from the CUDA driver or NVML; 0 = unknown).
-    pub memory: u64,
-    /// Minor number of its device node `/dev/nvidia<minor>`, when the driver says.
-    pub minor: Option<u32>,
-}
+use super::devnodes::NodeError;
+use super::error::{Cause, FailureKind};
+
+pub use super::gpu::Gpu;
 
 /// Largest `information` file read (they are a few hundred bytes).
 const MAX_INFO_BYTES: u64 = 16 * 1024;
 /// Most GPUs considered on one machine.
 const MAX_GPUS: usize = 256;
 
-fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
+/// Why the kernel driver's GPU listing cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    /// The directory cannot be listed.
+    #[error("cannot list {dir}: {source}")]
+    List {
+        /// The listing's directory.
+        dir: String,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// More GPUs than the plugin considers.
+    #[error("more than {MAX_GPUS} GPUs under {0}")]
+    TooMany(String),
+    /// A GPU's `information` file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// A GPU's UUID does not parse.
+    #[error("GPU {bus}: bad UUID {value:?}: {source}")]
+    BadUuid {
+        /// The GPU's PCI address.
+        bus: String,
+        /// What the file says.
+        value: String,
+        /// Why it is no UUID.
+        source: ParseUuidError,
+    },
+    /// A line the plugin needs is missing.
+    #[error("GPU {bus}: no `{line}` line")]
+    NoLine {
+        /// The GPU's PCI address.
+        bus: String,
+        /// The line's key.
+        line: &'static str,
+    },
+}
+
+/// Why a device map cannot be read, or the checkpointed GPUs cannot all be placed here.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// An entry without `=`.
+    #[error("device map entry {0:?} is not OLD=NEW")]
+    NotAPair(String),
+    /// An entry whose UUIDs do not parse.
+    #[error("device map entry {entry:?}: {source}")]
+    BadUuid {
+        /// The entry.
+        entry: String,
+        /// Why.
+        source: ParseUuidError,
+    },
+    /// A GPU named twice as the old one.
+    #[error("device map names {0} twice")]
+    Twice(GpuUuid),
+    /// The map names a GPU the checkpoint did not use.
+    #[error("the device map names {0}, which the checkpoint did not use")]
+    Unused(GpuUuid),
+    /// The map sends a GPU to one not reachable here.
+    #[error("the device map sends {old} to {new}, which is not among the GPUs reachable here")]
+    Unreachable {
+        /// The checkpointed GPU.
+        old: GpuUuid,
+        /// Where the map sends it.
+        new: GpuUuid,
+    },
+    /// The map sends two GPUs to one.
+    #[error("the device map sends two checkpointed GPUs to {0}")]
+    Shared(GpuUuid),
+    /// A checkpointed GPU has no GPU of its model left here.
+    #[error(
+        "checkpointed GPU {uuid} ({model}) has no counterpart here: {checkpointed} GPU(s) checkpointed [{all}], {reachable} reachable here, free: [{free}]"
+    )]
+    NoCounterpart {
+        /// The GPU.
+        uuid: GpuUuid,
+        /// Its model.
+        model: String,
+        /// How many GPUs the checkpoint used.
+        checkpointed: usize,
+        /// Those GPUs, in words.
+        all: String,
+        /// How many GPUs are reachable here.
+        reachable: usize,
+        /// Those not taken yet, in words.
+        free: String,
+    },
+    /// Another model.
+    #[error(
+        "checkpointed GPU {old} is a {old_model}, but {new} here is a {new_model}: the driver restores only onto the same model"
+    )]
+    OtherModel {
+        /// The checkpointed GPU.
+        old: GpuUuid,
+        /// Its model.
+        old_model: String,
+        /// The GPU here.
+        new: GpuUuid,
+        /// Its model.
+        new_model: String,
+    },
+    /// Less memory.
+    #[error("GPU {new} has {new_mib} MiB, less than the {old_mib} MiB of checkpointed GPU {old}")]
+    LessMemory {
+        /// The GPU here.
+        new: GpuUuid,
+        /// Its memory.
+        new_mib: u64,
+        /// The checkpointed GPU's memory.
+        old_mib: u64,
+        /// The checkpointed GPU.
+        old: GpuUuid,
+    },
+}
+
+/// The GPUs cannot be listed: the machine's fault, not the image's.
+impl Cause for ListingError {
+    fn errno(&self) -> i32 {
+        libc::EIO
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::System
+    }
+}
+
+/// A device map that cannot be read or followed: the settings' fault.
+impl Cause for MapError {
+    fn errno(&self) -> i32 {
+        libc::EINVAL
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Settings
+    }
+}
+
+fn parse_information(bus: &str, text: &str) -> Result<Gpu, ListingError> {
     let mut model = None;
     let mut uuid = None;
     let mut minor = None;
@@ -46,7 +175,11 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
                 let v = v.trim();
                 uuid = Some(
                     v.parse::<GpuUuid>()
-                        .map_err(|e| format!("GPU {bus}: bad UUID {v:?}: {e}"))?,
+                        .map_err(|source| ListingError::BadUuid {
+                            bus: bus.to_string(),
+                            value: v.to_string(),
+                            source,
+                        })?,
                 )
             }
             "Device Minor" => minor = v.trim().parse().ok(),
@@ -54,12 +187,19 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
         }
     }
     Ok(Gpu {
-        uuid: uuid.ok_or_else(|| format!("GPU {bus}: no `GPU UUID` line"))?,
-        model: model.ok_or_else(|| format!("GPU {bus}: no `Model` line"))?,
+        uuid: uuid.ok_or_else(|| no_line(bus, "GPU UUID"))?,
+        model: model.ok_or_else(|| no_line(bus, "Model"))?,
         bus: bus.to_string(),
         memory: 0,
         minor,
     })
+}
+
+fn no_line(bus: &str, line: &'static str) -> ListingError {
+    ListingError::NoLine {
+        bus: bus.to_string(),
+        line,
+    }
 }
 
 /// Whether this process can reach the GPU through its device node under `dev_dir`
@@ -67,7 +207,7 @@ fn parse_information(bus: &str, text: &str) -> Result<Gpu, String> {
 /// every GPU of the host, while a container is given some: its device cgroup refuses the
 /// others' nodes, and its `/dev` lacks them. A GPU whose minor the listing does not give is
 /// taken as reachable.
-fn reachable(gpu: &Gpu, dev_dir: &Path) -> Result<(), String> {
+fn reachable(gpu: &Gpu, dev_dir: &Path) -> Result<(), NodeError> {
     match gpu.minor {
         Some(minor) => super::devnodes::check_here(dev_dir, minor),
         None => Ok(()),
@@ -111,19 +251,23 @@ impl GpuListing {
 
 /// Reads every GPU under `dir` (normally `/proc/driver/nvidia/gpus`), in PCI order, keeping
 /// those whose device node under `dev_dir` (normally `/dev`) this process can reach.
-pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, String> {
+pub fn read_gpus(dir: &Path, dev_dir: &Path) -> Result<Vec<Gpu>, ListingError> {
     read_listing(dir, dev_dir).map(|l| l.reachable)
 }
 
 /// [`read_gpus`], with the GPUs left out and why.
-pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, ListingError> {
+    let list = |source| ListingError::List {
+        dir: dir.display().to_string(),
+        source,
+    };
+    let rd = std::fs::read_dir(dir).map_err(list)?;
     let mut buses: Vec<String> = Vec::new();
     for ent in rd {
-        let ent = ent.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        let ent = ent.map_err(list)?;
         buses.push(ent.file_name().to_string_lossy().into_owned());
         if buses.len() > MAX_GPUS {
-            return Err(format!("more than {MAX_GPUS} GPUs under {}", dir.display()));
+            return Err(ListingError::TooMany(dir.display().to_string()));
         }
     }
     buses.sort();
@@ -133,7 +277,10 @@ pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, String> {
         let mut text = String::new();
         criu_plugin::files::read_regular(None, &path, false, MAX_INFO_BYTES)
             .map(|b| text.push_str(&String::from_utf8_lossy(&b)))
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|source| ListingError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
         let gpu = parse_information(&bus, &text)?;
         match reachable(&gpu, dev_dir) {
             Ok(()) => out.reachable.push(gpu),
@@ -142,7 +289,7 @@ pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, String> {
                     "cuda: GPU {} ({bus}) is not reachable here ({why}); left out",
                     gpu.uuid
                 );
-                out.left_out.push((gpu, why));
+                out.left_out.push((gpu, why.to_string()));
             }
         }
     }
@@ -150,7 +297,7 @@ pub fn read_listing(dir: &Path, dev_dir: &Path) -> Result<GpuListing, String> {
 }
 
 /// Parses a device map: `GPU-old=GPU-new` pairs separated by commas or spaces.
-pub fn parse_device_map(text: &str) -> Result<Vec<GpuPair>, String> {
+pub fn parse_device_map(text: &str) -> Result<Vec<GpuPair>, MapError> {
     let mut pairs = Vec::new();
     for item in text
         .split(|c: char| c == ',' || c.is_whitespace())
@@ -158,15 +305,15 @@ pub fn parse_device_map(text: &str) -> Result<Vec<GpuPair>, String> {
     {
         let (old, new) = item
             .split_once('=')
-            .ok_or_else(|| format!("device map entry {item:?} is not OLD=NEW"))?;
-        let old = old
-            .parse::<GpuUuid>()
-            .map_err(|e| format!("device map entry {item:?}: {e}"))?;
-        let new = new
-            .parse::<GpuUuid>()
-            .map_err(|e| format!("device map entry {item:?}: {e}"))?;
+            .ok_or_else(|| MapError::NotAPair(item.to_string()))?;
+        let bad = |source| MapError::BadUuid {
+            entry: item.to_string(),
+            source,
+        };
+        let old = old.parse::<GpuUuid>().map_err(bad)?;
+        let new = new.parse::<GpuUuid>().map_err(bad)?;
         if pairs.iter().any(|p: &GpuPair| p.old == old) {
-            return Err(format!("device map names {old} twice"));
+            return Err(MapError::Twice(old));
         }
         pairs.push(GpuPair { old, new });
     }
@@ -184,16 +331,13 @@ pub fn plan_gpu_map(
     checkpointed: &[Gpu],
     local: &[Gpu],
     explicit: &[GpuPair],
-) -> Result<Vec<GpuPair>, String> {
+) -> Result<Vec<GpuPair>, MapError> {
     let by_uuid: BTreeMap<GpuUuid, &Gpu> = local.iter().map(|g| (g.uuid, g)).collect();
     let mut used: BTreeSet<GpuUuid> = BTreeSet::new();
     let mut out: Vec<Option<GpuPair>> = vec![None; checkpointed.len()];
     for p in explicit {
         if !checkpointed.iter().any(|g| g.uuid == p.old) {
-            return Err(format!(
-                "the device map names {}, which the checkpoint did not use",
-                p.old
-            ));
+            return Err(MapError::Unused(p.old));
         }
     }
     // Pass 1: explicit pairs, which win over a GPU keeping its UUID.
@@ -202,16 +346,11 @@ pub fn plan_gpu_map(
             continue;
         };
         let Some(l) = by_uuid.get(&new) else {
-            return Err(format!(
-                "the device map sends {} to {new}, which is not among the GPUs reachable here",
-                g.uuid
-            ));
+            return Err(MapError::Unreachable { old: g.uuid, new });
         };
         check_model(g, l)?;
         if !used.insert(new) {
-            return Err(format!(
-                "the device map sends two checkpointed GPUs to {new}"
-            ));
+            return Err(MapError::Shared(new));
         }
         out[i] = Some(GpuPair { old: g.uuid, new });
     }
@@ -247,15 +386,14 @@ pub fn plan_gpu_map(
                 .iter()
                 .map(|c| format!("{} ({}, {})", c.uuid, c.model, c.bus))
                 .collect();
-            return Err(format!(
-                "checkpointed GPU {} ({}) has no counterpart here: {} GPU(s) checkpointed [{}], {} reachable here, free: [{}]",
-                g.uuid,
-                g.model,
-                checkpointed.len(),
-                all.join(", "),
-                local.len(),
-                free.join(", ")
-            ));
+            return Err(MapError::NoCounterpart {
+                uuid: g.uuid,
+                model: g.model.clone(),
+                checkpointed: checkpointed.len(),
+                all: all.join(", "),
+                reachable: local.len(),
+                free: free.join(", "),
+            });
         };
         used.insert(l.uuid);
         out[i] = Some(GpuPair {
@@ -266,21 +404,22 @@ pub fn plan_gpu_map(
     Ok(out.into_iter().flatten().collect())
 }
 
-fn check_model(old: &Gpu, new: &Gpu) -> Result<(), String> {
+fn check_model(old: &Gpu, new: &Gpu) -> Result<(), MapError> {
     if old.model != new.model {
-        return Err(format!(
-            "checkpointed GPU {} is a {}, but {} here is a {}: the driver restores only onto the same model",
-            old.uuid, old.model, new.uuid, new.model
-        ));
+        return Err(MapError::OtherModel {
+            old: old.uuid,
+            old_model: old.model.clone(),
+            new: new.uuid,
+            new_model: new.model.clone(),
+        });
     }
     if old.memory != 0 && new.memory != 0 && new.memory < old.memory {
-        return Err(format!(
-            "GPU {} has {} MiB, less than the {} MiB of checkpointed GPU {}",
-            new.uuid,
-            new.memory >> 20,
-            old.memory >> 20,
-            old.uuid
-        ));
+        return Err(MapError::LessMemory {
+            new: new.uuid,
+            new_mib: new.memory >> 20,
+            old_mib: old.memory >> 20,
+            old: old.uuid,
+        });
     }
     Ok(())
 }
@@ -291,228 +430,4 @@ pub fn is_identity(pairs: &[GpuPair]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn uuid(n: u8) -> GpuUuid {
-        GpuUuid([n; 16])
-    }
-
-    fn gpu(n: u8, model: &str) -> Gpu {
-        Gpu {
-            uuid: uuid(n),
-            model: model.into(),
-            bus: format!("0000:00:0{n}.0"),
-            memory: 0,
-            minor: None,
-        }
-    }
-
-    #[test]
-    fn reads_the_kernel_driver_listing() {
-        let dir = std::env::temp_dir().join(format!("nv-gpus-{}", std::process::id()));
-        for (bus, n) in [("0000:00:07.0", 2u8), ("0000:00:06.0", 1)] {
-            std::fs::create_dir_all(dir.join(bus)).unwrap();
-            std::fs::write(
-                dir.join(bus).join("information"),
-                format!(
-                    "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 42\nGPU UUID: \t {}\nBus Location: \t {bus}\n",
-                    uuid(n)
-                ),
-            )
-            .unwrap();
-        }
-        let gpus = read_gpus(&dir, Path::new("/dev")).unwrap();
-        assert_eq!(gpus.len(), 2);
-        assert_eq!(gpus[0].bus, "0000:00:06.0");
-        assert_eq!(gpus[0].uuid, uuid(1));
-        assert_eq!(gpus[1].model, "NVIDIA H100 80GB HBM3");
-        // A GPU whose device node is missing (a container's device list) is left out.
-        let info = format!("Model: M\nGPU UUID: {}\nDevice Minor: 7\n", uuid(1));
-        std::fs::write(dir.join("0000:00:06.0/information"), info).unwrap();
-        let gpus = read_gpus(&dir, &dir).unwrap();
-        assert_eq!(gpus.len(), 1);
-        assert_eq!(gpus[0].uuid, uuid(2));
-        std::fs::write(dir.join("0000:00:06.0/information"), "Model: X\n").unwrap();
-        assert!(
-            read_gpus(&dir, Path::new("/dev"))
-                .unwrap_err()
-                .contains("no `GPU UUID`")
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn device_map_syntax() {
-        let m =
-            parse_device_map(&format!("{}={}, {}={}", uuid(1), uuid(2), uuid(3), uuid(4))).unwrap();
-        assert_eq!(m.len(), 2);
-        assert_eq!((m[1].old, m[1].new), (uuid(3), uuid(4)));
-        assert!(parse_device_map("GPU-1").is_err());
-        assert!(parse_device_map(&format!("{0}={1},{0}={1}", uuid(1), uuid(2))).is_err());
-        assert_eq!(parse_device_map(" ").unwrap(), vec![]);
-    }
-
-    #[test]
-    fn same_machine_maps_to_itself() {
-        let here = vec![gpu(1, "H100"), gpu(2, "H100")];
-        let map = plan_gpu_map(&here, &here, &[]).unwrap();
-        assert!(is_identity(&map));
-        assert_eq!(map.len(), 2);
-    }
-
-    #[test]
-    fn explicit_pairs_then_same_model_in_order() {
-        let ckpt = vec![gpu(1, "H100"), gpu(2, "H100")];
-        let here = vec![gpu(7, "H100"), gpu(8, "H100"), gpu(9, "H100")];
-        let explicit = [GpuPair {
-            old: uuid(2),
-            new: uuid(7),
-        }];
-        let map = plan_gpu_map(&ckpt, &here, &explicit).unwrap();
-        assert_eq!(map[0].new, uuid(8));
-        assert_eq!(map[1].new, uuid(7));
-        assert!(!is_identity(&map));
-    }
-
-    #[test]
-    fn a_container_given_another_gpu_is_mapped_onto_it() {
-        // Checkpointed on GPU 1 of a two-GPU host; the restored container reaches GPU 2 only
-        // (GPU 1 is left out of the reachable list, whatever the host has).
-        let map = plan_gpu_map(&[gpu(1, "H100")], &[gpu(2, "H100")], &[]).unwrap();
-        assert_eq!((map[0].old, map[0].new), (uuid(1), uuid(2)));
-        // Two checkpointed GPUs onto the two the container reaches, in PCI order.
-        let map = plan_gpu_map(
-            &[gpu(1, "H100"), gpu(2, "H100")],
-            &[gpu(3, "H100"), gpu(4, "H100")],
-            &[],
-        )
-        .unwrap();
-        assert_eq!(
-            map.iter().map(|p| p.new).collect::<Vec<_>>(),
-            [uuid(3), uuid(4)]
-        );
-        // A GPU kept where reachable, the other moved.
-        let map = plan_gpu_map(
-            &[gpu(1, "H100"), gpu(2, "H100")],
-            &[gpu(2, "H100"), gpu(5, "H100")],
-            &[],
-        )
-        .unwrap();
-        assert_eq!((map[0].new, map[1].new), (uuid(5), uuid(2)));
-    }
-
-    #[test]
-    fn the_device_map_wins_but_never_names_an_unreachable_gpu() {
-        let here = [gpu(1, "H100"), gpu(2, "H100")];
-        // The map sends GPU 1 to GPU 2 although GPU 1 is reachable; GPU 2 then goes to 1.
-        let explicit = [GpuPair {
-            old: uuid(1),
-            new: uuid(2),
-        }];
-        let map = plan_gpu_map(&here, &here, &explicit).unwrap();
-        assert_eq!((map[0].new, map[1].new), (uuid(2), uuid(1)));
-        // GPU 3 exists on the host but the container cannot reach it: not in `local`.
-        let explicit = [GpuPair {
-            old: uuid(1),
-            new: uuid(3),
-        }];
-        let err = plan_gpu_map(&here[..1], &here[1..], &explicit).unwrap_err();
-        assert!(err.contains("not among the GPUs reachable here"), "{err}");
-    }
-
-    #[test]
-    fn another_machines_gpus_are_refused_whole_naming_the_gpu() {
-        // Of two checkpointed GPUs, one has a counterpart and one not: nothing is planned.
-        let err = plan_gpu_map(
-            &[gpu(1, "H100"), gpu(2, "A100")],
-            &[gpu(7, "H100"), gpu(8, "L4")],
-            &[],
-        )
-        .unwrap_err();
-        assert!(
-            err.contains(&format!("checkpointed GPU {} (A100)", uuid(2))),
-            "{err}"
-        );
-        assert!(err.contains(&format!("free: [{} (L4)]", uuid(8))), "{err}");
-        // No GPU reachable at all (a container given none).
-        let err = plan_gpu_map(&[gpu(1, "H100")], &[], &[]).unwrap_err();
-        assert!(err.contains("0 reachable here"), "{err}");
-    }
-
-    #[test]
-    fn a_listing_says_why_gpus_are_left_out() {
-        let dir = std::env::temp_dir().join(format!("nv-listing-{}", std::process::id()));
-        for (bus, n, minor) in [("0000:00:06.0", 1u8, "0"), ("0000:00:07.0", 2, "")] {
-            std::fs::create_dir_all(dir.join(bus)).unwrap();
-            let minor = if minor.is_empty() {
-                String::new()
-            } else {
-                format!("Device Minor: \t {minor}\n")
-            };
-            std::fs::write(
-                dir.join(bus).join("information"),
-                format!("Model: M\nGPU UUID: {}\n{minor}", uuid(n)),
-            )
-            .unwrap();
-        }
-        // No node for minor 0 in `dir`: GPU 1 is left out, GPU 2 (no minor) counts.
-        let l = read_listing(&dir, &dir).unwrap();
-        assert_eq!(l.reachable.len(), 1);
-        assert_eq!(l.reachable[0].uuid, uuid(2));
-        assert_eq!(l.left_out.len(), 1);
-        let text = l.describe();
-        assert!(
-            text.contains(&format!(
-                "GPUs reachable here: {} (M, 0000:00:07.0)",
-                uuid(2)
-            )),
-            "{text}"
-        );
-        assert!(text.contains("nvidia0 does not exist"), "{text}");
-        assert!(
-            GpuListing::default()
-                .describe()
-                .contains("here: none; not reachable: none")
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn refusals_say_what_is_wrong() {
-        let ckpt = vec![gpu(1, "H100"), gpu(2, "H100")];
-        let err = plan_gpu_map(&ckpt, &[gpu(1, "H100")], &[]).unwrap_err();
-        assert!(
-            err.contains("no counterpart")
-                && err.contains("2 GPU(s) checkpointed [")
-                && err.contains("1 reachable here"),
-            "{err}"
-        );
-        let err = plan_gpu_map(&ckpt[..1], &[gpu(5, "A100")], &[]).unwrap_err();
-        assert!(err.contains("no counterpart"), "{err}");
-        let explicit = [GpuPair {
-            old: uuid(1),
-            new: uuid(5),
-        }];
-        let err = plan_gpu_map(&ckpt[..1], &[gpu(5, "A100")], &explicit).unwrap_err();
-        assert!(err.contains("same model"), "{err}");
-        let explicit = [GpuPair {
-            old: uuid(9),
-            new: uuid(1),
-        }];
-        assert!(
-            plan_gpu_map(&ckpt, &ckpt, &explicit)
-                .unwrap_err()
-                .contains("did not use")
-        );
-        let mut small = gpu(1, "H100");
-        small.memory = 40 << 30;
-        let mut big = gpu(1, "H100");
-        big.memory = 80 << 30;
-        assert!(
-            plan_gpu_map(&[big], &[small], &[])
-                .unwrap_err()
-                .contains("less than")
-        );
-    }
-}
+mod tests;

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use criu_plugin::guardian::restore::RestoreTasks;
 use criu_plugin::guardian::{Duty, Watched};
-use cuda_ckpt_sys::{CUresult, Driver, DriverError};
+use cuda_ckpt_sys::Driver;
 
-use super::error::CallError;
+use super::step::{Step, needs_init};
 
 bitflags::bitflags! {
     /// What the guardian does for a watched process (the `action` word of [`Watched`]).
@@ -84,10 +84,12 @@ impl Duty for PutBack<'_> {
                         }
                         _ => {}
                     }
-                    let unlock = Action::of(w.action).contains(Action::UNLOCK);
-                    let mut r = super::put_back(driver, w.pid, unlock);
+                    let step = Step::PutBack {
+                        unlock: Action::of(w.action).contains(Action::UNLOCK),
+                    };
+                    let mut r = step.run(driver, w.pid);
                     if needs_init(&r) && driver.init().is_ok() {
-                        r = super::put_back(driver, w.pid, unlock);
+                        r = step.run(driver, w.pid);
                     }
                     match r {
                         Ok(()) => log::warn!(
@@ -112,10 +114,6 @@ impl Duty for PutBack<'_> {
             log::error!("guardian: {panic}");
         }
     }
-}
-
-fn needs_init(r: &Result<(), CallError>) -> bool {
-    matches!(r, Err(CallError::Driver(DriverError::Cuda(e))) if e.code == CUresult::NOT_PERMITTED)
 }
 
 /// What the NVIDIA side adds to the restore's duty ([`criu_plugin::guardian::restore`]): it

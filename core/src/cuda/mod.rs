@@ -33,10 +33,12 @@ pub mod driver;
 mod dump;
 pub mod error;
 pub mod exclusive;
+pub mod gpu;
 pub mod gpus;
 mod guardian;
 pub mod helper;
 mod image;
+pub mod library;
 pub mod metadata;
 pub mod nvml;
 pub mod preflight;
@@ -44,6 +46,7 @@ pub mod procfs;
 mod restore;
 pub mod restore_thread;
 mod settings;
+pub mod step;
 
 #[cfg(test)]
 mod tests;
@@ -55,7 +58,6 @@ use criu_plugin::{HookError, HookHandler, HookResult, InventoryListing, Stage};
 use crate::backend::{GpuBackend, InitContext};
 use disabled::DisabledRestore;
 use dump::DumpRun;
-pub use dump::put_back::{check_put_back, put_back};
 use error::{Failure, FailureKind};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
@@ -79,7 +81,7 @@ enum Run {
     /// a process that holds an NVIDIA device fails it rather than lose its GPU state; the
     /// others are left to CRIU.
     Unusable {
-        why: String,
+        why: dump::Unusable,
     },
     /// A restore with the NVIDIA side switched off, watched for CUDA processes left frozen.
     Disabled(DisabledRestore),
@@ -153,7 +155,7 @@ impl HookHandler for CudaBackend {
     fn pause_devices(&mut self, pid: i32) -> HookResult {
         match &mut self.run {
             Some(Run::Dump(d)) => d.pause(pid),
-            Some(Run::Unusable { why }) => refuse_nvidia_user(pid, why),
+            Some(Run::Unusable { why }) => refuse_nvidia_user(pid, &why.to_string()),
             _ => Err(HookError::NotMine),
         }
     }

@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use cuda_ckpt_sys::{GpuUuid, library_search};
 
-use super::driver::Library;
+use super::library::{Library, LibraryError, library};
 
 /// `nvmlMemory_t` (v1): bytes.
 #[repr(C)]
@@ -36,23 +36,64 @@ type InitFn = unsafe extern "C" fn() -> c_int;
 type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
 type MemoryInfoFn = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
 
+/// Why NVML could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    /// The setting names a library that may not be loaded.
+    #[error(transparent)]
+    Library(#[from] LibraryError),
+    /// A bare name found nowhere.
+    #[error(transparent)]
+    NotFound(#[from] library_search::NotFound),
+    /// A path with a NUL byte.
+    #[error("NVML path contains NUL")]
+    Nul,
+    /// `dlopen` failed.
+    #[error("{0} cannot be loaded")]
+    Load(String),
+    /// Not NVML, or too old.
+    #[error("{0} lacks the functions needed")]
+    Symbols(String),
+    /// `nvmlInit_v2` failed.
+    #[error("nvmlInit_v2 failed with NVML error {0}")]
+    Init(c_int),
+}
+
+/// The image's processes need more GPU memory than the target GPUs have free.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "too little free GPU memory: the image's processes held about {} MiB, the {gpus} target GPU(s) have {} MiB free",
+    need >> 20,
+    free >> 20
+)]
+pub struct TooLittleMemory {
+    /// What the checkpoint moved out of the GPUs, in bytes.
+    pub need: u64,
+    /// What the target GPUs have free, in bytes.
+    pub free: u64,
+    /// How many target GPUs.
+    pub gpus: usize,
+}
+
 /// Asks NVML (library `lib`, e.g. `libnvidia-ml.so.1`) for the memory of each GPU in `uuids`.
 /// Errors say why NVML could not answer; GPUs NVML does not know are left out of the map.
-pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, GpuMemory>, String> {
+pub fn query_memory(
+    lib: &str,
+    uuids: &[GpuUuid],
+) -> Result<BTreeMap<GpuUuid, GpuMemory>, NvmlError> {
     // Never a file of the working directory (the image directory) nor a FIFO: a bare name is
     // found over absolute directories only and opened by that path.
-    let path = match super::driver::library(lib)? {
-        Library::Search(name) => library_search::find(name).map_err(|e| e.to_string())?,
+    let path = match library(lib)? {
+        Library::Search(name) => library_search::find(name)?,
         Library::File(path) => path.to_path_buf(),
     };
-    let name = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| "NVML path contains NUL".to_string())?;
+    let name = CString::new(path.as_os_str().as_bytes()).map_err(|_| NvmlError::Nul)?;
     // SAFETY: dlopen of a NUL-terminated absolute path; the library's constructors run, as for
     // any user of NVML. The handle is never closed (NVML does not support being unloaded and
     // reloaded).
     let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
-        return Err(format!("{} cannot be loaded", path.display()));
+        return Err(NvmlError::Load(path.display().to_string()));
     }
     let sym = |n: &std::ffi::CStr| {
         // SAFETY: dlsym on a live handle with a NUL-terminated name.
@@ -65,7 +106,7 @@ pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, Gp
         sym(c"nvmlDeviceGetHandleByUUID"),
         sym(c"nvmlDeviceGetMemoryInfo"),
     ) else {
-        return Err(format!("{lib} lacks the functions needed"));
+        return Err(NvmlError::Symbols(lib.to_string()));
     };
     // SAFETY: these are NVML's documented C signatures for the symbols just resolved.
     let (init, shutdown, by_uuid, meminfo) = unsafe {
@@ -79,7 +120,7 @@ pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, Gp
     // SAFETY: nvmlInit_v2 takes no arguments.
     let rc = unsafe { init() };
     if rc != 0 {
-        return Err(format!("nvmlInit_v2 failed with NVML error {rc}"));
+        return Err(NvmlError::Init(rc));
     }
     let mut out = BTreeMap::new();
     for u in uuids {
@@ -110,13 +151,9 @@ pub fn query_memory(lib: &str, uuids: &[GpuUuid]) -> Result<BTreeMap<GpuUuid, Gp
 
 /// Refuses a restore whose processes need more GPU memory than the target GPUs have free.
 /// `need` is what the checkpoint moved out of the GPUs.
-pub fn check_free_memory(need: u64, free: u64, gpus: usize) -> Result<(), String> {
+pub fn check_free_memory(need: u64, free: u64, gpus: usize) -> Result<(), TooLittleMemory> {
     if need > free {
-        return Err(format!(
-            "too little free GPU memory: the image's processes held about {} MiB, the {gpus} target GPU(s) have {} MiB free",
-            need >> 20,
-            free >> 20
-        ));
+        return Err(TooLittleMemory { need, free, gpus });
     }
     Ok(())
 }
@@ -128,16 +165,22 @@ mod tests {
     #[test]
     fn free_memory_check() {
         assert!(check_free_memory(8 << 30, 80 << 30, 1).is_ok());
-        let e = check_free_memory(9 << 30, 8 << 30, 1).unwrap_err();
+        let e = check_free_memory(9 << 30, 8 << 30, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("9216 MiB") && e.contains("8192 MiB free"), "{e}");
     }
 
     #[test]
     fn missing_library_is_an_error_not_a_crash() {
-        let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[]).unwrap_err();
+        let e = query_memory("/nonexistent/libnvidia-ml.so.1", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot be loaded"));
         // A bare name found nowhere says where it was looked for.
-        let e = query_memory("libnot-nvml-here.so.1", &[]).unwrap_err();
+        let e = query_memory("libnot-nvml-here.so.1", &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("libnot-nvml-here.so.1 not found in LD_LIBRARY_PATH"),
             "{e}"

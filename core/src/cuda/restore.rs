@@ -23,7 +23,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::error::{Failure, FailureKind};
+use super::error::{Cause, Failure, FailureKind};
 use super::gpus::Gpu;
 use super::metadata::{self, CudaMetadata, ProcessRecord};
 use super::settings::CudaSettings;
@@ -257,11 +257,7 @@ impl ImageRestore {
                 .filter(|t| t.record.is_some())
                 .map(|t| t.pid)
                 .collect();
-            let f = Failure::new(
-                FailureKind::Machine,
-                libc::ENODEV,
-                format!("cuda: the restored tasks cannot reach their GPUs: {e}"),
-            );
+            let f = e.failure("cuda: the restored tasks cannot reach their GPUs: ");
             log::error!("{}", f.message);
             end_restored(&tree, &recorded);
             return recorded
@@ -291,7 +287,7 @@ impl ImageRestore {
     /// Gives every mount namespace of the restored tree (other than this CRIU's) the device
     /// nodes of the GPUs the restore goes to: a container's `/dev` comes back from the
     /// checkpoint, with the checkpointed GPU's node and not the one its new spec gave.
-    fn provide_nodes(&self, tree: &[i32]) -> Result<(), String> {
+    fn provide_nodes(&self, tree: &[i32]) -> Result<(), devnodes::NodeError> {
         let targets: Vec<&Gpu> = self.targets.iter().collect();
         if targets.iter().all(|g| g.minor.is_none()) {
             return Ok(());
@@ -365,9 +361,7 @@ fn require_driver(settings: &CudaSettings, why: &str) -> HookResult<(Driver, i32
         )
         .into());
     }
-    driver::load(settings).map_err(|e| {
-        Failure::new(FailureKind::Machine, libc::ENODEV, format!("{why} but {e}")).into()
-    })
+    driver::load(settings).map_err(|e| e.failure(format!("{why} but ")).into())
 }
 
 /// Checks the image's GPUs against those this restore can reach (model, count, free memory)
@@ -377,20 +371,10 @@ fn plan_gpus(
     md: &CudaMetadata,
     driver_version: i32,
 ) -> HookResult<(Vec<GpuPair>, Vec<Gpu>)> {
-    let explicit = gpus::parse_device_map(&settings.device_map).map_err(|e| {
-        Failure::new(
-            FailureKind::Settings,
-            libc::EINVAL,
-            format!("settings: cuda.device-map: {e}"),
-        )
-    })?;
-    let listing = gpus::read_listing(&settings.nvidia_proc, &settings.nvidia_dev).map_err(|e| {
-        Failure::new(
-            FailureKind::System,
-            libc::EIO,
-            format!("cannot list this machine's GPUs: {e}"),
-        )
-    })?;
+    let explicit = gpus::parse_device_map(&settings.device_map)
+        .map_err(|e| e.failure("settings: cuda.device-map: "))?;
+    let listing = gpus::read_listing(&settings.nvidia_proc, &settings.nvidia_dev)
+        .map_err(|e| e.failure("cannot list this machine's GPUs: "))?;
     let mut local = listing.reachable.clone();
     let free = driver::fill_memory(&settings.nvml, &mut local);
     let checked = preflight::plan(md, driver_version, &local, free.as_ref(), &explicit);

@@ -112,7 +112,7 @@ fn a_dump_that_cannot_use_the_driver_says_why_naming_the_key() {
     let why = |text: &str| match DumpRun::start(CudaSettings::from_config(
         &crate::config::Config::parse(text),
     )) {
-        Err(why) => why,
+        Err(why) => why.to_string(),
         Ok(_) => panic!("{text}: the NVIDIA side would run"),
     };
     let e = why("cuda.nvidia-proc = /dev/zero\n");
@@ -139,7 +139,7 @@ fn a_dump_that_cannot_use_the_driver_says_why_naming_the_key() {
     cfg.unreadable = Some("cannot read /etc/criu/gpu-plugin.conf: it is not UTF-8 text".into());
     let s = CudaSettings::from_config(&cfg);
     assert!(s.check("x").unwrap_err().message.contains("not UTF-8"));
-    let Err(e) = DumpRun::start(s) else {
+    let Err(e) = DumpRun::start(s).map_err(|e| e.to_string()) else {
         panic!("ran on unread settings");
     };
     assert!(

@@ -3,12 +3,10 @@
 //! checkpointed is restored and unlocked again, and a lock given up on is undone should it
 //! have completed since.
 
-use cuda_ckpt_sys::{Driver, ProcessState};
-
 use super::super::batch::{Batch, Ran, ms, restore_each};
-use super::super::error::CallError;
-use super::super::helper::{self, RestoreJob};
+use super::super::helper;
 use super::super::procfs;
+use super::super::step::{Step, check_put_back};
 use super::{DumpRun, LOCK_GRACE};
 
 impl DumpRun {
@@ -16,46 +14,37 @@ impl DumpRun {
     /// Returns how many processes could not be put back. Those put back are forgotten as
     /// touched, so that a second call (`DUMP_FINISH` twice, then `exit`) does nothing more.
     pub(super) fn put_back_all(&mut self) -> usize {
-        let touched: Vec<RestoreJob> = self
+        let touched: Vec<(i32, bool)> = self
             .dumped
             .values()
             .filter(|p| p.locked_by_us || p.checkpointed_by_us)
-            .map(|p| RestoreJob {
-                pid: p.pid,
-                unlock: p.locked_by_us,
-            })
+            .map(|p| (p.pid, p.locked_by_us))
             .collect();
         if touched.is_empty() {
             return 0;
         }
         let mut batch = Batch::new(self.settings.parallel);
-        let mut jobs = Vec::with_capacity(touched.len());
-        for job in &touched {
-            let Some(tid) = self.dumped.get(&job.pid).map(|p| p.restore_tid) else {
+        let mut steps = Vec::with_capacity(touched.len());
+        for &(pid, unlock) in &touched {
+            let Some(tid) = self.dumped.get(&pid).map(|p| p.restore_tid) else {
                 continue;
             };
-            match batch.add(job.pid, tid) {
-                Ok(()) => jobs.push(*job),
+            match batch.add(pid, tid) {
+                Ok(()) => steps.push((pid, Step::PutBack { unlock })),
                 Err(e) => log::error!(
-                    "cuda: pid {}: cannot let restore thread {tid} run to put it back: {e}",
-                    job.pid
+                    "cuda: pid {pid}: cannot let restore thread {tid} run to put it back: {e}"
                 ),
             }
         }
         let driver = &self.driver;
         let mut ran = batch.run(|_, parallel| {
-            restore_each(
-                driver,
-                &jobs,
-                &[],
-                parallel,
-                |j| put_back(driver, j.pid, j.unlock),
-                |j| check_put_back(driver, j.pid, j.unlock),
-            )
+            restore_each(driver, &steps, parallel, |pid, s| {
+                check_put_back(driver, pid, matches!(s, Step::PutBack { unlock: true }))
+            })
         });
         ran.log_not_stopped();
         let Ran { results, phase, .. } = ran;
-        let mut failed = touched.len() - jobs.len();
+        let mut failed = touched.len() - steps.len();
         for (pid, r, took) in results {
             match r {
                 Ok(()) => {
@@ -110,33 +99,4 @@ impl DumpRun {
         }
         unsettled
     }
-}
-
-/// Puts one process back as the dump found it: restore if checkpointed, unlock if we locked it.
-/// A restore the driver refuses for want of `cuInit` is returned as is, for [`restore_each`] to
-/// redo from a helper process and then to check with [`check_put_back`].
-pub fn put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), CallError> {
-    if driver.process_state(pid)? == ProcessState::Checkpointed {
-        driver.restore(pid, &[])?;
-    }
-    if unlock && driver.process_state(pid)? == ProcessState::Locked {
-        driver.unlock(pid)?;
-    }
-    check_put_back(driver, pid, unlock)
-}
-
-/// Checks that a process put back is in the state the dump found it in.
-pub fn check_put_back(driver: &Driver, pid: i32, unlock: bool) -> Result<(), CallError> {
-    let end = driver.process_state(pid)?;
-    let expected = if unlock {
-        ProcessState::Running
-    } else {
-        ProcessState::Locked
-    };
-    if end != expected {
-        return Err(CallError::Process(format!(
-            "pid {pid} is {end} after being put back, not {expected}"
-        )));
-    }
-    Ok(())
 }

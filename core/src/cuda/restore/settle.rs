@@ -16,13 +16,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criu_plugin::{HookError, HookResult};
-use cuda_ckpt_sys::{Driver, GpuPair, ProcessState};
+use cuda_ckpt_sys::{Driver, DriverError, GpuPair, ProcessState};
 
-use super::super::batch::{Batch, Timed, ms, restore_each, run_each};
+use super::super::batch::{Batch, restore_each};
 use super::super::driver::not_a_cuda_process;
-use super::super::error::{CallError, Failure, FailureKind, Report, call_failure};
-use super::super::helper::{self, RestoreJob};
+use super::super::error::{CallError, Cause, Failure, FailureKind, Report, call_failure};
+use super::super::helper;
 use super::super::metadata::FoundState;
+use super::super::step::{Step, Timed, ms};
 
 /// How long the state query may wait for each target (the driver answers through the
 /// target's own restore thread, which may never answer).
@@ -86,31 +87,29 @@ pub(super) fn settle(
         tasks.iter().map(|t| (t.pid, t.record)).collect();
     let mut ran = batch.run(|pids, parallel| {
         let mut out: Vec<Timed<HookError>> = Vec::new();
-        let mut jobs = Vec::new();
-        let mut unlocks = Vec::new();
+        let mut steps = Vec::new();
         for (pid, answer) in ask_states(driver, pids) {
             let record = records.get(&pid).copied().flatten();
             match need(pid, record, answer) {
-                Ok(Need::Restore) => jobs.push(RestoreJob { pid, unlock: true }),
-                Ok(Need::Unlock) => unlocks.push(pid),
+                Ok(Need::Restore) => steps.push((
+                    pid,
+                    Step::Restore {
+                        pairs: gpu_map,
+                        unlock: true,
+                    },
+                )),
+                Ok(Need::Unlock) => steps.push((pid, Step::Unlock)),
                 Ok(Need::Nothing) => out.push((pid, Ok(()), Duration::ZERO)),
                 Err(e) => out.push((pid, Err(e), Duration::ZERO)),
             }
         }
-        let restored = restore_each(
-            driver,
-            &jobs,
-            gpu_map,
-            parallel,
-            |j| Ok(j.restore(driver, gpu_map)?),
-            |_| Ok(()),
-        );
-        let unlocked = run_each(&unlocks, parallel, |pid| driver.unlock(pid));
-        for (pid, r, took) in restored {
-            out.push((pid, answer(pid, "restore and unlock", r, took), took));
-        }
-        for (pid, r, took) in unlocked {
-            out.push((pid, answer(pid, "unlock", r, took), took));
+        // Restores and unlocks alike in the helper process, all at once.
+        for (pid, r, took) in restore_each(driver, &steps, parallel, |_, _| Ok(())) {
+            let what = match steps.iter().find(|s| s.0 == pid) {
+                Some((_, Step::Unlock)) => "unlock",
+                _ => "restore and unlock",
+            };
+            out.push((pid, answer(pid, what, r, took), took));
         }
         out
     });
@@ -122,29 +121,47 @@ pub(super) fn settle(
     results
 }
 
+/// Why a task's state is not known.
+#[derive(Clone, Debug, thiserror::Error)]
+pub(in crate::cuda) enum StateError {
+    /// The driver's answer.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// No answer within the wait.
+    #[error("the driver did not answer for its state within {} s", STATE_WAIT.as_secs())]
+    NoAnswer,
+    /// The helper process that asks gave no answer.
+    #[error("its state could not be asked: {0}")]
+    Helper(String),
+}
+
+/// A task whose state is not known cannot be brought to running.
+impl Cause for StateError {
+    fn errno(&self) -> i32 {
+        libc::EIO
+    }
+    fn kind(&self) -> FailureKind {
+        FailureKind::Driver
+    }
+}
+
 /// Asks the driver for every pid's state at once, bounded in time; a helper that fails
 /// leaves every pid without an answer.
 pub(in crate::cuda) fn ask_states(
     driver: &Driver,
     pids: &[i32],
-) -> Vec<(i32, Result<ProcessState, String>)> {
+) -> Vec<(i32, Result<ProcessState, StateError>)> {
     match helper::process_states(driver, pids, STATE_WAIT) {
         Ok(v) => v
             .into_iter()
             .map(|(pid, a)| {
-                let a = match a {
-                    Some(r) => r.map_err(|e| e.to_string()),
-                    None => Err(format!(
-                        "the driver did not answer for its state within {} s",
-                        STATE_WAIT.as_secs()
-                    )),
-                };
-                (pid, a)
+                let a = a.ok_or(StateError::NoAnswer);
+                (pid, a.and_then(|r| r.map_err(StateError::from)))
             })
             .collect(),
         Err(e) => pids
             .iter()
-            .map(|&pid| (pid, Err(format!("its state could not be asked: {e}"))))
+            .map(|&pid| (pid, Err(StateError::Helper(e.to_string()))))
             .collect(),
     }
 }
@@ -153,9 +170,9 @@ pub(in crate::cuda) fn ask_states(
 fn need(
     pid: i32,
     record: Option<FoundState>,
-    state: Result<ProcessState, String>,
+    state: Result<ProcessState, StateError>,
 ) -> Result<Need, HookError> {
-    let state = state.map_err(|e| fail(pid, e))?;
+    let state = state.map_err(|e| e.failure(format!("cuda: pid {pid}: ")).report())?;
     let need = match state {
         ProcessState::Checkpointed => Need::Restore,
         ProcessState::Locked => Need::Unlock,
