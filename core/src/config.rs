@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use crate::settings::CUDA_PLUGIN_NAMESPACE;
-use crate::settings::{CPluginName, SettingError, ValueError};
+use crate::settings::{CPluginName, SettingError, ValueError, shown};
 
 /// Default location of the configuration file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/criu/gpu-plugin.conf";
@@ -94,36 +94,8 @@ pub struct Config {
     pub unreadable: Option<String>,
 }
 
-/// Longest value shown in a log line; the rest is counted, not shown.
-pub const MAX_SHOWN_VALUE: usize = 256;
-
-/// `value` as log lines show it: at most [`MAX_SHOWN_VALUE`] bytes (cut at a character
-/// boundary), then `… (N bytes)`.
-pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
-    if value.len() <= MAX_SHOWN_VALUE {
-        return value.into();
-    }
-    let mut end = MAX_SHOWN_VALUE;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &value[..end], value.len()).into()
-}
-
 /// The plugin-option namespace of this plugin (`--plugin-option gpu_plugin.KEY=VALUE`).
 pub const OPTION_NAMESPACE: &str = "gpu_plugin";
-
-/// The environment variable that overrides `key`.
-pub fn env_name(key: &str) -> String {
-    let mut s = String::from("CRIU_GPU_");
-    for c in key.chars() {
-        s.push(match c {
-            '.' | '-' => '_',
-            c => c.to_ascii_uppercase(),
-        });
-    }
-    s
-}
 
 impl Config {
     /// Parses configuration text.
@@ -143,7 +115,7 @@ impl Config {
                 continue;
             };
             let (k, v) = (k.trim(), v.trim());
-            if crate::settings::find(k).is_none() {
+            if crate::settings::tables::find(k).is_none() {
                 problems.push(format!("line {}: unknown key {k:?}, ignored", n + 1));
                 continue;
             }
@@ -212,7 +184,7 @@ impl Config {
     /// plugin's variable is added to [`Config::warnings`] and ignored, as the C plugin ignores
     /// it. A value a plugin option set stays: options come last and win.
     pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
-        for s in crate::settings::all() {
+        for s in crate::settings::tables::all() {
             if matches!(self.origin(s.key), Some(Origin::PluginOption(_))) {
                 continue;
             }
@@ -280,7 +252,7 @@ impl Config {
             let key = match o.plugin.as_str() {
                 OPTION_NAMESPACE => {
                     let k = o.name.as_str();
-                    if crate::settings::find(k).is_none() {
+                    if crate::settings::tables::find(k).is_none() {
                         self.warnings.push(format!(
                             "unknown plugin option {OPTION_NAMESPACE}.{k}, ignored"
                         ));
@@ -288,7 +260,7 @@ impl Config {
                     }
                     k.to_string()
                 }
-                CUDA_PLUGIN_NAMESPACE => match crate::settings::find_c_option(&o.name) {
+                CUDA_PLUGIN_NAMESPACE => match crate::settings::tables::find_c_option(&o.name) {
                     Some((setting, false)) => setting.key.to_string(),
                     Some((setting, true)) => {
                         // Seconds there, milliseconds here; a value that is not a whole
@@ -359,7 +331,7 @@ impl Config {
     /// One line naming every setting that is not at its default and where it came from, in
     /// the order of the settings tables, or `None` when all are at their defaults.
     pub fn summary(&self) -> Option<String> {
-        let items: Vec<String> = crate::settings::all()
+        let items: Vec<String> = crate::settings::tables::all()
             .filter_map(|s| {
                 let v = self.get(s.key)?;
                 Some(format!(
@@ -421,6 +393,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::env_name;
 
     #[test]
     fn parses_keys_comments_and_warns_about_the_rest() {

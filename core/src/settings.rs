@@ -8,6 +8,35 @@
 //! `docs/settings.md` ([`render`], checked by `scripts/check-generated.sh`).
 
 pub mod render;
+pub mod tables;
+
+/// Longest value shown in a log line; the rest is counted, not shown.
+pub const MAX_SHOWN_VALUE: usize = 256;
+
+/// `value` as log lines show it: at most [`MAX_SHOWN_VALUE`] bytes (cut at a character
+/// boundary), then `… (N bytes)`.
+pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_SHOWN_VALUE {
+        return value.into();
+    }
+    let mut end = MAX_SHOWN_VALUE;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &value[..end], value.len()).into()
+}
+
+/// The environment variable that overrides `key`.
+pub fn env_name(key: &str) -> String {
+    let mut s = String::from("CRIU_GPU_");
+    for c in key.chars() {
+        s.push(match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        });
+    }
+    s
+}
 
 /// How a value is written; the C plugin's variables are checked against it before they are
 /// used (a bad one is ignored, as the C plugin ignores it).
@@ -75,45 +104,6 @@ pub struct Setting {
 
 /// The namespace of CRIU's C cuda plugin, whose options are understood too.
 pub const CUDA_PLUGIN_NAMESPACE: &str = "cuda_plugin";
-
-/// The settings of no one backend.
-pub const COMMON: &[Setting] = &[Setting {
-    key: "disable",
-    env: "CRIU_GPU_DISABLE",
-    c_plugin: CPluginName::None,
-    syntax: Syntax::Text,
-    default: "none",
-    doc: "`cuda`, `amdgpu`: switch a side off",
-    about: "Backends to switch off, comma-separated: `cuda`, `amdgpu`. With `cuda` off, a restore still asks the driver (where there is one) about every restored task, and fails, ending the restored tree, when one is a CUDA process left checkpointed or locked.",
-}];
-
-/// Every table: the common settings, then the NVIDIA side's, then the AMD side's.
-pub fn tables() -> [&'static [Setting]; 3] {
-    [
-        COMMON,
-        crate::cuda::SETTINGS,
-        crate::amdgpu::settings::SETTINGS,
-    ]
-}
-
-/// Every setting, in table order.
-pub fn all() -> impl Iterator<Item = &'static Setting> {
-    tables().into_iter().flatten()
-}
-
-/// The setting of `key`, if there is one.
-pub fn find(key: &str) -> Option<&'static Setting> {
-    all().find(|s| s.key == key)
-}
-
-/// The setting a `cuda_plugin.NAME` option stands for, and whether its value is in seconds.
-pub fn find_c_option(name: &str) -> Option<(&'static Setting, bool)> {
-    all().find_map(|s| match s.c_plugin {
-        CPluginName::Option(n) if n == name => Some((s, false)),
-        CPluginName::OptionSeconds(n) if n == name => Some((s, true)),
-        _ => None,
-    })
-}
 
 /// Why a value is bad, without the key (the caller names it).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -200,7 +190,7 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
         Some(b'G' | b'g') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let bad = || ValueError::NotASize(crate::config::shown(text).into_owned());
+    let bad = || ValueError::NotASize(shown(text).into_owned());
     let value = if let Some(hex) = digits
         .strip_prefix("0x")
         .or_else(|| digits.strip_prefix("0X"))
@@ -214,28 +204,4 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     value
         .checked_mul(1u64 << shift)
         .ok_or_else(|| ValueError::SizeOverflow(text.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_key_is_once_in_the_tables_with_its_environment_name() {
-        let mut keys: Vec<&str> = all().map(|s| s.key).collect();
-        let n = keys.len();
-        keys.sort_unstable();
-        keys.dedup();
-        assert_eq!(keys.len(), n, "a key is listed twice");
-        for s in all() {
-            assert_eq!(s.env, crate::config::env_name(s.key), "{}", s.key);
-            assert!(!s.doc.is_empty() && !s.default.is_empty(), "{}", s.key);
-        }
-        assert_eq!(
-            find_c_option("timeout").map(|(s, secs)| (s.key, secs)),
-            Some(("cuda.lock-timeout-ms", true))
-        );
-        assert_eq!(find("cuda.parallel").map(|s| s.syntax), Some(Syntax::Bool));
-        assert!(find("amdgpu.copy-thread").is_none());
-    }
 }

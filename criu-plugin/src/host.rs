@@ -7,43 +7,9 @@
 //! program's mapped, non-writable segments tells the hook set exactly. The scan reads memory, not
 //! `/proc/self/exe`, so it also works when `criu` runs through an explicit dynamic loader.
 
-use crate::abi::{HOOK_SLOTS, HookId, PluginDesc, RawHook};
+use crate::abi::{HOOK_SLOTS, HookId, HostVersion, PluginDesc, RawHook};
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
-
-/// A CRIU release family, as far as the plugin ABI distinguishes them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum HostVersion {
-    /// Not a CRIU we recognise (for example a plain `dlopen` from another program).
-    Unknown,
-    /// CRIU before 3.17: 7 hooks, no device hooks.
-    Pre317,
-    /// CRIU 3.17 to 3.19: 10 hooks.
-    V3_17,
-    /// CRIU 4.0 to 4.1.x: 12 hooks.
-    V4_0,
-    /// CRIU 4.2: 13 hooks.
-    V4_2,
-    /// criu-dev after 4.2: 15 hooks, `RESTORE_EXT_FILE(id, bool *retry_needed)`.
-    Dev,
-    /// CRIU 4.3 (and criu-dev after it): 17 hooks (`UPDATE_INETSK`, `DUMP_FINISH`), plugin
-    /// options, `RESTORE_EXT_FILE(id, bool *retry_needed)`.
-    V4_3,
-}
-
-impl std::fmt::Display for HostVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HostVersion::Unknown => "a program that is not CRIU",
-            HostVersion::Pre317 => "CRIU before 3.17",
-            HostVersion::V3_17 => "CRIU 3.17-3.19",
-            HostVersion::V4_0 => "CRIU 4.0-4.1",
-            HostVersion::V4_2 => "CRIU 4.2",
-            HostVersion::Dev => "criu-dev",
-            HostVersion::V4_3 => "CRIU 4.3",
-        })
-    }
-}
 
 /// What the plugin needs to know about its host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

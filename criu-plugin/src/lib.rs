@@ -60,9 +60,10 @@ pub mod stream;
 pub mod symbols;
 pub mod threads;
 
+pub use abi::HostVersion;
 pub use abi::{HookId, PluginDesc, Stage};
 pub use error::{Errno, Failure, FailureKind, HookError, HookResult, Phase};
 pub use hooks::{Chain, ChainRule};
-pub use host::{Host, HostVersion};
+pub use host::Host;
 pub use plugin::{HookHandler, Plugin, VmaUpdate};
 pub use symbols::{CriuSymbols, FinalState, InventoryListing};

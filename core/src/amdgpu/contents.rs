@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
 use super::copy::{self, CopyStats, Piece};
-use super::device::{self, KfdDevice};
+use super::device::KfdDevice;
 use super::error::{Error, Result, device_error};
 use super::image::{KfdCheckpoint, PagesLayout, PagesReader};
 use super::sdma::SdmaEngines;
@@ -125,7 +125,7 @@ impl Contents<'_> {
     }
 
     fn describe(&self, bo: usize) -> String {
-        device::describe_bo(&self.image.bos[bo], bo)
+        self.image.bos[bo].describe(bo)
     }
 
     /// Copies the BOs through the SDMA engines of their GPUs, in pieces taken from the files

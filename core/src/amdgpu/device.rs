@@ -99,17 +99,6 @@ impl AllocFlags {
     }
 }
 
-/// A BO as error messages name it: kind, index, size, address and GPU.
-pub fn describe_bo(bo: &super::image::BoEntry, index: usize) -> String {
-    format!(
-        "{} BO {index} ({} at {:#x}) of GPU {:#x}",
-        bo_kind(bo.alloc_flags),
-        Bytes(bo.size),
-        bo.addr,
-        bo.gpu_id
-    )
-}
-
 /// A short name for a BO's kind, for messages.
 pub fn bo_kind(flags: u32) -> &'static str {
     AllocFlags::of(flags).kind()

@@ -12,10 +12,10 @@ use std::time::Instant;
 use criu_plugin::stream::ImageStream;
 use criu_plugin::{CriuSymbols, HookError, HookId, HookResult};
 
-use super::backend::{CopyKind, INVENTORY_NAME, RunBase, fail};
 use super::device::{self, FileIdentity, FileKind, classify};
 use super::error::{Error, FailureKind, device_error};
 use super::guardian::{QueueGuard, QueueGuardFactory};
+use super::run::{CopyKind, INVENTORY_NAME, RunBase, fail};
 use super::topology::Topology;
 use crate::backend::InitContext;
 use files::{DumpCtx, DumpState};

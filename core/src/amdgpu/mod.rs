@@ -24,6 +24,7 @@ pub mod image;
 pub(crate) mod kernel;
 pub(crate) mod parallel;
 pub(crate) mod restore;
+pub(crate) mod run;
 pub mod sdma;
 pub(crate) mod settings;
 pub(crate) mod store;

@@ -14,11 +14,11 @@ use std::time::Instant;
 
 use criu_plugin::{HookError, HookResult, VmaUpdate};
 
-use super::backend::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
 use super::contents;
 use super::device;
 use super::error::{Error, device_error};
 use super::parallel::{Handover, QueueOutcome};
+use super::run::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
 use crate::restore_guardian::{RestoreGuardian, Watch};
 use files::{RestoreCtx, TaskState};
 

@@ -45,7 +45,7 @@ pub mod preflight;
 pub mod procfs;
 mod restore;
 pub mod restore_thread;
-mod settings;
+pub(crate) mod settings;
 pub mod step;
 
 #[cfg(test)]
@@ -61,7 +61,6 @@ use dump::DumpRun;
 use error::{Failure, FailureKind};
 use restore::RestoreRun;
 pub use settings::CudaSettings;
-pub(crate) use settings::SETTINGS;
 
 /// Inventory name of CRIU's C plugin, kept so images move both ways.
 pub const INVENTORY_NAME: &CStr = c"cuda_plugin";

@@ -17,7 +17,7 @@ pub const MAN_END: &str = ".\\\" end of the generated settings keys";
 /// Consecutive settings documented as one (the seven compatibility checks).
 fn groups() -> Vec<Vec<&'static Setting>> {
     let mut out: Vec<Vec<&'static Setting>> = Vec::new();
-    for s in super::all() {
+    for s in super::tables::all() {
         match out.last_mut() {
             Some(g)
                 if g[0].doc == s.doc
@@ -238,7 +238,7 @@ mod tests {
     fn the_installed_settings_file_shows_every_key() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let conf = std::fs::read_to_string(root.join("packaging/gpu-plugin.conf")).unwrap();
-        for s in crate::settings::all() {
+        for s in crate::settings::tables::all() {
             let line = format!("# {} =", s.key);
             assert!(
                 conf.lines().any(|l| l.starts_with(&line)),

@@ -59,7 +59,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::copy::StagingRegion;
-use super::device::{Bytes, KfdDevice, VmFaultState, describe_bo};
+use super::device::{Bytes, KfdDevice, VmFaultState};
 use super::error::{Error, Result, device_error};
 use super::image::BoEntry;
 pub use lane::Lane;
@@ -345,7 +345,7 @@ impl<'d> SdmaEngines<'d> {
             })?;
             let buf = self
                 .import(minor, dmabuf.as_fd(), b.size)
-                .map_err(|e| e.context(format!("cannot access {what}{}", describe_bo(b, i))))?;
+                .map_err(|e| e.context(format!("cannot access {what}{}", b.describe(i))))?;
             buffers.push(Some(buf));
         }
         Ok((buffers, largest))

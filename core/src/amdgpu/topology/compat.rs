@@ -1,9 +1,6 @@
 //! The seven `KFD_*_CHECK` switches and the property comparison of a
 //! checkpointed GPU with a restore GPU (upstream `device_properties_match`).
 
-use super::GpuNode;
-use super::properties::PROPERTIES;
-
 /// The seven `KFD_*_CHECK` switches. All default to on, as upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompatChecks {
@@ -104,24 +101,4 @@ pub(super) enum Rule {
     AtLeast(Switch),
     /// Recorded, not compared.
     Ignored,
-}
-
-/// `device_properties_match`: the first property that rules `d` out for `s`,
-/// in the order of the property table.
-pub(super) fn property_mismatch(s: &GpuNode, d: &GpuNode, checks: &CompatChecks) -> Option<String> {
-    PROPERTIES.iter().find_map(|p| {
-        let (name, a, b) = (p.name, (p.get)(s), (p.get)(d));
-        match p.rule {
-            Rule::Equal if a != b => Some(format!("has {name} {b}, the checkpoint needs {a}")),
-            Rule::SameBits(sw) if (sw.on)(checks) && a != b => Some(format!(
-                "has {name} {b:#x}, the checkpoint needs {a:#x} ({})",
-                sw.env_var
-            )),
-            Rule::AtLeast(sw) if (sw.on)(checks) && a > b => Some(format!(
-                "has {name} {b}, the checkpoint needs at least {a} ({})",
-                sw.env_var
-            )),
-            _ => None,
-        }
-    })
 }

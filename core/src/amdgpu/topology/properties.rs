@@ -7,11 +7,11 @@
 //! or its `mem_banks` supply it; and says how a restore GPU's value is
 //! compared with the checkpoint's. From it come the struct, the conversions
 //! to and from the image entry, the sysfs lookup ([`PROPERTIES`], read by the
-//! sysfs parser) and the order of the comparison (the compat module).
+//! sysfs parser) and the comparison ([`property_mismatch`], by the rules of the compat module).
 
 use std::num::TryFromIntError;
 
-use super::compat::{Rule, Switch};
+use super::compat::{CompatChecks, Rule, Switch};
 use super::{DeviceEntry, IoLink, dev_links};
 
 /// Stores a value read from sysfs in one field; fails when the value does
@@ -177,4 +177,24 @@ gpu_properties! {
     drm_render_minor: u32 = properties, Ignored;
     /// XGMI hive id (not compared; hives come from the links).
     hive_id: u64 = properties, Ignored;
+}
+
+/// `device_properties_match`: the first property that rules `d` out for `s`,
+/// in the order of the property table.
+pub(super) fn property_mismatch(s: &GpuNode, d: &GpuNode, checks: &CompatChecks) -> Option<String> {
+    PROPERTIES.iter().find_map(|p| {
+        let (name, a, b) = (p.name, (p.get)(s), (p.get)(d));
+        match p.rule {
+            Rule::Equal if a != b => Some(format!("has {name} {b}, the checkpoint needs {a}")),
+            Rule::SameBits(sw) if (sw.on)(checks) && a != b => Some(format!(
+                "has {name} {b:#x}, the checkpoint needs {a:#x} ({})",
+                sw.env_var
+            )),
+            Rule::AtLeast(sw) if (sw.on)(checks) && a > b => Some(format!(
+                "has {name} {b}, the checkpoint needs at least {a} ({})",
+                sw.env_var
+            )),
+            _ => None,
+        }
+    })
 }

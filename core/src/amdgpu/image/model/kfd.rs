@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use super::{FormatError, check_count, invalid};
-use crate::amdgpu::device::AllocFlags;
+use crate::amdgpu::device::{AllocFlags, Bytes};
 use crate::amdgpu::image::wire::{self, MessageRules};
 use crate::amdgpu::image::{ImageMessage, NO_GEM_HANDLE, proto};
 
@@ -89,6 +89,17 @@ impl BoEntry {
     /// (VRAM or GTT; userptr, doorbell and MMIO BOs are not).
     pub fn has_contents(&self) -> bool {
         AllocFlags::of(self.alloc_flags).intersects(AllocFlags::WITH_CONTENTS)
+    }
+
+    /// The BO as error messages name it: kind, index `index`, size, address and GPU.
+    pub fn describe(&self, index: usize) -> String {
+        format!(
+            "{} BO {index} ({} at {:#x}) of GPU {:#x}",
+            AllocFlags::of(self.alloc_flags).kind(),
+            Bytes(self.size),
+            self.addr,
+            self.gpu_id
+        )
     }
 }
 

@@ -5,7 +5,8 @@
 use super::MapError;
 use super::hives::{LinkView, View};
 use crate::amdgpu::topology::IoLinkType;
-use crate::amdgpu::topology::compat::{CompatChecks, property_mismatch};
+use crate::amdgpu::topology::compat::CompatChecks;
+use crate::amdgpu::topology::properties::property_mismatch;
 
 const SEARCH_LIMIT: u64 = 1_000_000;
 
