@@ -517,6 +517,9 @@ impl KfdDevice for SimKfd {
         let FileObj::Kfd { owner } = obj else {
             return Err(err(libc::ENOTTY));
         };
+        if owner.is_some_and(|pid| !self.may_criu(&st, pid)) {
+            return Err(err(libc::EBADF));
+        }
         match args.op {
             KFD_CRIU_OP_PROCESS_INFO => self.op_process_info(&mut st, owner, args),
             // SAFETY: the caller upholds the criu_op contract for the pointers in `args`.
@@ -612,13 +615,18 @@ impl KfdDevice for SimKfd {
 
     fn kfd_holder(&self, kfd: BorrowedFd<'_>) -> io::Result<Option<KfdHolder>> {
         let st = self.state();
-        // The test hands the backend the process's own fd, as CRIU hands it a copy.
+        // The test hands the backend the process's own fd, as CRIU hands it a copy; the
+        // holder is found among the processes the caller traces, as by the kernel's search.
         Ok(match self.file(&st, kfd.as_raw_fd())? {
-            (_, FileObj::Kfd { owner: Some(pid) }) => Some(KfdHolder {
-                pid: pid as i32,
-                start: 0,
-                fd: kfd.as_raw_fd(),
-            }),
+            (_, FileObj::Kfd { owner: Some(pid) })
+                if st.tracers.get(&pid) == Some(&self.current_task()) =>
+            {
+                Some(KfdHolder {
+                    pid: pid as i32,
+                    start: 0,
+                    fd: kfd.as_raw_fd(),
+                })
+            }
             _ => None,
         })
     }
