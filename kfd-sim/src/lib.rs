@@ -68,7 +68,9 @@
 //! process model (BOs, queues, events, private data), `kfd.rs` the KFD ioctls with the CRIU
 //! operations, `render.rs` the render node (GEM handles, VMs, submissions), `sdma.rs` the
 //! SDMA engine (IB decoding and copies), `faults.rs` fault injection, `inspect.rs` what
-//! tests look at and `copies.rs` a log of the backend's BO copies.
+//! tests look at, `copies.rs` a log of the backend's BO copies, and `conformance.rs` the
+//! list of KFD behaviours the plugin relies on with the simulator test and the stand-in
+//! kernel module code that check each.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -81,6 +83,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::topology::Topology;
 
+pub mod conformance;
 mod copies;
 mod faults;
 mod inspect;

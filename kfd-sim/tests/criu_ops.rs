@@ -326,3 +326,77 @@ fn the_holder_of_a_kfd_file_is_found_among_the_traced_processes() {
     );
     assert_eq!(sim.kfd_process(kfd.as_fd()), Some(PID));
 }
+
+#[test]
+fn restore_needs_an_unbound_render_file_of_each_gpu_and_binds_it() {
+    let (sim, kfd) = dumped_machine();
+    let c = checkpoint(&sim, kfd.as_fd());
+    let other = machine([0x1000, 0x2000]);
+    let renders = [128, 129].map(|minor| other.open_render_node(minor).unwrap());
+    let attempt = |task: u32, files: [usize; 2]| {
+        other.set_current_task(task);
+        let kfd = other.open_kfd().unwrap();
+        let mut r = Checkpoint {
+            args: c.args,
+            devices: c.devices.clone(),
+            bos: c.bos.clone(),
+            priv_data: c.priv_data.clone(),
+        };
+        for (d, f) in r.devices.iter_mut().zip(files) {
+            d.drm_fd = renders[f].as_raw_fd() as u32;
+        }
+        let result = r.run(&other, kfd.as_fd(), KFD_CRIU_OP_RESTORE);
+        for b in r
+            .bos
+            .iter()
+            .filter(|b| result.is_ok() && b.dmabuf_fd != KFD_INVALID_FD)
+        {
+            // SAFETY: RESTORE installed this fd for the caller, who owns it.
+            drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(b.dmabuf_fd as i32) });
+        }
+        (kfd, result)
+    };
+    // GPU 0x1000's render file for both GPUs: the second GPU's is missing.
+    assert_eq!(attempt(PID, [0, 0]).1, Err(libc::EINVAL));
+    // The right files: bound to the restored process, then refused to another one.
+    let (_restored_kfd, result) = attempt(PID, [0, 1]);
+    assert_eq!(result, Ok(()));
+    assert_eq!(
+        attempt(PID + 1, [0, 1]).1,
+        Err(libc::EINVAL),
+        "render files bound to another process"
+    );
+}
+
+#[test]
+fn restore_consumes_the_private_data_exactly() {
+    let (sim, kfd) = dumped_machine();
+    let c = checkpoint(&sim, kfd.as_fd());
+    for len in [c.priv_data.len() - 4, c.priv_data.len() + 4] {
+        let other = machine([0x1000, 0x2000]);
+        let mut short = Checkpoint {
+            args: c.args,
+            devices: c.devices.clone(),
+            bos: c.bos.clone(),
+            priv_data: c.priv_data.clone(),
+        };
+        short.priv_data.resize(len, 0);
+        short.args.priv_data_size = len as u64;
+        let (_kfd, r) = restore(&other, &short, [0x1000, 0x2000]);
+        assert_eq!(r.map(|_| ()), Err(libc::EINVAL), "{len} bytes");
+        assert!(other.process(PID).is_none());
+    }
+}
+
+#[test]
+fn get_version_answers_on_kfd_files_only() {
+    let sim = machine([0x1000, 0x2000]);
+    let kfd = sim.open_kfd().unwrap();
+    assert_eq!(
+        sim.get_version(kfd.as_fd()).unwrap(),
+        kfd_sim::SIM_KFD_VERSION
+    );
+    let render = sim.open_render_node(128).unwrap();
+    let e = sim.get_version(render.as_fd()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTTY));
+}
