@@ -66,11 +66,11 @@
 //! This file holds the machine ([`SimKfd`], its shared state and the files it hands out) and
 //! the specs tests build processes from; its submodules hold the rest: `process.rs` the
 //! process model (BOs, queues, events, private data), `kfd.rs` the KFD ioctls with the CRIU
-//! operations, `render.rs` the render node (GEM handles, VMs, submissions), `sdma.rs` the
-//! SDMA engine (IB decoding and copies), `faults.rs` fault injection, `inspect.rs` what
-//! tests look at, `copies.rs` a log of the backend's BO copies, and `conformance.rs` the
-//! list of KFD behaviours the plugin relies on with the simulator test and the stand-in
-//! kernel module code that check each.
+//! operations but RESTORE, `restore.rs` RESTORE, `render.rs` the render node (GEM handles,
+//! VMs, submissions), `sdma.rs` the SDMA engine (IB decoding and copies), `faults.rs` fault
+//! injection, `inspect.rs` what tests look at, `copies.rs` a log of the backend's BO copies,
+//! and `conformance.rs` the list of KFD behaviours the plugin relies on with the simulator
+//! test and the stand-in kernel module code that check each.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -90,6 +90,7 @@ mod inspect;
 mod kfd;
 mod process;
 mod render;
+mod restore;
 mod sdma;
 
 pub use copies::CopyLog;
