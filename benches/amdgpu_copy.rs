@@ -234,6 +234,8 @@ fn main() {
         })
         .collect();
     let kfd = sim.spawn(&spec).unwrap();
+    // The bench plays CRIU, which traces the task it dumps.
+    sim.seize(PID);
 
     // Baselines: the same bytes from memory to one file and back, 8 MiB per call.
     let mut mem = vec![0u8; total as usize];

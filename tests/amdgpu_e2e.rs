@@ -520,6 +520,8 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
     let mut d = backend(&sim, images.path());
     let c = ctx(&cfg, HostVersion::Dev, InventoryListing::NoList);
     assert_eq!(d.init(&c, Stage::Dump), Ok(true));
+    sim.seize(1001);
+    sim.seize(1002);
     // B first: its dma-buf's BO is not dumped yet, so it waits.
     d.dump_ext_file(b.kfd.as_raw_fd(), 20).unwrap();
     d.dump_ext_file(ipc.as_raw_fd(), 21).unwrap();
@@ -609,6 +611,7 @@ fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
             d.init(&ctx(&cfg, host, InventoryListing::NoList), Stage::Dump),
             Ok(true)
         );
+        sim.seize(1101);
         d.dump_ext_file(a.kfd.as_raw_fd(), 1).unwrap();
         let r = d.dump_ext_file(foreign.as_raw_fd(), 2);
         let r = if host == HostVersion::Dev {

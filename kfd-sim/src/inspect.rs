@@ -51,6 +51,16 @@ pub struct SimVma {
 }
 
 impl SimKfd {
+    /// The process the KFD file `fd` is bound to (`None`: a file of no process yet, or not
+    /// a KFD file of this machine).
+    pub fn kfd_process(&self, fd: BorrowedFd<'_>) -> Option<u32> {
+        let st = self.state();
+        match self.file(&st, fd.as_raw_fd()).ok()? {
+            (_, FileObj::Kfd { owner }) => owner,
+            _ => None,
+        }
+    }
+
     /// Every (size, magic) RESTORE asked to recreate libhsakmt's shared memory with.
     pub fn hsakmt_restores(&self) -> Vec<(u64, u32)> {
         self.state().hsakmt_restored.clone()

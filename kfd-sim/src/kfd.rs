@@ -1,8 +1,7 @@
 //! The KFD side of the simulator: `/dev/kfd` files and their ioctls, above all the CRIU
-//! operations (PROCESS_INFO, CHECKPOINT, UNPAUSE, RESTORE, RESUME) with the kernel's order
-//! and size rules.
+//! operations (PROCESS_INFO, CHECKPOINT, UNPAUSE, RESUME here, RESTORE in `restore.rs`)
+//! with the kernel's order and size rules and its caller rule.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -16,14 +15,8 @@ use kfd_sys::{
 };
 
 use super::faults::fire;
-use super::process::{
-    Bo, MAX_MAPPED_GPUS, OBJ_EVENT, OBJ_QUEUE, OBJ_SVM, PRIV_MAGIC, Pdd, Reader, device_mmap_offset,
-};
-use super::{
-    BoMem, FileObj, PAGE, Process, SIM_KFD_MAJOR, SIM_KFD_VERSION, SIM_PRIV_VERSION, SimEvent,
-    SimKfd, SimQueue, State, einval, err,
-};
-use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, FileIdentity, KfdDevice, KfdHolder};
+use super::{BoMem, FileObj, Process, SIM_KFD_MAJOR, SIM_KFD_VERSION, SimKfd, State, einval, err};
+use criu_gpu_core::amdgpu::device::{DRM_MAJOR, FileIdentity, KfdDevice, KfdHolder};
 
 /// The caller's device buckets, BO buckets and private data of a CHECKPOINT or RESTORE.
 ///
@@ -31,7 +24,7 @@ use criu_gpu_core::amdgpu::device::{AllocFlags, DRM_MAJOR, FileIdentity, KfdDevi
 ///
 /// The pointers in `args` follow the [`KfdDevice::criu_op`] contract, and nothing else uses
 /// the arrays while the slices live.
-unsafe fn criu_arrays<'a>(
+pub(super) unsafe fn criu_arrays<'a>(
     args: &kfd_ioctl_criu_args,
 ) -> (
     &'a mut [kfd_criu_device_bucket],
@@ -59,15 +52,15 @@ unsafe fn criu_arrays<'a>(
 /// The dma-buf fds a CHECKPOINT or RESTORE installs in the caller: the caller's once the
 /// operation succeeds, closed again when it fails, as the kernel does.
 #[derive(Default)]
-struct InstalledFds(Vec<RawFd>);
+pub(super) struct InstalledFds(Vec<RawFd>);
 
 impl InstalledFds {
-    fn count(&self) -> usize {
+    pub(super) fn count(&self) -> usize {
         self.0.len()
     }
 
     /// Exports `mem` (a BO of GPU `gpu_id`) as a new dma-buf; returns its fd for the bucket.
-    fn install(
+    pub(super) fn install(
         &mut self,
         sim: &SimKfd,
         st: &mut State,
@@ -80,7 +73,7 @@ impl InstalledFds {
         Ok(raw as u32)
     }
 
-    fn close_all(self) {
+    pub(super) fn close_all(self) {
         for fd in self.0 {
             // SAFETY: these fds were created by `install` and not yet handed to the caller.
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -184,267 +177,6 @@ impl SimKfd {
         out.copy_from_slice(&priv_data);
         Ok(())
     }
-
-    /// # Safety
-    /// The pointers in `args` follow the [`KfdDevice::criu_op`] contract.
-    unsafe fn op_restore(
-        &self,
-        st: &mut State,
-        file_no: u64,
-        args: &mut kfd_ioctl_criu_args,
-    ) -> io::Result<()> {
-        if args.devices == 0
-            || args.bos == 0
-            || args.priv_data == 0
-            || args.priv_data_size == 0
-            || args.num_devices == 0
-            || args.num_bos == 0
-        {
-            return Err(einval());
-        }
-        let pid = self.inner.current_task.load(Ordering::SeqCst);
-        match st.files.get(&file_no) {
-            Some(FileObj::Kfd { owner: None }) => {}
-            Some(FileObj::Kfd { owner: Some(o) }) if *o == pid => {}
-            _ => return Err(einval()),
-        }
-        if st
-            .processes
-            .get(&pid)
-            .is_some_and(|p| p.restored || !p.bos.is_empty())
-        {
-            return Err(einval());
-        }
-        fire(&mut st.faults.restore)?;
-        // SAFETY: the pointers in `args` follow the criu_op contract, as this function's
-        // contract requires.
-        let (devices, bos, priv_data) = unsafe { criu_arrays(args) };
-        let priv_data = &*priv_data;
-        let mut r = Reader {
-            data: priv_data,
-            pos: 0,
-        };
-        if r.u32()? != PRIV_MAGIC || r.u32()? != SIM_PRIV_VERSION {
-            return Err(einval());
-        }
-        let xnack = r.u32()? != 0;
-        r.u32()?;
-        // A fresh KFD process has one device per GPU it can see.
-        let visible = self
-            .inner
-            .gpus
-            .iter()
-            .filter(|g| !st.hidden.contains(&g.gpu_id))
-            .count();
-        if devices.len() != visible {
-            return Err(einval());
-        }
-        let mut pdds = Vec::new();
-        let mut bound = Vec::new();
-        for d in devices.iter() {
-            r.u64()?;
-            if self.gpu(d.actual_gpu_id).is_none()
-                || st.hidden.contains(&d.actual_gpu_id)
-                || pdds.iter().any(|p: &Pdd| {
-                    p.actual_gpu_id == d.actual_gpu_id || p.user_gpu_id == d.user_gpu_id
-                })
-            {
-                return Err(einval());
-            }
-            let n = self
-                .file_no(d.drm_fd as i32)
-                .ok_or_else(|| err(libc::EBADF))?;
-            match st.files.get(&n) {
-                Some(FileObj::Render {
-                    gpu_id,
-                    bound_to: None,
-                }) if *gpu_id == d.actual_gpu_id => {}
-                _ => return Err(einval()),
-            }
-            bound.push(n);
-            pdds.push(Pdd {
-                user_gpu_id: d.user_gpu_id,
-                actual_gpu_id: d.actual_gpu_id,
-                drm_file: Some(n),
-            });
-        }
-        let mut new_bos = Vec::new();
-        let mut vram_used: HashMap<u32, u64> = HashMap::new();
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for b in bos.iter() {
-            let user_addr = r.u64()?;
-            let idr_handle = r.u32()?;
-            let n_mapped = r.u32()? as usize;
-            let mut mapped = Vec::new();
-            for i in 0..MAX_MAPPED_GPUS {
-                let g = r.u32()?;
-                if i < n_mapped {
-                    mapped.push(g);
-                }
-            }
-            let pdd = pdds
-                .iter()
-                .find(|p| p.user_gpu_id == b.gpu_id)
-                .ok_or_else(einval)?;
-            if n_mapped > MAX_MAPPED_GPUS
-                || mapped
-                    .iter()
-                    .any(|g| !pdds.iter().any(|p| p.user_gpu_id == *g))
-                || b.size == 0
-                || b.size % PAGE != 0
-                || b.addr.checked_add(b.size).is_none()
-            {
-                return Err(einval());
-            }
-            if ranges
-                .iter()
-                .any(|&(a, s)| b.addr < a + s && a < b.addr + b.size)
-            {
-                return Err(einval());
-            }
-            ranges.push((b.addr, b.size));
-            if AllocFlags::of(b.alloc_flags).intersects(AllocFlags::VRAM) {
-                let used = vram_used.entry(pdd.actual_gpu_id).or_default();
-                *used = used.saturating_add(b.size);
-                let vram = self
-                    .gpu(pdd.actual_gpu_id)
-                    .map(|g| g.vram_size)
-                    .unwrap_or(0);
-                if *used > vram {
-                    return Err(err(libc::ENOMEM));
-                }
-            }
-            if AllocFlags::of(b.alloc_flags).intersects(AllocFlags::WITH_CONTENTS)
-                && b.size > (1 << 40)
-            {
-                return Err(err(libc::ENOMEM));
-            }
-            new_bos.push((
-                pdd.clone(),
-                b.addr,
-                b.size,
-                b.alloc_flags,
-                idr_handle,
-                user_addr,
-                mapped,
-            ));
-        }
-        let mut queues = Vec::new();
-        let mut events = Vec::new();
-        let mut svm = Vec::new();
-        for _ in 0..args.num_objects {
-            match r.u32()? {
-                OBJ_QUEUE => {
-                    let id = r.u32()?;
-                    let gpu_id = r.u32()?;
-                    let kind = r.u32()?;
-                    let ring_addr = r.u64()?;
-                    let ring_size = r.u32()?;
-                    let len = r.u32()? as usize;
-                    let mqd = r.bytes(len)?.to_vec();
-                    if !pdds.iter().any(|p| p.user_gpu_id == gpu_id) {
-                        return Err(einval());
-                    }
-                    queues.push(SimQueue {
-                        id,
-                        gpu_id,
-                        kind,
-                        ring_addr,
-                        ring_size,
-                        mqd,
-                    });
-                }
-                OBJ_EVENT => {
-                    let id = r.u32()?;
-                    let kind = r.u32()?;
-                    let auto_reset = r.u32()? != 0;
-                    let signaled = r.u32()? != 0;
-                    events.push(SimEvent {
-                        id,
-                        kind,
-                        auto_reset,
-                        signaled,
-                    });
-                }
-                OBJ_SVM => {
-                    r.u32()?;
-                    svm.push((r.u64()?, r.u64()?));
-                }
-                _ => return Err(einval()),
-            }
-        }
-        if r.pos != priv_data.len() {
-            return Err(einval());
-        }
-        // Everything checked: create the BOs and export their dma-bufs.
-        let mut created = InstalledFds::default();
-        let mut made = Vec::new();
-        let result = (|| -> io::Result<()> {
-            for ((pdd, addr, size, flags, idr_handle, user_addr, mapped), b) in
-                new_bos.into_iter().zip(bos.iter_mut())
-            {
-                let offset = device_mmap_offset(flags, pdd.actual_gpu_id).unwrap_or_else(|| {
-                    if AllocFlags::of(flags).intersects(AllocFlags::WITH_CONTENTS) {
-                        st.alloc_mmap_offset(size)
-                    } else {
-                        0
-                    }
-                });
-                let mem = if AllocFlags::of(flags).intersects(AllocFlags::WITH_CONTENTS) {
-                    let m = Arc::new(self.bo_mem(addr, size)?);
-                    b.dmabuf_fd = created.install(self, st, m.clone(), pdd.actual_gpu_id)?;
-                    Some(m)
-                } else {
-                    b.dmabuf_fd = KFD_INVALID_FD;
-                    None
-                };
-                b.restored_offset = offset;
-                made.push(Bo {
-                    addr,
-                    size,
-                    flags,
-                    actual_gpu: pdd.actual_gpu_id,
-                    user_gpu: pdd.user_gpu_id,
-                    idr_handle,
-                    offset,
-                    user_addr,
-                    mapped,
-                    mem,
-                });
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            created.close_all();
-            return Err(e);
-        }
-        for n in bound {
-            if let Some(FileObj::Render { bound_to, .. }) = st.files.get_mut(&n) {
-                *bound_to = Some(pid);
-            }
-        }
-        if let Some(FileObj::Kfd { owner }) = st.files.get_mut(&file_no) {
-            *owner = Some(pid);
-        }
-        st.processes.insert(
-            pid,
-            Process {
-                pid,
-                ns_pid: pid,
-                pdds,
-                bos: made,
-                queues,
-                events,
-                svm,
-                xnack,
-                evicted: 1,
-                awaiting_resume: true,
-                resumed: 0,
-                restored: true,
-            },
-        );
-        Ok(())
-    }
 }
 
 impl KfdDevice for SimKfd {
@@ -517,6 +249,9 @@ impl KfdDevice for SimKfd {
         let FileObj::Kfd { owner } = obj else {
             return Err(err(libc::ENOTTY));
         };
+        if owner.is_some_and(|pid| !self.may_criu(&st, pid)) {
+            return Err(err(libc::EBADF));
+        }
         match args.op {
             KFD_CRIU_OP_PROCESS_INFO => self.op_process_info(&mut st, owner, args),
             // SAFETY: the caller upholds the criu_op contract for the pointers in `args`.
@@ -612,13 +347,18 @@ impl KfdDevice for SimKfd {
 
     fn kfd_holder(&self, kfd: BorrowedFd<'_>) -> io::Result<Option<KfdHolder>> {
         let st = self.state();
-        // The test hands the backend the process's own fd, as CRIU hands it a copy.
+        // The test hands the backend the process's own fd, as CRIU hands it a copy; the
+        // holder is found among the processes the caller traces, as by the kernel's search.
         Ok(match self.file(&st, kfd.as_raw_fd())? {
-            (_, FileObj::Kfd { owner: Some(pid) }) => Some(KfdHolder {
-                pid: pid as i32,
-                start: 0,
-                fd: kfd.as_raw_fd(),
-            }),
+            (_, FileObj::Kfd { owner: Some(pid) })
+                if st.tracers.get(&pid) == Some(&self.current_task()) =>
+            {
+                Some(KfdHolder {
+                    pid: pid as i32,
+                    start: 0,
+                    fd: kfd.as_raw_fd(),
+                })
+            }
             _ => None,
         })
     }

@@ -23,6 +23,10 @@
 //!   version that is consumed exactly; it recreates the BOs at the same addresses with new
 //!   mmap offsets (doorbell and MMIO offsets carry the new gpu id), exports their dma-bufs,
 //!   and leaves the queues evicted until RESUME, which finds the process by pid (`ESRCH`).
+//! * The calling task ([`SimKfd::set_current_task`]) and who traces whom
+//!   ([`SimKfd::seize`], [`SimKfd::set_tracer`]): as amdkfd, a CRIU operation on a process's
+//!   KFD file is taken only from the process itself or from its tracer (`EBADF`), and the
+//!   holder of a KFD file is found only among the processes the caller traces.
 //! * What a dump's guardian asks: the process behind a KFD file (its simulated pid, the fd
 //!   number the test passed), and UNPAUSE of that process from outside (the UNPAUSE fault
 //!   applies).
@@ -49,7 +53,8 @@
 //!
 //! # What it does not model
 //!
-//! Permissions (ptrace parenthood, `CAP_CHECKPOINT_RESTORE`), pid namespaces beyond a
+//! `CAP_CHECKPOINT_RESTORE`, the opener of a KFD file not yet bound to a process (it is the
+//! caller's own), pid namespaces beyond a
 //! distinct in-namespace pid, mmap of files (CPU mappings are checked with
 //! [`SimKfd::check_vma`] instead), SVM migration, XNACK semantics, GPU work other than SDMA copies,
 //! render-node (DRM, non-KFD) BOs of the process, the cost and asynchrony of GPU copies (a
@@ -61,9 +66,11 @@
 //! This file holds the machine ([`SimKfd`], its shared state and the files it hands out) and
 //! the specs tests build processes from; its submodules hold the rest: `process.rs` the
 //! process model (BOs, queues, events, private data), `kfd.rs` the KFD ioctls with the CRIU
-//! operations, `render.rs` the render node (GEM handles, VMs, submissions), `sdma.rs` the
-//! SDMA engine (IB decoding and copies), `faults.rs` fault injection, `inspect.rs` what
-//! tests look at and `copies.rs` a log of the backend's BO copies.
+//! operations but RESTORE, `restore.rs` RESTORE, `render.rs` the render node (GEM handles,
+//! VMs, submissions), `sdma.rs` the SDMA engine (IB decoding and copies), `faults.rs` fault
+//! injection, `inspect.rs` what tests look at, `copies.rs` a log of the backend's BO copies,
+//! and `conformance.rs` the list of KFD behaviours the plugin relies on with the simulator
+//! test and the stand-in kernel module code that check each.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -76,12 +83,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::topology::Topology;
 
+pub mod conformance;
 mod copies;
 mod faults;
 mod inspect;
 mod kfd;
 mod process;
 mod render;
+mod restore;
 mod sdma;
 
 pub use copies::CopyLog;
@@ -152,6 +161,8 @@ struct State {
     hsakmt: Option<(u64, u32)>,
     hsakmt_restored: Vec<(u64, u32)>,
     hidden: HashSet<u32>,
+    /// Tracee → tracer (ptrace), what amdkfd's caller rule for CRIU operations looks at.
+    tracers: HashMap<u32, u32>,
     handles: HashMap<(u64, usize), u32>,
     next_handle: HashMap<u64, u32>,
     vms: HashMap<u64, SimVm>,
@@ -296,6 +307,7 @@ impl SimKfd {
                     hsakmt: None,
                     hsakmt_restored: Vec::new(),
                     hidden: HashSet::new(),
+                    tracers: HashMap::new(),
                     handles: HashMap::new(),
                     next_handle: HashMap::new(),
                     vms: HashMap::new(),
@@ -319,9 +331,33 @@ impl SimKfd {
         lock(&self.inner.state)
     }
 
-    /// Sets the pid `open_kfd` and RESTORE act for (the "current task").
+    /// Sets the calling task: the pid of the task every later call comes from (the process
+    /// RESTORE makes, the caller amdkfd's rule for CRIU operations checks).
     pub fn set_current_task(&self, pid: u32) {
         self.inner.current_task.store(pid, Ordering::SeqCst);
+    }
+
+    /// The current task seizes `pid` (`PTRACE_SEIZE`), as CRIU seizes each task it dumps:
+    /// from then on it may issue CRIU operations on `pid`'s KFD file.
+    pub fn seize(&self, pid: u32) {
+        let me = self.inner.current_task.load(Ordering::SeqCst);
+        self.set_tracer(pid, Some(me));
+    }
+
+    /// Sets the tracer of `pid`, or clears it (`None`: detached, or the tracer ended).
+    pub fn set_tracer(&self, pid: u32, tracer: Option<u32>) {
+        let mut st = self.state();
+        match tracer {
+            Some(t) => st.tracers.insert(pid, t),
+            None => st.tracers.remove(&pid),
+        };
+    }
+
+    /// amdkfd's caller rule: a CRIU operation on the KFD file of process `pid` comes from
+    /// that process or from its tracer (`EBADF`, "Using KFD FD in wrong process", otherwise).
+    fn may_criu(&self, st: &State, pid: u32) -> bool {
+        let me = self.inner.current_task.load(Ordering::SeqCst);
+        me == pid || st.tracers.get(&pid) == Some(&me)
     }
 
     /// Hides a GPU from the processes of this machine, as a container's device list or

@@ -236,6 +236,8 @@ pub fn dump_files(
     let mut id = first_id;
     let mut out = Vec::new();
     for p in procs {
+        // CRIU seizes each task it dumps; amdkfd takes its CRIU operations for that.
+        sim.seize(p.pid);
         let vmas = sim.cpu_vmas(p.pid);
         for v in &vmas {
             b.handle_device_vma(-1, &vma_stat(sim, &v.path))?;

@@ -393,6 +393,12 @@ impl Model {
         let pid = n.pid;
         let mut args: kfd_ioctl_criu_args = seccomp::read_obj(pid, argp)?;
         self.sim.set_current_task(seccomp::tgid_of(pid));
+        // The simulator's caller rule (the process itself or its tracer) sees the real
+        // ptrace relation: CRIU's seize of the workload, the dump guardian's.
+        if let Some(owner) = self.sim.kfd_process(self.sim_fd(i)) {
+            self.sim
+                .set_tracer(owner, seccomp::tracer_of(owner).map(seccomp::tgid_of));
+        }
         let with_arrays = args.op == KFD_CRIU_OP_CHECKPOINT || args.op == KFD_CRIU_OP_RESTORE;
         if !with_arrays {
             // SAFETY: these operations read no user pointers.

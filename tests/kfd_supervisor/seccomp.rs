@@ -352,6 +352,15 @@ pub fn take_fd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(got as RawFd) })
 }
 
+/// The tracer of `pid` (`TracerPid` of its status), `None` when untraced or gone.
+pub fn tracer_of(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
+        .filter(|&t| t != 0)
+}
+
 /// The thread-group id of thread `tid` (what the kernel's KFD calls the process).
 pub fn tgid_of(tid: u32) -> u32 {
     std::fs::read_to_string(format!("/proc/{tid}/status"))
