@@ -92,6 +92,7 @@ mod process;
 mod render;
 mod restore;
 mod sdma;
+mod vm;
 
 pub use copies::CopyLog;
 pub use faults::{Fault, Faults};
@@ -100,7 +101,7 @@ pub use process::{SimEvent, SimQueue};
 pub use sdma::SdmaStats;
 
 use process::{BoMem, Process};
-use render::SimVm;
+use vm::SimVm;
 
 /// KFD interface version the simulator reports.
 pub const SIM_KFD_VERSION: (u32, u32) = (1, 14);

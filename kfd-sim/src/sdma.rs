@@ -4,7 +4,7 @@
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::render::{GemMem, SimVm};
+use super::vm::{GemMem, SimVm};
 use super::{einval, err};
 
 /// What the simulated SDMA engines did.
