@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::config::Config;
 use crate::cuda::batch::{Batch, restore_each, run_each};
 use crate::cuda::driver::LoadError;
+use crate::cuda::executor::{Outcome, Plan, execute};
 use crate::cuda::helper;
 use crate::cuda::step::{Step, check_put_back};
 use crate::cuda::{CudaSettings, driver, gpus, procfs};
@@ -216,16 +216,18 @@ impl Session {
             .filter(|p| matches!(p.found, Found::Cuda { state: Ok(_), .. }))
             .map(|p| p.pid)
             .collect();
-        let states = Mutex::new(BTreeMap::new());
-        run_each(&ask, self.parallel, |pid| {
-            let s = self.driver.process_state(pid);
-            states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(pid, s);
-            Ok::<(), DriverError>(())
+        let driver = &self.driver;
+        let ran = execute(&ask, Plan::in_process(self.parallel), &|k| {
+            driver.process_state(ask[k])
         });
-        let states = states.into_inner().unwrap_or_else(|e| e.into_inner());
+        // A query that panicked leaves the process as found.
+        let states: BTreeMap<i32, Result<ProcessState, DriverError>> = ran
+            .into_iter()
+            .filter_map(|(pid, a, _)| match a {
+                Outcome::Returned(s) => Some((pid, s)),
+                _ => None,
+            })
+            .collect();
         for p in &mut out {
             if let (Found::Cuda { state, tid }, Some(s)) = (&mut p.found, states.get(&p.pid)) {
                 // A stop that lands while the driver is asked (SIGSTOP reaches threads one by

@@ -14,6 +14,7 @@ use criu_plugin::symbols::AlarmSuspended;
 use cuda_ckpt_sys::{Driver, DriverError};
 
 use super::error::CallError;
+use super::executor::{Outcome, Plan, execute};
 use super::helper;
 use super::restore_thread::RunningThreads;
 use super::step::{Step, needs_init};
@@ -137,52 +138,30 @@ impl Phase {
     }
 }
 
-/// Runs `op` for every pid, on worker threads when `parallel`, and reports each result with the
-/// time it took. A worker that panics is reported as that pid's failure, never unwound further.
+/// Runs `op` for every pid in this process ([`Plan::in_process`]), on worker threads when
+/// `parallel`, and reports each result with the time it took. A call that panics is reported
+/// as that pid's failure, never unwound further. For `criu-gpu`, where no CRIU is to protect.
 pub fn run_each<E: Into<CallError>>(
     pids: &[i32],
     parallel: bool,
     op: impl Fn(i32) -> Result<(), E> + Sync,
 ) -> Vec<Timed> {
-    let timed = |pid: i32| {
-        let t = Instant::now();
-        let r =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(pid).map_err(Into::into)))
-                .unwrap_or_else(|p| Err(CallError::panic(pid, p.as_ref())));
-        (pid, r, t.elapsed())
-    };
-    if !parallel || pids.len() < 2 {
-        return pids.iter().map(|&pid| timed(pid)).collect();
-    }
-    // A panic outside `op` (`timed` catches those inside): the plugin's own failure.
-    let internal = |pid: i32, panic: criu_plugin::threads::WorkerPanic| {
-        let message = panic.to_string();
-        (pid, Err(CallError::Panic { pid, message }), Duration::ZERO)
-    };
-    // Each worker starts with CRIU's signals blocked; all are joined before this returns.
-    let answers = criu_plugin::threads::scope(|w| {
-        let workers: Vec<_> = pids
-            .iter()
-            .map(|&pid| {
-                let timed = &timed;
-                (pid, w.spawn(format!("cuda-{pid}"), move || timed(pid)))
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|(pid, worker)| match worker {
-                Ok(worker) => worker.join().unwrap_or_else(|panic| internal(pid, panic)),
-                // No thread could be started: do it here.
-                Err(_) => timed(pid),
-            })
-            .collect()
+    let ran = execute(pids, Plan::in_process(parallel), &|k| {
+        op(pids[k]).map_err(Into::into)
     });
-    // Every worker was joined above, so its panic went to its own pid already.
-    answers.unwrap_or_else(|panic| {
-        pids.iter()
-            .map(|&pid| internal(pid, panic.clone()))
-            .collect()
-    })
+    ran.into_iter()
+        .map(|(pid, a, took)| {
+            let r = match a {
+                Outcome::Returned(r) => r,
+                Outcome::Panicked(message) => Err(CallError::Panic { pid, message }),
+                // In process, unwatched and unbounded: every call returns.
+                Outcome::Ended | Outcome::NoAnswer => Err(CallError::Process(format!(
+                    "pid {pid}: the driver gave no answer"
+                ))),
+            };
+            (pid, r, took)
+        })
+        .collect()
 }
 
 /// Makes each step in a helper process ([`helper::each_in_helper`]): a driver call that never

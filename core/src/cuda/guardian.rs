@@ -15,6 +15,7 @@ use criu_plugin::guardian::restore::RestoreTasks;
 use criu_plugin::guardian::{Duty, Watched};
 use cuda_ckpt_sys::Driver;
 
+use super::executor::{Outcome, Plan, execute};
 use super::step::{Step, needs_init};
 
 bitflags::bitflags! {
@@ -52,66 +53,61 @@ impl Duty for PutBack<'_> {
         // A watchdog ends the guardian, hung calls and all, at the deadline; its claims go with
         // it, so `criu-gpu resume` can take over.
         let pids: Vec<i32> = watched.iter().map(|w| w.pid).collect();
+        let late = pids.clone();
         let _ = std::thread::Builder::new()
             .name("put-back-deadline".into())
             .spawn(move || {
                 std::thread::sleep(PUT_BACK_DEADLINE);
                 log::error!(
-                    "guardian: putting back pid(s) {pids:?} took longer than {} s; giving up: run `criu-gpu resume PID` for each",
+                    "guardian: putting back pid(s) {late:?} took longer than {} s; giving up: run `criu-gpu resume PID` for each",
                     PUT_BACK_DEADLINE.as_secs()
                 );
                 // SAFETY: ends the guardian's process at once; nothing of CRIU's runs here.
                 unsafe { libc::_exit(2) }
             });
-        // Every process at once, on workers as inside CRIU (the guardian's own thread takes
-        // its signals).
-        let done = criu_plugin::threads::scope(|s| {
-            for w in &watched {
-                let put_back_one = move || {
-                    // The driver cannot answer for a stopped process (its calls wait until it
-                    // runs), and a dead one has nothing to put back.
-                    match criu_plugin::proc::state(w.pid) {
-                        Some('T' | 't') => {
-                            log::error!(
-                                "guardian: pid {pid} is stopped and cannot be put back now; after `kill -CONT {pid}`, run `criu-gpu resume {pid}`",
-                                pid = w.pid
-                            );
-                            return;
-                        }
-                        None | Some('Z' | 'X') => {
-                            log::info!("guardian: pid {} ended; nothing to put back", w.pid);
-                            return;
-                        }
-                        _ => {}
-                    }
-                    let step = Step::PutBack {
-                        unlock: Action::of(w.action).contains(Action::UNLOCK),
-                    };
-                    let mut r = step.run(driver, w.pid);
-                    if needs_init(&r) && driver.init().is_ok() {
-                        r = step.run(driver, w.pid);
-                    }
-                    match r {
-                        Ok(()) => log::warn!(
-                            "guardian: pid {} put back as the dump found it (its GPU state restored)",
-                            w.pid
-                        ),
-                        Err(e) => log::error!(
-                            "guardian: pid {} could not be put back: {e}; run `criu-gpu resume {}`",
-                            w.pid,
-                            w.pid
-                        ),
-                    }
-                };
-                // No thread to be had: this one does it, after the others.
-                if let Err(e) = s.spawn(format!("put-back-{}", w.pid), put_back_one) {
-                    log::debug!("guardian: no thread for pid {} ({e})", w.pid);
-                    put_back_one();
+        let put_back_one = |w: &Watched| {
+            // The driver cannot answer for a stopped process (its calls wait until it runs),
+            // and a dead one has nothing to put back.
+            match criu_plugin::proc::state(w.pid) {
+                Some('T' | 't') => {
+                    log::error!(
+                        "guardian: pid {pid} is stopped and cannot be put back now; after `kill -CONT {pid}`, run `criu-gpu resume {pid}`",
+                        pid = w.pid
+                    );
+                    return;
                 }
+                None | Some('Z' | 'X') => {
+                    log::info!("guardian: pid {} ended; nothing to put back", w.pid);
+                    return;
+                }
+                _ => {}
             }
-        });
-        if let Err(panic) = done {
-            log::error!("guardian: {panic}");
+            let step = Step::PutBack {
+                unlock: Action::of(w.action).contains(Action::UNLOCK),
+            };
+            let mut r = step.run(driver, w.pid);
+            if needs_init(&r) && driver.init().is_ok() {
+                r = step.run(driver, w.pid);
+            }
+            match r {
+                Ok(()) => log::warn!(
+                    "guardian: pid {} put back as the dump found it (its GPU state restored)",
+                    w.pid
+                ),
+                Err(e) => log::error!(
+                    "guardian: pid {} could not be put back: {e}; run `criu-gpu resume {}`",
+                    w.pid,
+                    w.pid
+                ),
+            }
+        };
+        // Every process at once, each on a worker, a lone one too: the guardian's own thread
+        // takes its signals.
+        let plan = Plan::in_process(true).lone_on_worker();
+        for (pid, answer, _) in execute(&pids, plan, &|k| put_back_one(&watched[k])) {
+            if let Outcome::Panicked(message) = answer {
+                log::error!("guardian: putting back pid {pid} panicked: {message}");
+            }
         }
     }
 }

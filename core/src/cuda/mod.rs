@@ -33,6 +33,7 @@ pub mod driver;
 mod dump;
 pub mod error;
 pub mod exclusive;
+pub mod executor;
 pub mod gpu;
 pub mod gpus;
 mod guardian;

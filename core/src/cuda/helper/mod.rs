@@ -9,10 +9,9 @@
 //!
 //! Each request is an [`Op`], run in the helper ([`Op::serve`]); its [`Reply`] travels back in
 //! the one encoding of [`protocol`], read back with bounds on every length. The calls are made
-//! by the executor of [`watched`].
+//! by the one executor ([`execute`]), its workers left behind by the helper's `_exit`.
 
 mod protocol;
-mod watched;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use criu_plugin::child::{self, ChildError};
 use cuda_ckpt_sys::{Driver, DriverError, GpuUuid, ProcessState};
 
 use super::error::CallError;
+use super::executor::{Outcome, Plan, execute};
 use super::library::{LibraryError, library};
 use super::nvml::{self, GpuMemory};
 use super::step::{Step, Timed};
@@ -128,7 +128,23 @@ impl Op<'_> {
                 })
             }
             Op::States { driver, pids, wait } => {
-                Reply::States(watched::states_within(driver, pids, wait))
+                // SAFETY: `serve` runs in the helper, which `_exit`s after its reply; `pids` and
+                // `driver` live in the frames of the callers of `child::run`, which the helper
+                // never returns into, and the query is leaked below.
+                let plan = unsafe { Plan::in_helper(true) }.unwatched().within(wait);
+                // A dead task's query is answered by the driver or not at all: unwatched, so
+                // that a query that never returns reads as no answer within `wait`.
+                // Leaked: a worker stuck in the driver outlives this frame (not the process).
+                let query = Box::leak(Box::new(move |k: usize| driver.process_state(pids[k])));
+                let ran = execute(pids, plan, query);
+                Reply::States(
+                    ran.into_iter()
+                        .map(|(pid, a, _)| match a {
+                            Outcome::Returned(r) => (pid, Some(r)),
+                            _ => (pid, None),
+                        })
+                        .collect(),
+                )
             }
             Op::Steps {
                 driver,
@@ -136,8 +152,17 @@ impl Op<'_> {
                 parallel,
                 init,
             } => Reply::Steps(if init { driver.init() } else { Ok(()) }.map(|()| {
-                let pids: Vec<i32> = steps.iter().map(|s| s.0).collect();
-                watched::watched_calls(&pids, parallel, &|k| steps[k].1.run(driver, steps[k].0))
+                // Leaked: a worker stuck in the driver outlives this frame (not the process).
+                let pids: &[i32] = Vec::leak(steps.iter().map(|s| s.0).collect());
+                let step = Box::leak(Box::new(move |k: usize| steps[k].1.run(driver, steps[k].0)));
+                // SAFETY: `serve` runs in the helper, which `_exit`s after its reply; `pids` and
+                // `step` are leaked, the rest they borrow lives in the frames of the callers of
+                // `child::run`, which the helper never returns into.
+                let plan = unsafe { Plan::in_helper(parallel) };
+                let ran = execute(pids, plan, step);
+                ran.into_iter()
+                    .map(|(pid, a, took)| (pid, step_result(pid, a), took))
+                    .collect()
             })),
         }
     }
@@ -146,6 +171,21 @@ impl Op<'_> {
     fn ask(&self, deadline: Duration) -> Result<Reply, ChildError> {
         let bytes = child::run(deadline, MAX_REPLY, || protocol::encode(&self.serve()))?;
         protocol::decode(&bytes).map_err(malformed)
+    }
+}
+
+/// A step's result as the helper reports it: a target that ended mid-call is the process's
+/// failure, not the driver's.
+fn step_result(pid: i32, a: Outcome<Result<(), CallError>>) -> Result<(), CallError> {
+    match a {
+        Outcome::Returned(r) => r,
+        Outcome::Panicked(message) => Err(CallError::Panic { pid, message }),
+        Outcome::Ended => Err(CallError::Process(format!(
+            "pid {pid} ended while the driver was working on it"
+        ))),
+        Outcome::NoAnswer => Err(CallError::Helper(
+            "the driver helper had no thread to call the driver".into(),
+        )),
     }
 }
 
