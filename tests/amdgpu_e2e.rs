@@ -53,8 +53,7 @@ fn read_kfd(images: &std::path::Path, id: u32) -> KfdCheckpoint {
 
 #[test]
 fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let spec = big_spec(4242, &[53109, 1266]);
     let p = spawn(&sim, &spec);
     let images = TempDir::new("big");
@@ -107,15 +106,12 @@ fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
 
 #[test]
 fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let p = spawn(
         &sim,
         &ProcessSpec::new(77, &[53109]).with_mixed_bos(24, 1 << 20),
     );
-    let images = TempDir::new("compat");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "compat");
     let id = dumped[0].kfd_id;
     let name = image::kfd_file_name(id);
     let bytes = std::fs::read(images.path().join(&name)).unwrap();
@@ -141,15 +137,12 @@ fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
     old.extend_from_slice(&payload);
     std::fs::write(images.path().join(&name), &old).unwrap();
 
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, p.pid);
+    restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
 }
 
 #[test]
 fn one_gpu_restores_onto_a_gpu_with_another_id() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let p = spawn(
         &sim,
         &ProcessSpec::new(500, &[53109]).with_mixed_bos(40, 4 << 20),
@@ -264,16 +257,14 @@ fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
             .exists()
     );
     // And it restores onto the original ids.
-    let topo = fixture("2gpu");
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim2) = fixture_sim("2gpu");
     restore(&sim2, &dumped, images.path(), &config(&topo, ""), false);
     assert_same_process(&sim, &sim2, p.pid);
 }
 
 #[test]
 fn two_processes_dump_and_restore_together() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     // Every process has every GPU of the machine (KFD gives it all it can see); this one
     // allocates on the first only.
     let mut spec_a = ProcessSpec::new(901, &[53109, 1266]).with_mixed_bos(16, 1 << 20);
@@ -284,13 +275,8 @@ fn two_processes_dump_and_restore_together() {
     let mut spec_b = ProcessSpec::new(902, &[1266, 53109]).with_mixed_bos(16, 1 << 20);
     spec_b.ns_pid = 902;
     let b = spawn(&sim, &spec_b);
-    let images = TempDir::new("two");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&a, &b], images.path(), &cfg);
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, a.pid);
-    assert_same_process(&sim, &sim2, b.pid);
+    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&a, &b], "two");
+    restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
 }
 
 /// A GPU without VRAM or GTT BOs still gets its pages file, the size header of 0 and nothing
@@ -299,8 +285,7 @@ fn two_processes_dump_and_restore_together() {
 /// one) restores as well.
 #[test]
 fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_too() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     // Contents on the first GPU only; the second has a userptr BO, which has none.
     let mut spec = ProcessSpec::new(903, &[53109, 1266]).with_mixed_bos(12, 1 << 20);
     for bo in &mut spec.bos {
@@ -311,9 +296,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         }
     }
     let p = spawn(&sim, &spec);
-    let images = TempDir::new("empty-pages");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "empty-pages");
     let id = dumped[0].kfd_id;
     let k = read_kfd(images.path(), id);
     assert!(
@@ -338,9 +321,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         HEADER_LEN as u64 + layout.total()
     );
 
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
     assert_no_leaks(&sim2, 0, 0);
 
     // Without the empty file, in the task and in CRIU's main process.
@@ -356,8 +337,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
 
 #[test]
 fn hooks_answer_not_mine_for_what_is_not_amd() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let images = TempDir::new("notmine");
     let cfg = config(&topo, "");
     let mut b = backend(&sim, images.path());
@@ -421,21 +401,20 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
 
 #[test]
 fn without_dump_devices_late_queues_restart_at_exit() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let p = spawn(
         &sim,
         &ProcessSpec::new(21, &[53109]).with_mixed_bos(8, 64 << 10),
     );
     let images = TempDir::new("v42");
     let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::V4_2, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
+    let mut b = started_backend(
+        &sim,
+        images.path(),
+        &cfg,
+        HostVersion::V4_2,
+        InventoryListing::NoList,
+        Stage::Dump,
     );
     let dumped = dump_files(&mut b, &sim, &[&p], 3).unwrap();
     // Still evicted while CRIU dumps memory.
@@ -445,13 +424,13 @@ fn without_dump_devices_late_queues_restart_at_exit() {
 
     // A CRIU 4.0 restore: no POST_FORKING, so the task copies itself.
     let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    let mut r = backend(&sim2, images.path());
-    assert_eq!(
-        r.init(
-            &ctx(&cfg, HostVersion::V4_0, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
+    let mut r = started_backend(
+        &sim2,
+        images.path(),
+        &cfg,
+        HostVersion::V4_0,
+        InventoryListing::Listed,
+        Stage::Restore,
     );
     sim2.set_current_task(p.pid);
     let fd = r.restore_ext_file(dumped[0].kfd_id, None).unwrap();
@@ -473,16 +452,13 @@ fn without_dump_devices_late_queues_restart_at_exit() {
 fn a_container_seeing_one_of_two_gpus_dumps_and_restores_it() {
     // sysfs lists both GPUs, KFD reports only the one the container may use (the C plugin
     // failed such a dump).
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     sim.hide_gpu(53109);
     let p = spawn(
         &sim,
         &ProcessSpec::new(950, &[1266]).with_mixed_bos(12, 1 << 20),
     );
-    let images = TempDir::new("cgroup");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "cgroup");
     let k = read_kfd(images.path(), dumped[0].kfd_id);
     assert_eq!(k.num_of_gpus, 1);
     assert!(k.devices.iter().all(|d| d.gpu_id != 53109));
@@ -491,17 +467,6 @@ fn a_container_seeing_one_of_two_gpus_dumps_and_restores_it() {
     sim2.hide_gpu(53109);
     restore(&sim2, &dumped, images.path(), &cfg, false);
     assert_same_process(&sim, &sim2, p.pid);
-}
-
-fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
-    sim.process(pid)
-        .unwrap()
-        .bos
-        .iter()
-        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
-        .nth(nth)
-        .unwrap()
-        .0
 }
 
 #[test]
@@ -588,8 +553,7 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
 
 #[test]
 fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let a = spawn(
         &sim,
         &ProcessSpec::new(1101, &[53109]).with_mixed_bos(4, 1 << 16),

@@ -8,7 +8,7 @@ mod support;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use criu_gpu_core::amdgpu::device::AllocFlags;
+use criu_gpu_core::amdgpu::AmdgpuBackend;
 use criu_gpu_core::amdgpu::image::{
     self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
 };
@@ -25,8 +25,7 @@ fn spec(pid: u32) -> ProcessSpec {
 /// KFD file (and DUMP_DEVICES_LATE's when the files went through), then ends the dump as
 /// CRIU does (exit with the result) and checks that the process runs and nothing leaked.
 fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, SimKfd) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 100;
     let p = spawn(&sim, &spec(pid));
     let images = TempDir::new("fail");
@@ -35,12 +34,12 @@ fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, S
         "amdgpu.copy-threads = 3\namdgpu.max-buffer-size = 1M\n",
     );
     let mut b = backend_with(&sim, images.path(), quota);
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
+    init_ok(
+        &mut b,
+        &cfg,
+        HostVersion::Dev,
+        InventoryListing::NoList,
+        Stage::Dump,
     );
     sim.set_faults(faults);
     let r = dump_files(&mut b, &sim, &[&p], 1)
@@ -54,24 +53,17 @@ fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, S
     (r, sim)
 }
 
-fn bo_addr(sim: &SimKfd, pid: u32, nth_with_contents: usize) -> u64 {
-    sim.process(pid)
-        .unwrap()
-        .bos
-        .iter()
-        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
-        .nth(nth_with_contents)
-        .unwrap()
-        .0
+/// A simulator running the process `failing_dump` dumps, to learn its layout.
+fn probe() -> SimKfd {
+    let (_, probe) = fixture_sim("2gpu");
+    drop(probe.spawn(&spec(100)).unwrap());
+    probe
 }
 
 #[test]
 fn process_info_failure_fails_the_dump_and_leaves_the_process_running() {
     let (r, _) = failing_dump(
-        Faults {
-            process_info: Some(Fault::always(libc::ENOMEM)),
-            ..Default::default()
-        },
+        faults(|f| f.process_info = Some(Fault::always(libc::ENOMEM))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::ENOMEM)));
@@ -80,10 +72,7 @@ fn process_info_failure_fails_the_dump_and_leaves_the_process_running() {
 #[test]
 fn checkpoint_failure_unpauses() {
     let (r, _) = failing_dump(
-        Faults {
-            checkpoint: Some(Fault::once(libc::EFAULT)),
-            ..Default::default()
-        },
+        faults(|f| f.checkpoint = Some(Fault::once(libc::EFAULT))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::EFAULT)));
@@ -92,10 +81,7 @@ fn checkpoint_failure_unpauses() {
 #[test]
 fn checkpoint_failing_after_exporting_dmabufs_leaks_nothing() {
     let (r, _) = failing_dump(
-        Faults {
-            checkpoint_after_dmabufs: Some((5, libc::EMFILE)),
-            ..Default::default()
-        },
+        faults(|f| f.checkpoint_after_dmabufs = Some((5, libc::EMFILE))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::EMFILE)));
@@ -104,17 +90,9 @@ fn checkpoint_failing_after_exporting_dmabufs_leaks_nothing() {
 #[test]
 fn a_bo_read_failure_mid_copy_unpauses_and_closes_everything() {
     // The address of a BO in the middle of the process's BO list.
-    let topo = fixture("2gpu");
-    let probe = SimKfd::from_sysfs(&topo).unwrap();
-    drop(probe.spawn(&spec(100)).unwrap());
-    let addr = bo_addr(&probe, 100, 17);
-    let (r, _) = failing_dump(
-        Faults {
-            download_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
-        None,
-    );
+    let probe = probe();
+    let addr = content_addr(&probe, 100, 17);
+    let (r, _) = failing_dump(faults(|f| f.download_at = Some((addr, libc::EIO))), None);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
 }
 
@@ -123,29 +101,17 @@ fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
     for (faults, errno) in [
         // The command submission refused by the kernel.
         (
-            Faults {
-                sdma_submit: Some(Fault::once(libc::ENOMEM)),
-                ..Default::default()
-            },
+            faults(|f| f.sdma_submit = Some(Fault::once(libc::ENOMEM))),
             libc::ENOMEM,
         ),
         // Staging memory that cannot be registered with the GPU (#1927's "Device or
         // resource busy").
         (
-            Faults {
-                userptr: Some(Fault::always(libc::EBUSY)),
-                ..Default::default()
-            },
+            faults(|f| f.userptr = Some(Fault::always(libc::EBUSY))),
             libc::EBUSY,
         ),
         // GPU work that never completes: the wait gives up instead of hanging CRIU.
-        (
-            Faults {
-                sdma_hang: true,
-                ..Default::default()
-            },
-            libc::ETIMEDOUT,
-        ),
+        (faults(|f| f.sdma_hang = true), libc::ETIMEDOUT),
     ] {
         let (r, _) = failing_dump(faults, None);
         assert_eq!(r, Err(HookError::logged(errno)));
@@ -158,9 +124,7 @@ fn a_full_disk_during_image_writes_unpauses() {
     let (r, _) = failing_dump(Faults::default(), Some(3 << 20));
     assert_eq!(r, Err(HookError::logged(libc::ENOSPC)));
     // The same with room for the contents but not the KFD image: the last write fails.
-    let topo = fixture("2gpu");
-    let probe = SimKfd::from_sysfs(&topo).unwrap();
-    drop(probe.spawn(&spec(100)).unwrap());
+    let probe = probe();
     let contents = probe.content_bytes(100);
     let (r, _) = failing_dump(
         Faults::default(),
@@ -171,32 +135,22 @@ fn a_full_disk_during_image_writes_unpauses() {
 
 #[test]
 fn an_unpause_failure_is_retried_at_exit() {
-    let (r, _) = failing_dump(
-        Faults {
-            unpause: Some(Fault::once(libc::EBUSY)),
-            ..Default::default()
-        },
-        None,
-    );
+    let (r, _) = failing_dump(faults(|f| f.unpause = Some(Fault::once(libc::EBUSY))), None);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
+}
+
+/// Two processes on the two-GPU machine and a dump of them begun on a criu-dev host.
+fn dump_of_two(pids: [u32; 2], tag: &str) -> (SimKfd, [Proc; 2], TempDir, AmdgpuBackend) {
+    let (topo, sim) = fixture_sim("2gpu");
+    let procs = pids.map(|pid| spawn(&sim, &spec(pid)));
+    let images = TempDir::new(tag);
+    let b = dump_backend(&sim, images.path(), &config(&topo, ""));
+    (sim, procs, images, b)
 }
 
 #[test]
 fn every_process_is_unpaused_even_when_one_unpause_fails() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(&sim, &spec(201));
-    let b2 = spawn(&sim, &spec(202));
-    let images = TempDir::new("unpause");
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
+    let (sim, [a, b2], _images, mut b) = dump_of_two([201, 202], "unpause");
     dump_files(&mut b, &sim, &[&a, &b2], 1).unwrap();
     // The first UNPAUSE fails for good: the C plugin stopped there and left the second
     // process evicted too.
@@ -215,22 +169,9 @@ fn every_process_is_unpaused_even_when_one_unpause_fails() {
 
 #[test]
 fn a_failure_in_a_later_process_unpauses_the_earlier_ones() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(&sim, &spec(301));
-    let c = spawn(&sim, &spec(302));
-    let images = TempDir::new("later");
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
+    let (sim, [a, c], _images, mut b) = dump_of_two([301, 302], "later");
     dump_files(&mut b, &sim, &[&a], 1).unwrap();
-    let addr = bo_addr(&sim, 302, 3);
+    let addr = content_addr(&sim, 302, 3);
     sim.update_faults(|f| f.download_at = Some((addr, libc::EIO)));
     assert!(dump_files(&mut b, &sim, &[&c], 10).is_err());
     // The failed one is running already; the first still waits for CRIU's verdict.
@@ -243,12 +184,41 @@ fn a_failure_in_a_later_process_unpauses_the_earlier_ones() {
 
 /// A good dump of one process, for the restore failure tests.
 fn dumped_images(pid: u32) -> (SimKfd, TempDir, Vec<Dumped>) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let p = spawn(&sim, &spec(pid));
     let images = TempDir::new("rst");
     let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
     (sim, images, dumped)
+}
+
+/// A backend restoring `images` on a criu-dev host into a fresh simulator with `faults`, in
+/// the task `pid`, after init.
+fn restore_backend(
+    images: &Path,
+    pid: u32,
+    faults: Faults,
+    parallel: bool,
+) -> (SimKfd, AmdgpuBackend) {
+    let (topo, sim) = fixture_sim("2gpu");
+    sim.set_faults(faults);
+    sim.set_current_task(pid);
+    let cfg = config(
+        &topo,
+        if parallel {
+            ""
+        } else {
+            "amdgpu.parallel-restore = off\n"
+        },
+    );
+    let b = started_backend(
+        &sim,
+        images,
+        &cfg,
+        HostVersion::Dev,
+        InventoryListing::Listed,
+        Stage::Restore,
+    );
+    (sim, b)
 }
 
 /// Restores KFD file `id` from `images` into a fresh simulator with `faults`; returns
@@ -260,26 +230,7 @@ fn try_restore(
     faults: Faults,
     parallel: bool,
 ) -> (Result<(), HookError>, Result<(), HookError>, SimKfd) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_faults(faults);
-    sim.set_current_task(pid);
-    let cfg = config(
-        &topo,
-        if parallel {
-            ""
-        } else {
-            "amdgpu.parallel-restore = off\n"
-        },
-    );
-    let mut b = backend(&sim, images);
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
+    let (sim, mut b) = restore_backend(images, pid, faults, parallel);
     let pre = b.restore_init();
     let r = b.restore_ext_file(id, None).map(|fd| {
         // SAFETY: a new fd from the hook, ours to close.
@@ -304,10 +255,7 @@ fn restore_failures_are_reported() {
         images.path(),
         id,
         400,
-        Faults {
-            restore: Some(Fault::always(libc::EINVAL)),
-            ..Default::default()
-        },
+        faults(|f| f.restore = Some(Fault::always(libc::EINVAL))),
         false,
     );
     assert_eq!(r, Err(HookError::logged(libc::EINVAL)));
@@ -318,23 +266,17 @@ fn restore_failures_are_reported() {
         images.path(),
         id,
         400,
-        Faults {
-            open_render: Some((129, libc::EACCES)),
-            ..Default::default()
-        },
+        faults(|f| f.open_render = Some((129, libc::EACCES))),
         false,
     );
     assert_eq!(r, Err(HookError::logged(libc::EACCES)));
     // Writing BO contents fails, in the task.
-    let addr = bo_addr(&src, 400, 9);
+    let addr = content_addr(&src, 400, 9);
     let (_, r, sim) = try_restore(
         images.path(),
         id,
         400,
-        Faults {
-            upload_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
+        faults(|f| f.upload_at = Some((addr, libc::EIO))),
         false,
     );
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
@@ -344,10 +286,7 @@ fn restore_failures_are_reported() {
         images.path(),
         id,
         400,
-        Faults {
-            upload_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
+        faults(|f| f.upload_at = Some((addr, libc::EIO))),
         true,
     );
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
@@ -359,10 +298,7 @@ fn restore_failures_are_reported() {
             images.path(),
             id,
             400,
-            Faults {
-                sdma_hang: true,
-                ..Default::default()
-            },
+            faults(|f| f.sdma_hang = true),
             parallel,
         );
         // CRIU's main process reports a failed hand-over as EIO at RESUME_DEVICES_LATE.
@@ -375,10 +311,7 @@ fn restore_failures_are_reported() {
         images.path(),
         id,
         400,
-        Faults {
-            resume: Some(Fault::always(libc::EIO)),
-            ..Default::default()
-        },
+        faults(|f| f.resume = Some(Fault::always(libc::EIO))),
         true,
     );
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
@@ -387,21 +320,8 @@ fn restore_failures_are_reported() {
 #[test]
 fn parallel_restore_hands_the_copy_to_the_main_process() {
     let (src, images, dumped) = dumped_images(410);
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_current_task(410);
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
-    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
-    // SAFETY: a new fd from the hook, ours to close.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    let (sim, mut b) = restore_backend(images.path(), 410, Faults::default(), true);
+    restore_file(&mut b, dumped[0].kfd_id);
     // Not copied yet: the task handed it over.
     assert!(!src.compare_contents(410, &sim, 410).unwrap().is_empty());
     b.post_forking().unwrap();
@@ -410,11 +330,11 @@ fn parallel_restore_hands_the_copy_to_the_main_process() {
     b.exit(Stage::Restore, 0);
     assert_no_leaks(&sim, 0, 0);
     // The comparison sees a single changed byte.
-    sim.scribble(410, bo_addr(&sim, 410, 2), 4095, &[0x5a])
+    sim.scribble(410, content_addr(&sim, 410, 2), 4095, &[0x5a])
         .unwrap();
     assert_eq!(
         src.compare_contents(410, &sim, 410).unwrap(),
-        vec![bo_addr(&sim, 410, 2)]
+        vec![content_addr(&sim, 410, 2)]
     );
 }
 
@@ -464,8 +384,7 @@ fn without_restore_init_hostile_images_are_refused_before_criu_forks() {
     for host in [HostVersion::V4_0, HostVersion::V4_2] {
         let (_, images, dumped) = dumped_images(500);
         let id = dumped[0].kfd_id;
-        let topo = fixture("2gpu");
-        let sim = SimKfd::from_sysfs(&topo).unwrap();
+        let (topo, sim) = fixture_sim("2gpu");
         let cfg = config(&topo, "");
         let mut b = backend(&sim, images.path());
         assert_eq!(
@@ -603,21 +522,8 @@ fn a_missing_kfd_fails_restore_init_clearly() {
 #[test]
 fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
     let (src, images, dumped) = dumped_images(420);
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_current_task(420);
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
-    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
-    // SAFETY: a new fd from the hook, ours to close.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    let (sim, mut b) = restore_backend(images.path(), 420, Faults::default(), true);
+    restore_file(&mut b, dumped[0].kfd_id);
     b.resume_devices_late(420).unwrap();
     assert!(src.compare_contents(420, &sim, 420).unwrap().is_empty());
     assert_eq!(sim.process(420).unwrap().resumed, 1);
@@ -627,8 +533,7 @@ fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
 
 #[test]
 fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 120;
     let p = spawn(&sim, &spec(pid));
     // A buffer allocated through the process's render node, not through KFD.
@@ -654,8 +559,7 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
 /// process is refused (its queues running), its restore too; `init` itself succeeds.
 #[test]
 fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 130;
     let p = spawn(&sim, &spec(pid));
     let good = TempDir::new("bad-setting-good");
@@ -701,8 +605,7 @@ fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
 /// run again before the tasks are released, and a second call changes nothing.
 #[test]
 fn dump_finish_after_a_failure_restarts_the_queues() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 140;
     let p = spawn(&sim, &spec(pid));
     let images = TempDir::new("dump-finish");
