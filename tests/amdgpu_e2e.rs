@@ -106,12 +106,8 @@ fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
 
 #[test]
 fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
-    let (topo, sim) = fixture_sim("1gpu");
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(77, &[53109]).with_mixed_bos(24, 1 << 20),
-    );
-    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "compat");
+    let (topo, sim, p) = fixture_process("1gpu", 77, &[53109], 24, 1 << 20);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "compat");
     let id = dumped[0].kfd_id;
     let name = image::kfd_file_name(id);
     let bytes = std::fs::read(images.path().join(&name)).unwrap();
@@ -137,29 +133,16 @@ fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
     old.extend_from_slice(&payload);
     std::fs::write(images.path().join(&name), &old).unwrap();
 
-    restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
+    restore_fresh(&sim, &topo, &dumped, images.path());
 }
 
 #[test]
 fn one_gpu_restores_onto_a_gpu_with_another_id() {
-    let (topo, sim) = fixture_sim("1gpu");
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(500, &[53109]).with_mixed_bos(40, 4 << 20),
-    );
-    let images = TempDir::new("1to1");
-    let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
+    let (topo, sim, p) = fixture_process("1gpu", 500, &[53109], 40, 4 << 20);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "1to1");
 
     let other = edited_fixture("1gpu", &[Edit::GpuId(1, 4242)]);
-    let sim2 = SimKfd::from_sysfs(other.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(other.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, other.path(), &dumped, images.path());
     // The process keeps its gpu id; KFD knows the new GPU behind it.
     assert_eq!(sim2.process(p.pid).unwrap().gpus, vec![(53109, 4242)]);
     // Doorbell offsets now carry the new gpu id (check_vma verified every mapping).
@@ -182,17 +165,8 @@ fn two_gpus_restore_swapped() {
         &sim,
         &ProcessSpec::new(600, &[53109, 1266]).with_mixed_bos(30, 2 << 20),
     );
-    let images = TempDir::new("swap");
-    let dumped = dump(&sim, &[&p], images.path(), &config(ckpt.path(), ""));
-    let sim2 = SimKfd::from_sysfs(rest.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(rest.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let (images, dumped) = dump_new(ckpt.path(), &sim, &[&p], "swap");
+    let sim2 = restore_fresh(&sim, rest.path(), &dumped, images.path());
     let mut gpus = sim2.process(p.pid).unwrap().gpus;
     gpus.sort_unstable();
     // 53109 was node 1 (device 29711), now node 2 (id 0x2222); 1266 the other way round.
@@ -209,19 +183,10 @@ fn eight_gpus_in_two_hives_restore_onto_other_ids() {
         &sim,
         &ProcessSpec::new(700, &ids).with_mixed_bos(64, 1 << 20),
     );
-    let images = TempDir::new("8gpu");
-    let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "8gpu");
     let edits: Vec<Edit> = (2..10).map(|n| Edit::GpuId(n, 0x9000 + n)).collect();
     let other = edited_fixture("8gpu-2hives", &edits);
-    let sim2 = SimKfd::from_sysfs(other.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(other.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, other.path(), &dumped, images.path());
     let v = sim2.process(p.pid).unwrap();
     assert_eq!(v.gpus.len(), 8);
     for (user, actual) in v.gpus {
@@ -239,8 +204,7 @@ fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
     let mut spec = ProcessSpec::new(800, &[0x0aaa, 0x0bbb]).with_mixed_bos(20, 1 << 20);
     spec.gpus = vec![(53109, 0x0aaa), (1266, 0x0bbb)];
     let p = spawn(&sim, &spec);
-    let images = TempDir::new("again");
-    let dumped = dump(&sim, &[&p], images.path(), &config(other.path(), ""));
+    let (images, dumped) = dump_new(other.path(), &sim, &[&p], "again");
     let k = read_kfd(images.path(), dumped[0].kfd_id);
     let mut gpus: Vec<u32> = k
         .devices
@@ -257,9 +221,7 @@ fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
             .exists()
     );
     // And it restores onto the original ids.
-    let (topo, sim2) = fixture_sim("2gpu");
-    restore(&sim2, &dumped, images.path(), &config(&topo, ""), false);
-    assert_same_process(&sim, &sim2, p.pid);
+    restore_fresh(&sim, &fixture("2gpu"), &dumped, images.path());
 }
 
 #[test]
@@ -275,8 +237,8 @@ fn two_processes_dump_and_restore_together() {
     let mut spec_b = ProcessSpec::new(902, &[1266, 53109]).with_mixed_bos(16, 1 << 20);
     spec_b.ns_pid = 902;
     let b = spawn(&sim, &spec_b);
-    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&a, &b], "two");
-    restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
+    let (images, dumped) = dump_new(&topo, &sim, &[&a, &b], "two");
+    restore_fresh(&sim, &topo, &dumped, images.path());
 }
 
 /// A GPU without VRAM or GTT BOs still gets its pages file, the size header of 0 and nothing
@@ -296,7 +258,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         }
     }
     let p = spawn(&sim, &spec);
-    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "empty-pages");
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "empty-pages");
     let id = dumped[0].kfd_id;
     let k = read_kfd(images.path(), id);
     assert!(
@@ -321,7 +283,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         HEADER_LEN as u64 + layout.total()
     );
 
-    let sim2 = restore_fresh(&sim, &topo, &dumped, images.path(), &cfg);
+    let sim2 = restore_fresh(&sim, &topo, &dumped, images.path());
     assert_no_leaks(&sim2, 0, 0);
 
     // Without the empty file, in the task and in CRIU's main process.
@@ -401,11 +363,7 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
 
 #[test]
 fn without_dump_devices_late_queues_restart_at_exit() {
-    let (topo, sim) = fixture_sim("1gpu");
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(21, &[53109]).with_mixed_bos(8, 64 << 10),
-    );
+    let (topo, sim, p) = fixture_process("1gpu", 21, &[53109], 8, 64 << 10);
     let images = TempDir::new("v42");
     let cfg = config(&topo, "");
     let mut b = started_backend(
@@ -458,14 +416,14 @@ fn a_container_seeing_one_of_two_gpus_dumps_and_restores_it() {
         &sim,
         &ProcessSpec::new(950, &[1266]).with_mixed_bos(12, 1 << 20),
     );
-    let (images, cfg, dumped) = dump_new(&topo, &sim, &[&p], "cgroup");
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "cgroup");
     let k = read_kfd(images.path(), dumped[0].kfd_id);
     assert_eq!(k.num_of_gpus, 1);
     assert!(k.devices.iter().all(|d| d.gpu_id != 53109));
     // Restore into the same kind of container on another machine.
     let sim2 = SimKfd::from_sysfs(&topo).unwrap();
     sim2.hide_gpu(53109);
-    restore(&sim2, &dumped, images.path(), &cfg, false);
+    restore(&sim2, &dumped, images.path(), &config(&topo, ""), false);
     assert_same_process(&sim, &sim2, p.pid);
 }
 
@@ -553,11 +511,7 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
 
 #[test]
 fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
-    let (topo, sim) = fixture_sim("1gpu");
-    let a = spawn(
-        &sim,
-        &ProcessSpec::new(1101, &[53109]).with_mixed_bos(4, 1 << 16),
-    );
+    let (topo, sim, a) = fixture_process("1gpu", 1101, &[53109], 4, 1 << 16);
     let other = spawn(
         &sim,
         &ProcessSpec::new(1102, &[53109]).with_mixed_bos(4, 1 << 16),

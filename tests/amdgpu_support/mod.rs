@@ -267,10 +267,22 @@ pub fn spawn(sim: &SimKfd, spec: &ProcessSpec) -> Proc {
 /// The simulator on topology `2gpu`, and process `pid` on both its GPUs with `bos` BOs of
 /// mixed kinds up to `max_size` bytes: (topology, simulator, process).
 pub fn two_gpu_process(pid: u32, bos: usize, max_size: u64) -> (PathBuf, SimKfd, Proc) {
-    let (topo, sim) = fixture_sim("2gpu");
+    fixture_process("2gpu", pid, &[53109, 1266], bos, max_size)
+}
+
+/// The simulator on topology fixture `name`, and process `pid` on `gpus` with `bos` BOs of
+/// mixed kinds up to `max_size` bytes: (topology, simulator, process).
+pub fn fixture_process(
+    name: &str,
+    pid: u32,
+    gpus: &[u32],
+    bos: usize,
+    max_size: u64,
+) -> (PathBuf, SimKfd, Proc) {
+    let (topo, sim) = fixture_sim(name);
     let p = spawn(
         &sim,
-        &ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(bos, max_size),
+        &ProcessSpec::new(pid, gpus).with_mixed_bos(bos, max_size),
     );
     (topo, sim, p)
 }
@@ -351,30 +363,18 @@ pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<D
 }
 
 /// A dump of `procs` on `sim` (topology `topo`, default settings) into a new image folder:
-/// the folder, the settings and the dumped processes.
-pub fn dump_new(
-    topo: &Path,
-    sim: &SimKfd,
-    procs: &[&Proc],
-    tag: &str,
-) -> (TempDir, Config, Vec<Dumped>) {
+/// the folder and the dumped processes.
+pub fn dump_new(topo: &Path, sim: &SimKfd, procs: &[&Proc], tag: &str) -> (TempDir, Vec<Dumped>) {
     let images = TempDir::new(tag);
-    let cfg = config(topo, "");
-    let dumped = dump(sim, procs, images.path(), &cfg);
-    (images, cfg, dumped)
+    let dumped = dump(sim, procs, images.path(), &config(topo, ""));
+    (images, dumped)
 }
 
-/// `dumped` restored from `images` into a fresh simulator of `topo`, in CRIU's order, each
-/// process checked against the `original` one; returns the new simulator.
-pub fn restore_fresh(
-    original: &SimKfd,
-    topo: &Path,
-    dumped: &[Dumped],
-    images: &Path,
-    cfg: &Config,
-) -> SimKfd {
+/// `dumped` restored from `images` into a fresh simulator of `topo` with default settings, in
+/// CRIU's order, each process checked against the `original` one; returns the new simulator.
+pub fn restore_fresh(original: &SimKfd, topo: &Path, dumped: &[Dumped], images: &Path) -> SimKfd {
     let sim = SimKfd::from_sysfs(topo).unwrap();
-    restore(&sim, dumped, images, cfg, false);
+    restore(&sim, dumped, images, &config(topo, ""), false);
     for d in dumped {
         assert_same_process(original, &sim, d.pid);
     }
