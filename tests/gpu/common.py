@@ -1,6 +1,7 @@
 """What the GPU checks share: becoming the reaper of their workloads, the CUDA workload binary,
 running named cases one by one, and reading a refused restore's log."""
 
+import argparse
 import ctypes
 import json
 import os
@@ -8,6 +9,14 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parser(*required):
+    """An argument parser that starts with the `required` options (paths every run needs)."""
+    ap = argparse.ArgumentParser()
+    for name in required:
+        ap.add_argument(name, required=True)
+    return ap
 
 
 def become_subreaper():

@@ -489,6 +489,20 @@ def criu_failure(what, c, work_dir, log_name, err):
     return Failure("\n".join(msg))
 
 
+def runc_criu(ctx, c, args, work, log, out):
+    """`runc ARGS` of a step that runs CRIU, which writes `log` into `work`: returns the seconds it
+    took and the log's path. A failure says the errors of CRIU's log; the log is kept, gzipped,
+    with the container's logs either way."""
+    path = os.path.join(work, log)
+    try:
+        _, t = c.runc(*args, timeout=ctx.criu_timeout, log_name=out)
+    except Failure as e:
+        raise criu_failure(f"runc {args[0]}", c, work, log, e)
+    finally:
+        save_log(path, os.path.join(c.logdir, log))
+    return t, path
+
+
 def gpu_memory_used_mib():
     rc, out = output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], 30)
     vals = [int(x) for x in out.split() if x.isdigit()]
@@ -529,14 +543,8 @@ def run_case(ctx, variant, case):
         ck = ["checkpoint", "--image-path", images, "--work-path", work]
         if case == "leave":
             ck.append("--leave-running")
-        try:
-            _, t = c.runc(*ck, cid, timeout=ctx.criu_timeout, log_name="checkpoint.out")
-        except Failure as e:
-            raise criu_failure("runc checkpoint", c, work, "dump.log", e)
-        finally:
-            save_log(os.path.join(work, "dump.log"), os.path.join(c.logdir, "dump.log"))
+        t, dump_log = runc_criu(ctx, c, [*ck, cid], work, "dump.log", "checkpoint.out")
         res["checkpoint_s"] = round(t, 2)
-        dump_log = os.path.join(work, "dump.log")
         text = open(dump_log, errors="replace").read()
         if f'Plugin "{PLUGIN_NAMES[variant]}"' not in text:
             raise Failure(f"dump.log does not show {PLUGIN_NAMES[variant]} loaded: is {conf} read?\n{tail(dump_log)}")
@@ -560,15 +568,9 @@ def run_case(ctx, variant, case):
         if not ctx.fake:
             res["gpu_memory_used_mib_while_checkpointed"] = gpu_memory_used_mib()
         before = marks(host_prefix, members)
-        try:
-            _, t = c.runc("restore", "-d", "--image-path", images, "--work-path", work, "--bundle", c.bundle, cid,
-                          timeout=ctx.criu_timeout, log_name="restore.out")
-        except Failure as e:
-            raise criu_failure("runc restore", c, work, "restore.log", e)
-        finally:
-            save_log(os.path.join(work, "restore.log"), os.path.join(c.logdir, "restore.log"))
+        t, restore_log = runc_criu(ctx, c, ["restore", "-d", "--image-path", images, "--work-path", work,
+                                            "--bundle", c.bundle, cid], work, "restore.log", "restore.out")
         res["restore_s"] = round(t, 2)
-        restore_log = os.path.join(work, "restore.log")
         if f'Plugin "{PLUGIN_NAMES[variant]}"' not in open(restore_log, errors="replace").read():
             raise Failure(f"restore.log does not show {PLUGIN_NAMES[variant]} loaded\n{tail(restore_log)}")
         res.update({f"restore_{k}": v for k, v in gpu_check.plugin_figures(restore_log).items() if v != []})

@@ -15,7 +15,6 @@ The script makes itself a child subreaper, so killed workloads are reaped at onc
 are free for the restore (CRIU restores the same pids).
 """
 
-import argparse
 import json
 import os
 import re
@@ -403,9 +402,7 @@ def table(results):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
+    ap = common.parser("--criu", "--libdir")
     ap.add_argument("--work", default="/dev/shm/gpuck")
     ap.add_argument("--logs", default="/tmp/gpuck-logs")
     ap.add_argument("--cases", default="basic1,tree,multi4,torch,leave,basic8")

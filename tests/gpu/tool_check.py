@@ -15,7 +15,6 @@ Starts a tree of PROCS CUDA processes (tests/gpu/cuda_workload.cu, MIB each), th
 Prints one JSON line per case and exits non-zero if any failed.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -135,10 +134,7 @@ def cgroup_case(args, prefix, root, pids):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tool", required=True)
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
+    ap = common.parser("--tool", "--criu", "--libdir")
     ap.add_argument("--toggle", default=None)
     ap.add_argument("--procs", type=int, default=16)
     ap.add_argument("--mib", type=int, default=256)

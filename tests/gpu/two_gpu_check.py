@@ -23,7 +23,6 @@ Cases that need two GPUs print "SKIPPED: ..." on a one-GPU machine and count as 
 passed. Prints one JSON line per case and "N passed, M failed, K skipped".
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -205,10 +204,7 @@ def check_case(ctx, wl, args, uuids):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
-    ap.add_argument("--tool", required=True)
+    ap = common.parser("--criu", "--libdir", "--tool")
     ap.add_argument("--c-libdir", default=None)
     ap.add_argument("--c-path", default=None)
     ap.add_argument("--work", default="/dev/shm/two-gpu-check")
