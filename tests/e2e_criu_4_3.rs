@@ -109,19 +109,12 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
     // GPU plugin gives every process its GPU back although the other one answered first.
     let script = common::failing_post_dump_script(f.e.dir());
-    let failed = f.criu(
-        &[
-            "dump",
-            "-t",
-            &root,
-            "--action-script",
-            &script.display().to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-        ],
+    let script = script.display().to_string();
+    let failed = f.dump_logged(
         &f.e.images("img2"),
         "dump2.log",
+        &root,
+        &["--action-script", &script],
         &env("dump2.calls"),
     );
     failed.assert_failed();
@@ -271,20 +264,7 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     let option = "--plugin-option=cuda_plugin.backend=cuda-checkpoint";
 
     let w = f.workload(&["--mib", "8"]);
-    let refused = f.criu(
-        &[
-            "dump",
-            "-t",
-            &w.root().to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-            option,
-        ],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env("dump.calls"),
-    );
+    let refused = f.dump(w.root(), &[option], &f.env("dump.calls"));
     refused.assert_failed();
     let first = refused.first_error().unwrap_or_default();
     assert!(
@@ -303,18 +283,11 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     f.e.kill_and_reap(&w.pids);
 
     let tree = common::Tree::start(&f.e, "tree.out", &[]);
-    let plain = f.criu(
-        &[
-            "dump",
-            "-t",
-            &tree.root.to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-            option,
-        ],
+    let plain = f.dump_logged(
         &f.e.images("img-plain"),
         "plain.log",
+        tree.root,
+        &[option],
         &f.env("plain.calls"),
     );
     plain.assert_ok();
