@@ -40,8 +40,8 @@ use common::{E2e, plugin_libdir};
 use containers_support::engines::{Containerd, Podman};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::{
-    CUDA, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_loaded, cycles,
-    fake_cuda_env, private_tool, transitions, write_settings,
+    CUDA, PrivateMounts, Workload, assert_plugin_dumped, cycles, fake_cuda_env, private_tool,
+    transitions, write_settings,
 };
 
 /// How CRIU, started by the runtime, finds the plugin.
@@ -203,7 +203,7 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
 
     let dump = c.checkpoint(&e.images("img"), &e.dir().join("dump"), false);
     dump.assert_failed();
-    assert_plugin_loaded(&e, &dump, "Dump");
+    e.assert_plugin_loaded(&dump, "Dump");
     let first = dump.first_error().unwrap_or_default();
     match workload {
         Workload::Counter => {

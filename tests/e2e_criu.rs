@@ -35,17 +35,7 @@ fn tree_without_gpu(test: &str) -> Option<(E2e, Tree, Env)> {
 
 /// CRIU loaded the plugin and the plugin said hello for `stage`, and nothing of ours is an error.
 fn assert_plugin_loaded(e: &E2e, run: &CriuRun, stage: &str) {
-    let loaded = match e.criu_hook_count() {
-        Some(n) => format!("Plugin \"gpu_plugin\" (version 512 hooks {n})"),
-        None => "Plugin \"gpu_plugin\" (version 512 hooks ".to_string(),
-    };
-    assert!(run.has(&loaded), "no `{loaded}`: {run:?}");
-    assert!(
-        run.log
-            .lines()
-            .any(|l| l.contains("gpu_plugin: gpu_plugin ") && l.contains(&format!("stage {stage}"))),
-        "no INFO line of the plugin for stage {stage}: {run:?}"
-    );
+    e.assert_plugin_loaded(run, stage);
     run.assert_no_plugin_errors();
 }
 

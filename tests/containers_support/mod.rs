@@ -796,26 +796,11 @@ pub fn criu_run(run: &ToolRun, log: &Path) -> common::CriuRun {
     }
 }
 
-/// CRIU loaded the plugin and the plugin logged its hello for `stage`.
-pub fn assert_plugin_loaded(e: &E2e, run: &common::CriuRun, stage: &str) {
-    let loaded = match e.criu_hook_count() {
-        Some(n) => format!("Plugin \"gpu_plugin\" (version 512 hooks {n})"),
-        None => "Plugin \"gpu_plugin\" (version 512 hooks ".to_string(),
-    };
-    assert!(run.has(&loaded), "no `{loaded}` in CRIU's log: {run:?}");
-    assert!(
-        run.log
-            .lines()
-            .any(|l| l.contains("gpu_plugin: gpu_plugin ") && l.contains(&format!("stage {stage}"))),
-        "no INFO line of the plugin for stage {stage}: {run:?}"
-    );
-}
-
 /// A dump that succeeded with the plugin: loaded, no error of ours, and on CUDA the workload
 /// (host pid `pid`) locked and checkpointed by the plugin.
 pub fn assert_plugin_dumped(e: &E2e, run: &common::CriuRun, workload: Workload, pid: i32) {
     run.assert_ok();
-    assert_plugin_loaded(e, run, "Dump");
+    e.assert_plugin_loaded(run, "Dump");
     run.assert_no_plugin_errors();
     if workload.is_cuda() {
         assert!(
@@ -835,7 +820,7 @@ pub fn assert_plugin_dumped(e: &E2e, run: &common::CriuRun, workload: Workload, 
 /// A restore that succeeded with the plugin (on CUDA: the workload restored by it).
 pub fn assert_plugin_restored(e: &E2e, run: &common::CriuRun, workload: Workload) {
     run.assert_ok();
-    assert_plugin_loaded(e, run, "Restore");
+    e.assert_plugin_loaded(run, "Restore");
     run.assert_no_plugin_errors();
     if workload.is_cuda() {
         assert!(
