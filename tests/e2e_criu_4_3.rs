@@ -58,6 +58,19 @@ fn other_calls(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The other plugin got each of `hooks` (by the start of its log lines); its log is then
+/// removed, for the next step.
+fn assert_other_plugin_got(log: &Path, hooks: &[&str]) {
+    let seen = other_calls(log);
+    for hook in hooks {
+        assert!(
+            seen.iter().any(|l| l.starts_with(hook)),
+            "the other plugin did not get {hook}: {seen:?}"
+        );
+    }
+    std::fs::remove_file(log).unwrap();
+}
+
 #[test]
 fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_survives() {
     let Some(mut f) = start("criu43-two-plugins") else {
@@ -80,14 +93,7 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
     calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
-    let seen = other_calls(&other_log);
-    for hook in ["DUMP_DEVICES_LATE", "DUMP_FINISH 0"] {
-        assert!(
-            seen.iter().any(|l| l.starts_with(hook)),
-            "the other plugin did not get {hook}: {seen:?}"
-        );
-    }
-    std::fs::remove_file(&other_log).unwrap();
+    assert_other_plugin_got(&other_log, &["DUMP_DEVICES_LATE", "DUMP_FINISH 0"]);
 
     let marks = w.marks();
     let restore = f.restore("restore.log", &env("restore.calls"));
@@ -95,16 +101,9 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
     calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
-    let seen = other_calls(&other_log);
-    for hook in ["RESTORE_INIT", "POST_FORKING"] {
-        assert!(
-            seen.iter().any(|l| l.starts_with(hook)),
-            "the other plugin did not get {hook}: {seen:?}"
-        );
-    }
+    assert_other_plugin_got(&other_log, &["RESTORE_INIT", "POST_FORKING"]);
     w.assert_all_running("after the restore beside another plugin");
     w.assert_continues(&marks);
-    std::fs::remove_file(&other_log).unwrap();
 
     // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
     // GPU plugin gives every process its GPU back although the other one answered first.
