@@ -44,13 +44,6 @@ fn big_spec(pid: u32, gpus: &[u32]) -> ProcessSpec {
     spec
 }
 
-fn read_kfd(images: &std::path::Path, id: u32) -> KfdCheckpoint {
-    let dir = open_image_dir(images).unwrap();
-    ImageDir::new(std::os::fd::AsFd::as_fd(&dir))
-        .read_kfd(id, &ReadLimits::default())
-        .unwrap()
-}
-
 #[test]
 fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
     let (topo, sim) = fixture_sim("2gpu");

@@ -12,6 +12,7 @@ use criu_gpu_core::amdgpu::LocalFdStore;
 use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::device::KfdDevice;
 use criu_gpu_core::amdgpu::guardian::QueueGuardFactory;
+use criu_gpu_core::amdgpu::image::{ImageDir, KfdCheckpoint, ReadLimits, open_image_dir};
 use criu_gpu_core::amdgpu::{BackendOptions, CopyObserver, CopyRecord};
 use criu_gpu_core::backend::{GpuBackend, HookHandler, InitContext};
 use criu_gpu_core::config::Config;
@@ -227,6 +228,26 @@ pub fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
         .nth(nth)
         .unwrap()
         .0
+}
+
+/// The process the failure tests dump: on both GPUs of `2gpu`, 40 BOs of mixed kinds up to
+/// 2 MiB.
+pub fn failure_spec(pid: u32) -> ProcessSpec {
+    ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(40, 2 << 20)
+}
+
+/// The KFD image of file `id` in `images`.
+pub fn read_kfd(images: &Path, id: u32) -> KfdCheckpoint {
+    let dir = open_image_dir(images).unwrap();
+    ImageDir::new(dir.as_fd())
+        .read_kfd(id, &ReadLimits::default())
+        .unwrap()
+}
+
+/// Replaces the KFD image of file `id` in `images` with `k`.
+pub fn write_kfd(images: &Path, id: u32, k: &KfdCheckpoint) {
+    let dir = open_image_dir(images).unwrap();
+    ImageDir::new(dir.as_fd()).write_kfd(id, k).unwrap();
 }
 
 /// A dumped process: its pid, CRIU file ids and the CPU mappings CRIU recorded.
