@@ -84,11 +84,14 @@ fn try_restore(
 fn restore_failures_are_reported() {
     let (src, images, dumped) = dumped_images(400);
     let id = dumped[0].kfd_id;
+    // The restore of the one KFD file with `faults`, without or with parallel restore:
+    // RESTORE_EXT_FILE's result and the simulator.
+    let restore_with = |faults: Faults, parallel: bool| {
+        let (_, r, sim) = try_restore(images.path(), id, 400, faults, parallel);
+        (r, sim)
+    };
     // RESTORE refused by the kernel.
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
+    let (r, sim) = restore_with(
         faults(|f| f.restore = Some(Fault::always(libc::EINVAL))),
         false,
     );
@@ -96,66 +99,44 @@ fn restore_failures_are_reported() {
     assert!(sim.process(400).is_none());
     // A render node that cannot be opened: reported, not passed on to KFD as a bad fd (as
     // the C plugin does).
-    let (_, r, _) = try_restore(
-        images.path(),
-        id,
-        400,
-        faults(|f| f.open_render = Some((129, libc::EACCES))),
-        false,
-    );
+    let (r, _) = restore_with(faults(|f| f.open_render = Some((129, libc::EACCES))), false);
     assert_eq!(r, Err(HookError::logged(libc::EACCES)));
     // Writing BO contents fails, in the task.
     let addr = content_addr(&src, 400, 9);
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
-        faults(|f| f.upload_at = Some((addr, libc::EIO))),
-        false,
-    );
+    let (r, sim) = restore_with(faults(|f| f.upload_at = Some((addr, libc::EIO))), false);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
     assert!(sim.process(400).unwrap().awaiting_resume);
     // ... and in CRIU's main process: the process is not resumed.
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
-        faults(|f| f.upload_at = Some((addr, libc::EIO))),
-        true,
-    );
+    let (r, sim) = restore_with(faults(|f| f.upload_at = Some((addr, libc::EIO))), true);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
     let v = sim.process(400).unwrap();
     assert!(v.awaiting_resume && v.paused && v.resumed == 0);
     // SDMA work that never completes, in the task and in CRIU's main process.
     for parallel in [false, true] {
-        let (_, r, sim) = try_restore(
-            images.path(),
-            id,
-            400,
-            faults(|f| f.sdma_hang = true),
-            parallel,
-        );
+        let (r, sim) = restore_with(faults(|f| f.sdma_hang = true), parallel);
         // CRIU's main process reports a failed hand-over as EIO at RESUME_DEVICES_LATE.
         let errno = if parallel { libc::EIO } else { libc::ETIMEDOUT };
         assert_eq!(r, Err(HookError::logged(errno)));
         assert_eq!(sim.process(400).unwrap().resumed, 0);
     }
     // RESUME refused.
-    let (_, r, _) = try_restore(
-        images.path(),
-        id,
-        400,
-        faults(|f| f.resume = Some(Fault::always(libc::EIO))),
-        true,
-    );
+    let (r, _) = restore_with(faults(|f| f.resume = Some(Fault::always(libc::EIO))), true);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
+}
+
+/// A parallel restore of a good dump of `pid`, in the task `pid`, past RESTORE_EXT_FILE: the
+/// task has handed its copy over. Returns the dumped simulator, the images, the restored one
+/// and the backend.
+fn restore_handed_over(pid: u32) -> (SimKfd, TempDir, SimKfd, AmdgpuBackend) {
+    let (src, images, dumped) = dumped_images(pid);
+    let (sim, mut b) = restore_backend(images.path(), pid, Faults::default(), true);
+    restore_file(&mut b, dumped[0].kfd_id);
+    (src, images, sim, b)
 }
 
 #[test]
 fn parallel_restore_hands_the_copy_to_the_main_process() {
-    let (src, images, dumped) = dumped_images(410);
-    let (sim, mut b) = restore_backend(images.path(), 410, Faults::default(), true);
-    restore_file(&mut b, dumped[0].kfd_id);
+    let (src, _images, sim, mut b) = restore_handed_over(410);
     // Not copied yet: the task handed it over.
     assert!(!src.compare_contents(410, &sim, 410).unwrap().is_empty());
     b.post_forking().unwrap();
@@ -341,9 +322,7 @@ fn a_missing_kfd_fails_restore_init_clearly() {
 
 #[test]
 fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
-    let (src, images, dumped) = dumped_images(420);
-    let (sim, mut b) = restore_backend(images.path(), 420, Faults::default(), true);
-    restore_file(&mut b, dumped[0].kfd_id);
+    let (src, _images, sim, mut b) = restore_handed_over(420);
     b.resume_devices_late(420).unwrap();
     assert!(src.compare_contents(420, &sim, 420).unwrap().is_empty());
     assert_eq!(sim.process(420).unwrap().resumed, 1);
