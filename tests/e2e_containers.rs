@@ -35,6 +35,7 @@ mod containers_support;
 use std::ffi::OsString;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::{E2e, plugin_libdir};
 use containers_support::engines::{Containerd, Podman};
@@ -214,15 +215,7 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
             dump.assert_no_plugin_errors();
         }
         Workload::Cuda { .. } => {
-            assert!(
-                first.contains("gpu_plugin") && first.contains("did not finish within"),
-                "the first error must be the plugin's lock timeout: {dump:?}"
-            );
-            assert!(
-                dump.took.as_secs_f64() < 6.0,
-                "the checkpoint took {:?} (CRIU's timeout is 2 s): {dump:?}",
-                dump.took
-            );
+            dump.assert_lock_timed_out(Duration::from_secs(6));
             let t = transitions(&calls(&e), pid);
             assert!(
                 t.len() == 1 && t[0].starts_with("lock=") && t[0] != "lock=0",
