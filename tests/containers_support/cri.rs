@@ -33,6 +33,7 @@ use super::{
 use crate::common::{self, CriuRun, E2e, wait_until};
 
 mod checks;
+pub mod gpu_node;
 mod registry;
 
 pub use checks::*;
