@@ -44,17 +44,9 @@ fn big_spec(pid: u32, gpus: &[u32]) -> ProcessSpec {
     spec
 }
 
-fn read_kfd(images: &std::path::Path, id: u32) -> KfdCheckpoint {
-    let dir = open_image_dir(images).unwrap();
-    ImageDir::new(std::os::fd::AsFd::as_fd(&dir))
-        .read_kfd(id, &ReadLimits::default())
-        .unwrap()
-}
-
 #[test]
 fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let spec = big_spec(4242, &[53109, 1266]);
     let p = spawn(&sim, &spec);
     let images = TempDir::new("big");
@@ -107,15 +99,8 @@ fn two_hundred_bos_on_two_gpus_dump_and_restore_byte_exact() {
 
 #[test]
 fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(77, &[53109]).with_mixed_bos(24, 1 << 20),
-    );
-    let images = TempDir::new("compat");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (topo, sim, p) = fixture_process("1gpu", 77, &[53109], 24, 1 << 20);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "compat");
     let id = dumped[0].kfd_id;
     let name = image::kfd_file_name(id);
     let bytes = std::fs::read(images.path().join(&name)).unwrap();
@@ -141,32 +126,16 @@ fn images_round_trip_and_restore_from_a_criu_4_2_style_image() {
     old.extend_from_slice(&payload);
     std::fs::write(images.path().join(&name), &old).unwrap();
 
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, p.pid);
+    restore_fresh(&sim, &topo, &dumped, images.path());
 }
 
 #[test]
 fn one_gpu_restores_onto_a_gpu_with_another_id() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(500, &[53109]).with_mixed_bos(40, 4 << 20),
-    );
-    let images = TempDir::new("1to1");
-    let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
+    let (topo, sim, p) = fixture_process("1gpu", 500, &[53109], 40, 4 << 20);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "1to1");
 
     let other = edited_fixture("1gpu", &[Edit::GpuId(1, 4242)]);
-    let sim2 = SimKfd::from_sysfs(other.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(other.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, other.path(), &dumped, images.path());
     // The process keeps its gpu id; KFD knows the new GPU behind it.
     assert_eq!(sim2.process(p.pid).unwrap().gpus, vec![(53109, 4242)]);
     // Doorbell offsets now carry the new gpu id (check_vma verified every mapping).
@@ -189,17 +158,8 @@ fn two_gpus_restore_swapped() {
         &sim,
         &ProcessSpec::new(600, &[53109, 1266]).with_mixed_bos(30, 2 << 20),
     );
-    let images = TempDir::new("swap");
-    let dumped = dump(&sim, &[&p], images.path(), &config(ckpt.path(), ""));
-    let sim2 = SimKfd::from_sysfs(rest.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(rest.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let (images, dumped) = dump_new(ckpt.path(), &sim, &[&p], "swap");
+    let sim2 = restore_fresh(&sim, rest.path(), &dumped, images.path());
     let mut gpus = sim2.process(p.pid).unwrap().gpus;
     gpus.sort_unstable();
     // 53109 was node 1 (device 29711), now node 2 (id 0x2222); 1266 the other way round.
@@ -216,19 +176,10 @@ fn eight_gpus_in_two_hives_restore_onto_other_ids() {
         &sim,
         &ProcessSpec::new(700, &ids).with_mixed_bos(64, 1 << 20),
     );
-    let images = TempDir::new("8gpu");
-    let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "8gpu");
     let edits: Vec<Edit> = (2..10).map(|n| Edit::GpuId(n, 0x9000 + n)).collect();
     let other = edited_fixture("8gpu-2hives", &edits);
-    let sim2 = SimKfd::from_sysfs(other.path()).unwrap();
-    restore(
-        &sim2,
-        &dumped,
-        images.path(),
-        &config(other.path(), ""),
-        false,
-    );
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, other.path(), &dumped, images.path());
     let v = sim2.process(p.pid).unwrap();
     assert_eq!(v.gpus.len(), 8);
     for (user, actual) in v.gpus {
@@ -246,8 +197,7 @@ fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
     let mut spec = ProcessSpec::new(800, &[0x0aaa, 0x0bbb]).with_mixed_bos(20, 1 << 20);
     spec.gpus = vec![(53109, 0x0aaa), (1266, 0x0bbb)];
     let p = spawn(&sim, &spec);
-    let images = TempDir::new("again");
-    let dumped = dump(&sim, &[&p], images.path(), &config(other.path(), ""));
+    let (images, dumped) = dump_new(other.path(), &sim, &[&p], "again");
     let k = read_kfd(images.path(), dumped[0].kfd_id);
     let mut gpus: Vec<u32> = k
         .devices
@@ -264,16 +214,12 @@ fn a_process_restored_on_other_gpus_can_be_checkpointed_again() {
             .exists()
     );
     // And it restores onto the original ids.
-    let topo = fixture("2gpu");
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &config(&topo, ""), false);
-    assert_same_process(&sim, &sim2, p.pid);
+    restore_fresh(&sim, &fixture("2gpu"), &dumped, images.path());
 }
 
 #[test]
 fn two_processes_dump_and_restore_together() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     // Every process has every GPU of the machine (KFD gives it all it can see); this one
     // allocates on the first only.
     let mut spec_a = ProcessSpec::new(901, &[53109, 1266]).with_mixed_bos(16, 1 << 20);
@@ -284,13 +230,8 @@ fn two_processes_dump_and_restore_together() {
     let mut spec_b = ProcessSpec::new(902, &[1266, 53109]).with_mixed_bos(16, 1 << 20);
     spec_b.ns_pid = 902;
     let b = spawn(&sim, &spec_b);
-    let images = TempDir::new("two");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&a, &b], images.path(), &cfg);
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, a.pid);
-    assert_same_process(&sim, &sim2, b.pid);
+    let (images, dumped) = dump_new(&topo, &sim, &[&a, &b], "two");
+    restore_fresh(&sim, &topo, &dumped, images.path());
 }
 
 /// A GPU without VRAM or GTT BOs still gets its pages file, the size header of 0 and nothing
@@ -299,8 +240,7 @@ fn two_processes_dump_and_restore_together() {
 /// one) restores as well.
 #[test]
 fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_too() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     // Contents on the first GPU only; the second has a userptr BO, which has none.
     let mut spec = ProcessSpec::new(903, &[53109, 1266]).with_mixed_bos(12, 1 << 20);
     for bo in &mut spec.bos {
@@ -311,9 +251,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         }
     }
     let p = spawn(&sim, &spec);
-    let images = TempDir::new("empty-pages");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "empty-pages");
     let id = dumped[0].kfd_id;
     let k = read_kfd(images.path(), id);
     assert!(
@@ -338,9 +276,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
         HEADER_LEN as u64 + layout.total()
     );
 
-    let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    restore(&sim2, &dumped, images.path(), &cfg, false);
-    assert_same_process(&sim, &sim2, p.pid);
+    let sim2 = restore_fresh(&sim, &topo, &dumped, images.path());
     assert_no_leaks(&sim2, 0, 0);
 
     // Without the empty file, in the task and in CRIU's main process.
@@ -356,8 +292,7 @@ fn a_gpu_without_bo_contents_gets_an_empty_pages_file_and_restores_without_it_to
 
 #[test]
 fn hooks_answer_not_mine_for_what_is_not_amd() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("1gpu");
     let images = TempDir::new("notmine");
     let cfg = config(&topo, "");
     let mut b = backend(&sim, images.path());
@@ -421,21 +356,16 @@ fn hooks_answer_not_mine_for_what_is_not_amd() {
 
 #[test]
 fn without_dump_devices_late_queues_restart_at_exit() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(21, &[53109]).with_mixed_bos(8, 64 << 10),
-    );
+    let (topo, sim, p) = fixture_process("1gpu", 21, &[53109], 8, 64 << 10);
     let images = TempDir::new("v42");
     let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::V4_2, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
+    let mut b = started_backend(
+        &sim,
+        images.path(),
+        &cfg,
+        HostVersion::V4_2,
+        InventoryListing::NoList,
+        Stage::Dump,
     );
     let dumped = dump_files(&mut b, &sim, &[&p], 3).unwrap();
     // Still evicted while CRIU dumps memory.
@@ -445,13 +375,13 @@ fn without_dump_devices_late_queues_restart_at_exit() {
 
     // A CRIU 4.0 restore: no POST_FORKING, so the task copies itself.
     let sim2 = SimKfd::from_sysfs(&topo).unwrap();
-    let mut r = backend(&sim2, images.path());
-    assert_eq!(
-        r.init(
-            &ctx(&cfg, HostVersion::V4_0, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
+    let mut r = started_backend(
+        &sim2,
+        images.path(),
+        &cfg,
+        HostVersion::V4_0,
+        InventoryListing::Listed,
+        Stage::Restore,
     );
     sim2.set_current_task(p.pid);
     let fd = r.restore_ext_file(dumped[0].kfd_id, None).unwrap();
@@ -473,35 +403,21 @@ fn without_dump_devices_late_queues_restart_at_exit() {
 fn a_container_seeing_one_of_two_gpus_dumps_and_restores_it() {
     // sysfs lists both GPUs, KFD reports only the one the container may use (the C plugin
     // failed such a dump).
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     sim.hide_gpu(53109);
     let p = spawn(
         &sim,
         &ProcessSpec::new(950, &[1266]).with_mixed_bos(12, 1 << 20),
     );
-    let images = TempDir::new("cgroup");
-    let cfg = config(&topo, "");
-    let dumped = dump(&sim, &[&p], images.path(), &cfg);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "cgroup");
     let k = read_kfd(images.path(), dumped[0].kfd_id);
     assert_eq!(k.num_of_gpus, 1);
     assert!(k.devices.iter().all(|d| d.gpu_id != 53109));
     // Restore into the same kind of container on another machine.
     let sim2 = SimKfd::from_sysfs(&topo).unwrap();
     sim2.hide_gpu(53109);
-    restore(&sim2, &dumped, images.path(), &cfg, false);
+    restore(&sim2, &dumped, images.path(), &config(&topo, ""), false);
     assert_same_process(&sim, &sim2, p.pid);
-}
-
-fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
-    sim.process(pid)
-        .unwrap()
-        .bos
-        .iter()
-        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
-        .nth(nth)
-        .unwrap()
-        .0
 }
 
 #[test]
@@ -590,12 +506,7 @@ fn dma_buf_fds_follow_their_bos_within_and_across_processes() {
 
 #[test]
 fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
-    let topo = fixture("1gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(
-        &sim,
-        &ProcessSpec::new(1101, &[53109]).with_mixed_bos(4, 1 << 16),
-    );
+    let (topo, sim, a) = fixture_process("1gpu", 1101, &[53109], 4, 1 << 16);
     let other = spawn(
         &sim,
         &ProcessSpec::new(1102, &[53109]).with_mixed_bos(4, 1 << 16),
@@ -626,88 +537,4 @@ fn a_dma_buf_of_no_dumped_bo_fails_the_dump() {
     }
     drop(foreign);
     assert_no_leaks(&sim, a.render.len() + other.render.len(), 2);
-}
-
-/// A process whose BO sizes cross the SDMA packet limits (2 MiB, 2 MiB − 1) and the copy
-/// pieces at odd places, so that an extra or missing byte per packet shows.
-fn packet_edge_spec(pid: u32) -> ProcessSpec {
-    let mut spec = ProcessSpec::new(pid, &[53109, 1266]);
-    for (i, size) in [
-        4096u64,
-        (2 << 20) - 4096,
-        2 << 20,
-        (2 << 20) + 4096,
-        (5 << 20) + 8192,
-        12 << 20,
-        3 << 12,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        spec.bos.push(BoSpec {
-            gpu: i % 2,
-            size,
-            flags: (if i % 3 == 2 {
-                AllocFlags::GTT
-            } else {
-                AllocFlags::VRAM
-            } | AllocFlags::WRITABLE)
-                .bits(),
-        });
-    }
-    spec
-}
-
-#[test]
-fn contents_go_through_sdma_with_each_family_packet_encoding() {
-    use criu_gpu_core::amdgpu::topology::Topology;
-    let topo = fixture("2gpu");
-    let t = Topology::from_sysfs(&topo).unwrap();
-    // VI writes the byte count, Vega and Navi the count minus one (the C plugin writes the
-    // byte count on every family).
-    for family in [
-        kfd_sys::AMDGPU_FAMILY_VI,
-        kfd_sys::AMDGPU_FAMILY_AI,
-        kfd_sys::AMDGPU_FAMILY_NV,
-    ] {
-        let sim = SimKfd::from_topology_with_family(&t, family);
-        let p = spawn(&sim, &packet_edge_spec(900));
-        let images = TempDir::new("sdma");
-        // Pieces of 3 MiB: one and a half packets each.
-        let cfg = config(
-            &topo,
-            "amdgpu.copy-threads = 2\namdgpu.chunk-size = 3M\namdgpu.max-buffer-size = 6M\n",
-        );
-        let dumped = dump(&sim, &[&p], images.path(), &cfg);
-        let content = sim.content_bytes(900);
-        let s = sim.sdma_stats();
-        assert_eq!(s.bytes, content, "family {family}: {s:?}");
-        assert!(s.packets > s.submissions, "{s:?}");
-        // One context and one staging registration per thread and GPU, not per piece.
-        assert!(s.contexts <= 4 && s.userptrs == s.contexts, "{s:?}");
-        assert_no_leaks(&sim, p.render.len(), 1);
-
-        let sim2 = SimKfd::from_topology_with_family(&t, family);
-        restore(&sim2, &dumped, images.path(), &cfg, false);
-        assert_same_process(&sim, &sim2, 900);
-        assert_eq!(sim2.sdma_stats().bytes, content);
-        assert_no_leaks(&sim2, 0, 0);
-    }
-}
-
-#[test]
-fn a_gpu_without_a_supported_sdma_engine_fails_the_dump_clearly() {
-    use criu_gpu_core::amdgpu::topology::Topology;
-    let topo = fixture("1gpu");
-    let t = Topology::from_sysfs(&topo).unwrap();
-    let sim = SimKfd::from_topology_with_family(&t, kfd_sys::AMDGPU_FAMILY_SI);
-    let p = spawn(
-        &sim,
-        &ProcessSpec::new(901, &[53109]).with_mixed_bos(6, 1 << 20),
-    );
-    let images = TempDir::new("si");
-    let e = refused_dump(&sim, &[&p], images.path(), &config(&topo, ""));
-    assert_eq!(e, HookError::logged(libc::EOPNOTSUPP));
-    assert!(!sim.process(901).unwrap().paused);
-    assert_no_leaks(&sim, p.render.len(), 1);
 }

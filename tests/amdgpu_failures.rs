@@ -1,46 +1,38 @@
-//! Failure paths of the AMD backend on the KFD simulator: every failed dump leaves the
-//! process running (queues unpaused) with nothing leaked; hostile images fail the restore
-//! with a clear error, without panics and without unbounded allocation.
+//! Failure paths of AMD dumps on the KFD simulator: every failed dump leaves the process
+//! running (queues unpaused) with nothing leaked. Failed restores and hostile images are in
+//! `amdgpu_restore_failures.rs`.
 
 #[path = "amdgpu_support/mod.rs"]
 mod support;
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::os::fd::AsFd;
 
-use criu_gpu_core::amdgpu::device::AllocFlags;
-use criu_gpu_core::amdgpu::image::{
-    self, HEADER_LEN, ImageDir, KfdCheckpoint, ReadLimits, open_image_dir,
-};
+use criu_gpu_core::amdgpu::AmdgpuBackend;
+use criu_gpu_core::amdgpu::image::HEADER_LEN;
 use criu_gpu_core::backend::{GpuBackend, HookHandler};
 use criu_plugin::{HookError, HostVersion, InventoryListing, Stage};
-use kfd_sim::{Fault, Faults, ProcessSpec, SimKfd};
+use kfd_sim::{Fault, Faults, SimKfd};
 use support::*;
-
-fn spec(pid: u32) -> ProcessSpec {
-    ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(40, 2 << 20)
-}
 
 /// Runs a dump of one process with `faults` injected; returns the DUMP_EXT_FILE result of the
 /// KFD file (and DUMP_DEVICES_LATE's when the files went through), then ends the dump as
 /// CRIU does (exit with the result) and checks that the process runs and nothing leaked.
 fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, SimKfd) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 100;
-    let p = spawn(&sim, &spec(pid));
+    let p = spawn(&sim, &failure_spec(pid));
     let images = TempDir::new("fail");
     let cfg = config(
         &topo,
         "amdgpu.copy-threads = 3\namdgpu.max-buffer-size = 1M\n",
     );
     let mut b = backend_with(&sim, images.path(), quota);
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
+    init_ok(
+        &mut b,
+        &cfg,
+        HostVersion::Dev,
+        InventoryListing::NoList,
+        Stage::Dump,
     );
     sim.set_faults(faults);
     let r = dump_files(&mut b, &sim, &[&p], 1)
@@ -54,24 +46,17 @@ fn failing_dump(faults: Faults, quota: Option<u64>) -> (Result<(), HookError>, S
     (r, sim)
 }
 
-fn bo_addr(sim: &SimKfd, pid: u32, nth_with_contents: usize) -> u64 {
-    sim.process(pid)
-        .unwrap()
-        .bos
-        .iter()
-        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
-        .nth(nth_with_contents)
-        .unwrap()
-        .0
+/// A simulator running the process `failing_dump` dumps, to learn its layout.
+fn probe() -> SimKfd {
+    let (_, probe) = fixture_sim("2gpu");
+    drop(probe.spawn(&failure_spec(100)).unwrap());
+    probe
 }
 
 #[test]
 fn process_info_failure_fails_the_dump_and_leaves_the_process_running() {
     let (r, _) = failing_dump(
-        Faults {
-            process_info: Some(Fault::always(libc::ENOMEM)),
-            ..Default::default()
-        },
+        faults(|f| f.process_info = Some(Fault::always(libc::ENOMEM))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::ENOMEM)));
@@ -80,10 +65,7 @@ fn process_info_failure_fails_the_dump_and_leaves_the_process_running() {
 #[test]
 fn checkpoint_failure_unpauses() {
     let (r, _) = failing_dump(
-        Faults {
-            checkpoint: Some(Fault::once(libc::EFAULT)),
-            ..Default::default()
-        },
+        faults(|f| f.checkpoint = Some(Fault::once(libc::EFAULT))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::EFAULT)));
@@ -92,10 +74,7 @@ fn checkpoint_failure_unpauses() {
 #[test]
 fn checkpoint_failing_after_exporting_dmabufs_leaks_nothing() {
     let (r, _) = failing_dump(
-        Faults {
-            checkpoint_after_dmabufs: Some((5, libc::EMFILE)),
-            ..Default::default()
-        },
+        faults(|f| f.checkpoint_after_dmabufs = Some((5, libc::EMFILE))),
         None,
     );
     assert_eq!(r, Err(HookError::logged(libc::EMFILE)));
@@ -104,17 +83,9 @@ fn checkpoint_failing_after_exporting_dmabufs_leaks_nothing() {
 #[test]
 fn a_bo_read_failure_mid_copy_unpauses_and_closes_everything() {
     // The address of a BO in the middle of the process's BO list.
-    let topo = fixture("2gpu");
-    let probe = SimKfd::from_sysfs(&topo).unwrap();
-    drop(probe.spawn(&spec(100)).unwrap());
-    let addr = bo_addr(&probe, 100, 17);
-    let (r, _) = failing_dump(
-        Faults {
-            download_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
-        None,
-    );
+    let probe = probe();
+    let addr = content_addr(&probe, 100, 17);
+    let (r, _) = failing_dump(faults(|f| f.download_at = Some((addr, libc::EIO))), None);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
 }
 
@@ -123,29 +94,17 @@ fn sdma_failures_fail_the_dump_and_leave_the_process_running() {
     for (faults, errno) in [
         // The command submission refused by the kernel.
         (
-            Faults {
-                sdma_submit: Some(Fault::once(libc::ENOMEM)),
-                ..Default::default()
-            },
+            faults(|f| f.sdma_submit = Some(Fault::once(libc::ENOMEM))),
             libc::ENOMEM,
         ),
         // Staging memory that cannot be registered with the GPU (#1927's "Device or
         // resource busy").
         (
-            Faults {
-                userptr: Some(Fault::always(libc::EBUSY)),
-                ..Default::default()
-            },
+            faults(|f| f.userptr = Some(Fault::always(libc::EBUSY))),
             libc::EBUSY,
         ),
         // GPU work that never completes: the wait gives up instead of hanging CRIU.
-        (
-            Faults {
-                sdma_hang: true,
-                ..Default::default()
-            },
-            libc::ETIMEDOUT,
-        ),
+        (faults(|f| f.sdma_hang = true), libc::ETIMEDOUT),
     ] {
         let (r, _) = failing_dump(faults, None);
         assert_eq!(r, Err(HookError::logged(errno)));
@@ -158,9 +117,7 @@ fn a_full_disk_during_image_writes_unpauses() {
     let (r, _) = failing_dump(Faults::default(), Some(3 << 20));
     assert_eq!(r, Err(HookError::logged(libc::ENOSPC)));
     // The same with room for the contents but not the KFD image: the last write fails.
-    let topo = fixture("2gpu");
-    let probe = SimKfd::from_sysfs(&topo).unwrap();
-    drop(probe.spawn(&spec(100)).unwrap());
+    let probe = probe();
     let contents = probe.content_bytes(100);
     let (r, _) = failing_dump(
         Faults::default(),
@@ -171,32 +128,22 @@ fn a_full_disk_during_image_writes_unpauses() {
 
 #[test]
 fn an_unpause_failure_is_retried_at_exit() {
-    let (r, _) = failing_dump(
-        Faults {
-            unpause: Some(Fault::once(libc::EBUSY)),
-            ..Default::default()
-        },
-        None,
-    );
+    let (r, _) = failing_dump(faults(|f| f.unpause = Some(Fault::once(libc::EBUSY))), None);
     assert_eq!(r, Err(HookError::logged(libc::EIO)));
+}
+
+/// Two processes on the two-GPU machine and a dump of them begun on a criu-dev host.
+fn dump_of_two(pids: [u32; 2], tag: &str) -> (SimKfd, [Proc; 2], TempDir, AmdgpuBackend) {
+    let (topo, sim) = fixture_sim("2gpu");
+    let procs = pids.map(|pid| spawn(&sim, &failure_spec(pid)));
+    let images = TempDir::new(tag);
+    let b = dump_backend(&sim, images.path(), &config(&topo, ""));
+    (sim, procs, images, b)
 }
 
 #[test]
 fn every_process_is_unpaused_even_when_one_unpause_fails() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(&sim, &spec(201));
-    let b2 = spawn(&sim, &spec(202));
-    let images = TempDir::new("unpause");
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
+    let (sim, [a, b2], _images, mut b) = dump_of_two([201, 202], "unpause");
     dump_files(&mut b, &sim, &[&a, &b2], 1).unwrap();
     // The first UNPAUSE fails for good: the C plugin stopped there and left the second
     // process evicted too.
@@ -215,22 +162,9 @@ fn every_process_is_unpaused_even_when_one_unpause_fails() {
 
 #[test]
 fn a_failure_in_a_later_process_unpauses_the_earlier_ones() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let a = spawn(&sim, &spec(301));
-    let c = spawn(&sim, &spec(302));
-    let images = TempDir::new("later");
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
+    let (sim, [a, c], _images, mut b) = dump_of_two([301, 302], "later");
     dump_files(&mut b, &sim, &[&a], 1).unwrap();
-    let addr = bo_addr(&sim, 302, 3);
+    let addr = content_addr(&sim, 302, 3);
     sim.update_faults(|f| f.download_at = Some((addr, libc::EIO)));
     assert!(dump_files(&mut b, &sim, &[&c], 10).is_err());
     // The failed one is running already; the first still waits for CRIU's verdict.
@@ -241,396 +175,11 @@ fn a_failure_in_a_later_process_unpauses_the_earlier_ones() {
     assert_no_leaks(&sim, a.render.len() + c.render.len(), 2);
 }
 
-/// A good dump of one process, for the restore failure tests.
-fn dumped_images(pid: u32) -> (SimKfd, TempDir, Vec<Dumped>) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    let p = spawn(&sim, &spec(pid));
-    let images = TempDir::new("rst");
-    let dumped = dump(&sim, &[&p], images.path(), &config(&topo, ""));
-    (sim, images, dumped)
-}
-
-/// Restores KFD file `id` from `images` into a fresh simulator with `faults`; returns
-/// RESTORE_INIT's and RESTORE_EXT_FILE's results and the simulator, after exit.
-fn try_restore(
-    images: &Path,
-    id: u32,
-    pid: u32,
-    faults: Faults,
-    parallel: bool,
-) -> (Result<(), HookError>, Result<(), HookError>, SimKfd) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_faults(faults);
-    sim.set_current_task(pid);
-    let cfg = config(
-        &topo,
-        if parallel {
-            ""
-        } else {
-            "amdgpu.parallel-restore = off\n"
-        },
-    );
-    let mut b = backend(&sim, images);
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
-    let pre = b.restore_init();
-    let r = b.restore_ext_file(id, None).map(|fd| {
-        // SAFETY: a new fd from the hook, ours to close.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    });
-    let r = r.and_then(|()| {
-        b.post_forking()
-            .or(Ok(()))
-            .and_then(|()| b.resume_devices_late(pid as i32))
-    });
-    b.exit(Stage::Restore, if r.is_ok() { 0 } else { -1 });
-    assert_no_leaks(&sim, 0, 0);
-    (pre, r, sim)
-}
-
-#[test]
-fn restore_failures_are_reported() {
-    let (src, images, dumped) = dumped_images(400);
-    let id = dumped[0].kfd_id;
-    // RESTORE refused by the kernel.
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
-        Faults {
-            restore: Some(Fault::always(libc::EINVAL)),
-            ..Default::default()
-        },
-        false,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::EINVAL)));
-    assert!(sim.process(400).is_none());
-    // A render node that cannot be opened: reported, not passed on to KFD as a bad fd (as
-    // the C plugin does).
-    let (_, r, _) = try_restore(
-        images.path(),
-        id,
-        400,
-        Faults {
-            open_render: Some((129, libc::EACCES)),
-            ..Default::default()
-        },
-        false,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::EACCES)));
-    // Writing BO contents fails, in the task.
-    let addr = bo_addr(&src, 400, 9);
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
-        Faults {
-            upload_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
-        false,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::EIO)));
-    assert!(sim.process(400).unwrap().awaiting_resume);
-    // ... and in CRIU's main process: the process is not resumed.
-    let (_, r, sim) = try_restore(
-        images.path(),
-        id,
-        400,
-        Faults {
-            upload_at: Some((addr, libc::EIO)),
-            ..Default::default()
-        },
-        true,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::EIO)));
-    let v = sim.process(400).unwrap();
-    assert!(v.awaiting_resume && v.paused && v.resumed == 0);
-    // SDMA work that never completes, in the task and in CRIU's main process.
-    for parallel in [false, true] {
-        let (_, r, sim) = try_restore(
-            images.path(),
-            id,
-            400,
-            Faults {
-                sdma_hang: true,
-                ..Default::default()
-            },
-            parallel,
-        );
-        // CRIU's main process reports a failed hand-over as EIO at RESUME_DEVICES_LATE.
-        let errno = if parallel { libc::EIO } else { libc::ETIMEDOUT };
-        assert_eq!(r, Err(HookError::logged(errno)));
-        assert_eq!(sim.process(400).unwrap().resumed, 0);
-    }
-    // RESUME refused.
-    let (_, r, _) = try_restore(
-        images.path(),
-        id,
-        400,
-        Faults {
-            resume: Some(Fault::always(libc::EIO)),
-            ..Default::default()
-        },
-        true,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::EIO)));
-}
-
-#[test]
-fn parallel_restore_hands_the_copy_to_the_main_process() {
-    let (src, images, dumped) = dumped_images(410);
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_current_task(410);
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
-    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
-    // SAFETY: a new fd from the hook, ours to close.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    // Not copied yet: the task handed it over.
-    assert!(!src.compare_contents(410, &sim, 410).unwrap().is_empty());
-    b.post_forking().unwrap();
-    b.resume_devices_late(410).unwrap();
-    assert!(src.compare_contents(410, &sim, 410).unwrap().is_empty());
-    b.exit(Stage::Restore, 0);
-    assert_no_leaks(&sim, 0, 0);
-    // The comparison sees a single changed byte.
-    sim.scribble(410, bo_addr(&sim, 410, 2), 4095, &[0x5a])
-        .unwrap();
-    assert_eq!(
-        src.compare_contents(410, &sim, 410).unwrap(),
-        vec![bo_addr(&sim, 410, 2)]
-    );
-}
-
-fn read_kfd(images: &Path, id: u32) -> KfdCheckpoint {
-    let dir = open_image_dir(images).unwrap();
-    ImageDir::new(std::os::fd::AsFd::as_fd(&dir))
-        .read_kfd(id, &ReadLimits::default())
-        .unwrap()
-}
-
-fn write_kfd(images: &Path, id: u32, k: &KfdCheckpoint) {
-    let dir = open_image_dir(images).unwrap();
-    ImageDir::new(std::os::fd::AsFd::as_fd(&dir))
-        .write_kfd(id, k)
-        .unwrap();
-}
-
-/// Writes a hostile KFD image and checks that the restore fails with an error, creating
-/// nothing in the kernel.
-fn hostile(tag: &str, edit: impl FnOnce(&Path, u32)) {
-    let (_, images, dumped) = dumped_images(500);
-    let id = dumped[0].kfd_id;
-    edit(images.path(), id);
-    let (pre, r, sim) = try_restore(images.path(), id, 500, Faults::default(), true);
-    for (hook, res) in [("RESTORE_INIT", pre), ("RESTORE_EXT_FILE", r)] {
-        match res {
-            Err(h) if h != HookError::NotMine => {
-                let e = h.errno();
-                assert!(
-                    [libc::EINVAL, libc::EIO, libc::EFBIG, libc::ENODEV].contains(&e),
-                    "{tag}: {hook} failed with errno {e}"
-                )
-            }
-            other => panic!("{tag}: {hook} gave {other:?}"),
-        }
-    }
-    assert!(
-        sim.process(500).is_none(),
-        "{tag}: kernel state was created"
-    );
-}
-
-/// CRIU 4.1 and 4.2 call no RESTORE_INIT: a hostile image is refused by `init`, which they
-/// call before forking the tasks, and a good one still restores past it.
-#[test]
-fn without_restore_init_hostile_images_are_refused_before_criu_forks() {
-    for host in [HostVersion::V4_0, HostVersion::V4_2] {
-        let (_, images, dumped) = dumped_images(500);
-        let id = dumped[0].kfd_id;
-        let topo = fixture("2gpu");
-        let sim = SimKfd::from_sysfs(&topo).unwrap();
-        let cfg = config(&topo, "");
-        let mut b = backend(&sim, images.path());
-        assert_eq!(
-            b.init(&ctx(&cfg, host, InventoryListing::Listed), Stage::Restore),
-            Ok(true),
-            "{host:?}: a good image"
-        );
-        b.exit(Stage::Restore, -1);
-        let mut out = 64usize.to_ne_bytes().to_vec();
-        out.extend((0..64u8).map(|i| i.wrapping_mul(37) | 0x80));
-        std::fs::write(images.path().join(image::kfd_file_name(id)), out).unwrap();
-        let mut b = backend(&sim, images.path());
-        match b.init(&ctx(&cfg, host, InventoryListing::Listed), Stage::Restore) {
-            Err(h) if h != HookError::NotMine => {
-                assert!([libc::EINVAL, libc::EIO].contains(&h.errno()), "{h:?}")
-            }
-            other => panic!("{host:?}: init of a hostile image gave {other:?}"),
-        }
-        assert_no_leaks(&sim, 0, 0);
-        assert!(sim.process(500).is_none());
-    }
-}
-
-#[test]
-fn hostile_images_fail_cleanly() {
-    // A BO claiming 2^60 bytes of VRAM.
-    hostile("huge BO", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        let i = k.bos.iter().position(|b| b.has_contents()).unwrap();
-        k.bos[i].size = 1 << 60;
-        write_kfd(dir, id, &k);
-    });
-    // BO sizes adding up past the size header.
-    hostile("overflowing BOs", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        for b in k.bos.iter_mut().filter(|b| b.has_contents()) {
-            b.size = u64::MAX / 4;
-        }
-        write_kfd(dir, id, &k);
-    });
-    // num_of_bos says 10^9.
-    hostile("num_of_bos", |dir, id| {
-        use prost::Message;
-        let name = image::kfd_file_name(id);
-        let bytes = std::fs::read(dir.join(&name)).unwrap();
-        let mut p = image::proto::CriuKfd::decode(&bytes[HEADER_LEN..]).unwrap();
-        p.num_of_bos = 1_000_000_000;
-        let payload = p.encode_to_vec();
-        let mut out = payload.len().to_ne_bytes().to_vec();
-        out.extend_from_slice(&payload);
-        std::fs::write(dir.join(&name), out).unwrap();
-    });
-    // A size header claiming 2^62 bytes.
-    hostile("header", |dir, id| {
-        let name = image::kfd_file_name(id);
-        let mut bytes = std::fs::read(dir.join(&name)).unwrap();
-        bytes[..HEADER_LEN].copy_from_slice(&(1usize << 62).to_ne_bytes());
-        std::fs::write(dir.join(&name), bytes).unwrap();
-    });
-    // Garbage instead of protobuf.
-    hostile("garbage", |dir, id| {
-        let mut out = 64usize.to_ne_bytes().to_vec();
-        out.extend((0..64u8).map(|i| i.wrapping_mul(37) | 0x80));
-        std::fs::write(dir.join(image::kfd_file_name(id)), out).unwrap();
-    });
-    // A truncated pages file, and one whose header disagrees with the BOs.
-    hostile("truncated pages", |dir, id| {
-        let p = dir.join(image::kfd_pages_file_name(id, 1266));
-        let len = std::fs::metadata(&p).unwrap().len();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(len - 1)
-            .unwrap();
-    });
-    hostile("pages header", |dir, id| {
-        let p = dir.join(image::kfd_pages_file_name(id, 53109));
-        let mut bytes = std::fs::read(&p).unwrap();
-        let h = usize::from_ne_bytes(bytes[..HEADER_LEN].try_into().unwrap()) + 4096;
-        bytes[..HEADER_LEN].copy_from_slice(&h.to_ne_bytes());
-        std::fs::write(&p, bytes).unwrap();
-    });
-    // No BOs, no private data, too many GPUs, a GPU this machine does not have.
-    hostile("no BOs", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        k.bos.clear();
-        write_kfd(dir, id, &k);
-    });
-    hostile("no private data", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        k.priv_data.clear();
-        write_kfd(dir, id, &k);
-    });
-    hostile("65 GPUs", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        let gpu = k.devices.iter().find(|d| d.gpu_id != 0).unwrap().clone();
-        for i in 0..63 {
-            let mut g = gpu.clone();
-            g.gpu_id = 0x100 + i;
-            g.node_id = 100 + i;
-            k.devices.push(g);
-        }
-        k.num_of_gpus += 63;
-        write_kfd(dir, id, &k);
-    });
-    hostile("other GPU", |dir, id| {
-        let mut k = read_kfd(dir, id);
-        for d in k.devices.iter_mut().filter(|d| d.gpu_id != 0) {
-            d.device_id ^= 0xffff;
-        }
-        write_kfd(dir, id, &k);
-    });
-}
-
-#[test]
-fn a_missing_kfd_fails_restore_init_clearly() {
-    let (_, images, _) = dumped_images(600);
-    let topo = fixture("2gpu");
-    let cfg = config(&topo, "");
-    let mut b = criu_gpu_core::amdgpu::AmdgpuBackend::with_device_factory(
-        Box::new(|| Err(std::io::Error::from_raw_os_error(libc::ENOENT))),
-        criu_gpu_core::amdgpu::BackendOptions {
-            images_dir: Some(images.path().to_path_buf()),
-            ..Default::default()
-        },
-    );
-    let r = b.init(
-        &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-        Stage::Restore,
-    );
-    assert_eq!(r, Err(HookError::logged(libc::ENODEV)));
-}
-
-#[test]
-fn handed_over_copies_are_done_even_if_post_forking_never_comes() {
-    let (src, images, dumped) = dumped_images(420);
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
-    sim.set_current_task(420);
-    let cfg = config(&topo, "");
-    let mut b = backend(&sim, images.path());
-    assert_eq!(
-        b.init(
-            &ctx(&cfg, HostVersion::Dev, InventoryListing::Listed),
-            Stage::Restore
-        ),
-        Ok(true)
-    );
-    let fd = b.restore_ext_file(dumped[0].kfd_id, None).unwrap();
-    // SAFETY: a new fd from the hook, ours to close.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    b.resume_devices_late(420).unwrap();
-    assert!(src.compare_contents(420, &sim, 420).unwrap().is_empty());
-    assert_eq!(sim.process(420).unwrap().resumed, 1);
-    b.exit(Stage::Restore, 0);
-    assert_no_leaks(&sim, 0, 0);
-}
-
 #[test]
 fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 120;
-    let p = spawn(&sim, &spec(pid));
+    let p = spawn(&sim, &failure_spec(pid));
     // A buffer allocated through the process's render node, not through KFD.
     sim.alloc_render_bo(p.render[1].1.as_fd(), 1 << 20).unwrap();
     let images = TempDir::new("gem");
@@ -643,7 +192,7 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
     // A kernel that cannot list them (before 6.18): the dump goes on, as it must there.
     let sim = SimKfd::from_sysfs(&topo).unwrap();
     sim.update_faults(|f| f.no_gem_list = true);
-    let p = spawn(&sim, &spec(pid));
+    let p = spawn(&sim, &failure_spec(pid));
     sim.alloc_render_bo(p.render[1].1.as_fd(), 1 << 20).unwrap();
     let images = TempDir::new("gem-old");
     dump(&sim, &[&p], images.path(), &cfg);
@@ -654,10 +203,9 @@ fn render_node_gem_bos_fail_the_dump_instead_of_being_lost() {
 /// process is refused (its queues running), its restore too; `init` itself succeeds.
 #[test]
 fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 130;
-    let p = spawn(&sim, &spec(pid));
+    let p = spawn(&sim, &failure_spec(pid));
     let good = TempDir::new("bad-setting-good");
     dump(&sim, &[&p], good.path(), &config(&topo, ""));
     for bad in [
@@ -701,10 +249,9 @@ fn a_bad_amd_setting_fails_only_runs_that_need_amd() {
 /// run again before the tasks are released, and a second call changes nothing.
 #[test]
 fn dump_finish_after_a_failure_restarts_the_queues() {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let pid = 140;
-    let p = spawn(&sim, &spec(pid));
+    let p = spawn(&sim, &failure_spec(pid));
     let images = TempDir::new("dump-finish");
     let mut b = dump_backend(&sim, images.path(), &config(&topo, ""));
     dump_files(&mut b, &sim, &[&p], 1).expect("dump");

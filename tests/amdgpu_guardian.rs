@@ -85,8 +85,7 @@ struct Run {
 
 /// A dump of `pids` on the simulator, initialised, with a guard that records what it hears.
 fn run(pids: &[u32], factory: Option<QueueGuardFactory>) -> Run {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    let (topo, sim) = fixture_sim("2gpu");
     let procs: Vec<Proc> = pids
         .iter()
         .map(|&pid| {

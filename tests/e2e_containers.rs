@@ -35,13 +35,14 @@ mod containers_support;
 use std::ffi::OsString;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::{E2e, plugin_libdir};
 use containers_support::engines::{Containerd, Podman};
 use containers_support::oci::{Oci, OciRuntime};
 use containers_support::{
-    CUDA, PrivateMounts, Workload, assert_plugin_dumped, assert_plugin_loaded, cycles,
-    fake_cuda_env, private_tool, transitions, write_settings,
+    CUDA, PrivateMounts, Workload, assert_plugin_dumped, cycles, fake_cuda_env, private_tool,
+    transitions, write_settings,
 };
 
 /// How CRIU, started by the runtime, finds the plugin.
@@ -203,7 +204,7 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
 
     let dump = c.checkpoint(&e.images("img"), &e.dir().join("dump"), false);
     dump.assert_failed();
-    assert_plugin_loaded(&e, &dump, "Dump");
+    e.assert_plugin_loaded(&dump, "Dump");
     let first = dump.first_error().unwrap_or_default();
     match workload {
         Workload::Counter => {
@@ -214,15 +215,7 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
             dump.assert_no_plugin_errors();
         }
         Workload::Cuda { .. } => {
-            assert!(
-                first.contains("gpu_plugin") && first.contains("did not finish within"),
-                "the first error must be the plugin's lock timeout: {dump:?}"
-            );
-            assert!(
-                dump.took.as_secs_f64() < 6.0,
-                "the checkpoint took {:?} (CRIU's timeout is 2 s): {dump:?}",
-                dump.took
-            );
+            dump.assert_lock_timed_out(Duration::from_secs(6));
             let t = transitions(&calls(&e), pid);
             assert!(
                 t.len() == 1 && t[0].starts_with("lock=") && t[0] != "lock=0",

@@ -13,28 +13,29 @@ use std::path::Path;
 
 use common::{CriuRun, E2e, Tree, assert_consecutive, last_values, plugin_libdir, values};
 
+/// Environment variables of a CRIU run.
+type Env = Vec<(&'static str, String)>;
+
 /// Settings for every CRIU run here: the NVIDIA side pointed at a driver directory that does
 /// not exist, so these tests mean the same on a machine with an NVIDIA GPU.
-fn no_gpu_env(e: &E2e) -> Vec<(&'static str, String)> {
+fn no_gpu_env(e: &E2e) -> Env {
     vec![(
         "CRIU_GPU_CUDA_NVIDIA_PROC",
         e.dir().join("no-nvidia-driver").display().to_string(),
     )]
 }
 
+/// Test `test`: the tree program started, and CRIU's environment on this machine without a GPU.
+fn tree_without_gpu(test: &str) -> Option<(E2e, Tree, Env)> {
+    let e = E2e::start(test)?;
+    let tree = Tree::start(&e, "tree.out", &[]);
+    let env = no_gpu_env(&e);
+    Some((e, tree, env))
+}
+
 /// CRIU loaded the plugin and the plugin said hello for `stage`, and nothing of ours is an error.
 fn assert_plugin_loaded(e: &E2e, run: &CriuRun, stage: &str) {
-    let loaded = match e.criu_hook_count() {
-        Some(n) => format!("Plugin \"gpu_plugin\" (version 512 hooks {n})"),
-        None => "Plugin \"gpu_plugin\" (version 512 hooks ".to_string(),
-    };
-    assert!(run.has(&loaded), "no `{loaded}`: {run:?}");
-    assert!(
-        run.log
-            .lines()
-            .any(|l| l.contains("gpu_plugin: gpu_plugin ") && l.contains(&format!("stage {stage}"))),
-        "no INFO line of the plugin for stage {stage}: {run:?}"
-    );
+    e.assert_plugin_loaded(run, stage);
     run.assert_no_plugin_errors();
 }
 
@@ -76,11 +77,9 @@ fn cycle(
 
 #[test]
 fn a_tree_dumped_and_restored_with_the_plugin_in_libdir_continues() {
-    let Some(e) = E2e::start("libdir") else {
+    let Some((e, tree, env)) = tree_without_gpu("libdir") else {
         return;
     };
-    let tree = Tree::start(&e, "tree.out", &[]);
-    let env = no_gpu_env(&e);
     let lib = lib();
 
     let (dump, restore) = cycle(&e, &tree, &e.images("img-v4"), &["-L", &lib, "-v4"], &env);
@@ -95,11 +94,9 @@ fn a_tree_dumped_and_restored_with_the_plugin_in_libdir_continues() {
 
 #[test]
 fn the_plugin_is_found_through_criu_libs_dir() {
-    let Some(e) = E2e::start("libs-dir-env") else {
+    let Some((e, tree, mut env)) = tree_without_gpu("libs-dir-env") else {
         return;
     };
-    let tree = Tree::start(&e, "tree.out", &[]);
-    let mut env = no_gpu_env(&e);
     env.push(("CRIU_LIBS_DIR", lib()));
     let (dump, restore) = cycle(&e, &tree, &e.images("img"), &["-v4"], &env);
     assert_plugin_loaded(&e, &dump, "Dump");
@@ -108,11 +105,9 @@ fn the_plugin_is_found_through_criu_libs_dir() {
 
 #[test]
 fn leave_running_keeps_the_tree_running_and_the_image_restores() {
-    let Some(e) = E2e::start("leave-running") else {
+    let Some((e, tree, env)) = tree_without_gpu("leave-running") else {
         return;
     };
-    let tree = Tree::start(&e, "tree.out", &[]);
-    let env = no_gpu_env(&e);
     let lib = lib();
     let images = e.images("img");
     let root = tree.root.to_string();
@@ -206,17 +201,15 @@ fn a_failed_dump_leaves_the_tree_running() {
 /// plain tree is dumped and restored, each bad value warned about, none an error.
 #[test]
 fn bad_amd_settings_do_not_fail_a_run_without_amd() {
-    let Some(e) = E2e::start("bad-amd-settings") else {
+    let Some((e, tree, mut env)) = tree_without_gpu("bad-amd-settings") else {
         return;
     };
-    let tree = Tree::start(&e, "tree.out", &[]);
     let config = e.dir().join("gpu-plugin.conf");
     std::fs::write(
         &config,
         "amdgpu.max-buffer-size = lots\namdgpu.chunk-size = 99999999999999999999\namdgpu.parallel-restore = maybe\n",
     )
     .expect("settings file");
-    let mut env = no_gpu_env(&e);
     env.push(("CRIU_GPU_PLUGIN_CONFIG", config.display().to_string()));
     env.push(("CRIU_GPU_AMDGPU_COPY_THREADS", "x".into()));
     env.push(("KFD_MAX_BUFFER_SIZE", "garbage".into()));

@@ -58,6 +58,19 @@ fn other_calls(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The other plugin got each of `hooks` (by the start of its log lines); its log is then
+/// removed, for the next step.
+fn assert_other_plugin_got(log: &Path, hooks: &[&str]) {
+    let seen = other_calls(log);
+    for hook in hooks {
+        assert!(
+            seen.iter().any(|l| l.starts_with(hook)),
+            "the other plugin did not get {hook}: {seen:?}"
+        );
+    }
+    std::fs::remove_file(log).unwrap();
+}
+
 #[test]
 fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_survives() {
     let Some(mut f) = start("criu43-two-plugins") else {
@@ -80,14 +93,7 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     dump.assert_no_plugin_errors();
     let calls = f.calls("dump.calls");
     calls.assert_transitions(&w.pids, &["lock=0", "checkpoint=0"]);
-    let seen = other_calls(&other_log);
-    for hook in ["DUMP_DEVICES_LATE", "DUMP_FINISH 0"] {
-        assert!(
-            seen.iter().any(|l| l.starts_with(hook)),
-            "the other plugin did not get {hook}: {seen:?}"
-        );
-    }
-    std::fs::remove_file(&other_log).unwrap();
+    assert_other_plugin_got(&other_log, &["DUMP_DEVICES_LATE", "DUMP_FINISH 0"]);
 
     let marks = w.marks();
     let restore = f.restore("restore.log", &env("restore.calls"));
@@ -95,33 +101,19 @@ fn another_plugin_in_the_directory_gets_the_broadcast_hooks_and_the_gpu_state_su
     restore.assert_no_plugin_errors();
     let calls = f.calls("restore.calls");
     calls.assert_transitions(&w.pids, &["restore=0", "unlock=0"]);
-    let seen = other_calls(&other_log);
-    for hook in ["RESTORE_INIT", "POST_FORKING"] {
-        assert!(
-            seen.iter().any(|l| l.starts_with(hook)),
-            "the other plugin did not get {hook}: {seen:?}"
-        );
-    }
+    assert_other_plugin_got(&other_log, &["RESTORE_INIT", "POST_FORKING"]);
     w.assert_all_running("after the restore beside another plugin");
     w.assert_continues(&marks);
-    std::fs::remove_file(&other_log).unwrap();
 
     // A failing post-dump script: both plugins hear DUMP_FINISH with the failure, and the
     // GPU plugin gives every process its GPU back although the other one answered first.
     let script = common::failing_post_dump_script(f.e.dir());
-    let failed = f.criu(
-        &[
-            "dump",
-            "-t",
-            &root,
-            "--action-script",
-            &script.display().to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-        ],
+    let script = script.display().to_string();
+    let failed = f.dump_logged(
         &f.e.images("img2"),
         "dump2.log",
+        &root,
+        &["--action-script", &script],
         &env("dump2.calls"),
     );
     failed.assert_failed();
@@ -271,20 +263,7 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     let option = "--plugin-option=cuda_plugin.backend=cuda-checkpoint";
 
     let w = f.workload(&["--mib", "8"]);
-    let refused = f.criu(
-        &[
-            "dump",
-            "-t",
-            &w.root().to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-            option,
-        ],
-        &f.e.images("img"),
-        "dump.log",
-        &f.env("dump.calls"),
-    );
+    let refused = f.dump(w.root(), &[option], &f.env("dump.calls"));
     refused.assert_failed();
     let first = refused.first_error().unwrap_or_default();
     assert!(
@@ -303,18 +282,11 @@ fn the_cuda_checkpoint_backend_option_fails_a_cuda_dump_clearly_and_nothing_else
     f.e.kill_and_reap(&w.pids);
 
     let tree = common::Tree::start(&f.e, "tree.out", &[]);
-    let plain = f.criu(
-        &[
-            "dump",
-            "-t",
-            &tree.root.to_string(),
-            "-L",
-            &f.lib,
-            "-v4",
-            option,
-        ],
+    let plain = f.dump_logged(
         &f.e.images("img-plain"),
         "plain.log",
+        tree.root,
+        &[option],
         &f.env("plain.calls"),
     );
     plain.assert_ok();

@@ -114,6 +114,21 @@ impl CriuRun {
         );
     }
 
+    /// CRIU's first error is the plugin's lock timeout, and the run ended within `within`
+    /// (CRIU's `--timeout` of 2 s bounded the lock, not the plugin's default of 10 s).
+    pub fn assert_lock_timed_out(&self, within: Duration) {
+        let first = self.first_error().unwrap_or_default();
+        assert!(
+            first.contains("gpu_plugin") && first.contains("did not finish within"),
+            "the first error must be the plugin's lock timeout: {self:?}"
+        );
+        assert!(
+            self.took < within,
+            "the run took {:?}, more than {within:?}: {self:?}",
+            self.took
+        );
+    }
+
     /// No error line mentions the plugin.
     pub fn assert_no_plugin_errors(&self) {
         let ours: Vec<&str> = self

@@ -142,6 +142,23 @@ impl E2e {
         }
     }
 
+    /// CRIU loaded the plugin (with this release's hook count, where known) and the plugin
+    /// logged its hello for `stage`, in `run`'s log.
+    pub fn assert_plugin_loaded(&self, run: &CriuRun, stage: &str) {
+        let loaded = match self.criu_hook_count() {
+            Some(n) => format!("Plugin \"gpu_plugin\" (version 512 hooks {n})"),
+            None => "Plugin \"gpu_plugin\" (version 512 hooks ".to_string(),
+        };
+        assert!(run.has(&loaded), "no `{loaded}` in CRIU's log: {run:?}");
+        assert!(
+            run.log
+                .lines()
+                .any(|l| l.contains("gpu_plugin: gpu_plugin ")
+                    && l.contains(&format!("stage {stage}"))),
+            "no INFO line of the plugin for stage {stage}: {run:?}"
+        );
+    }
+
     /// A command with none of the caller's plugin, CRIU-plugin-path or fake-driver settings,
     /// and a plugin settings file that does not exist (so `/etc/criu/gpu-plugin.conf` of the
     /// machine does not count).

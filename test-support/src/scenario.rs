@@ -111,13 +111,25 @@ impl OneGpu {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> CriuRun {
+        self.dump_logged(images, "dump.log", root, extra, env)
+    }
+
+    /// [`OneGpu::dump_into`] with CRIU's log in `log`.
+    pub fn dump_logged(
+        &self,
+        images: &Path,
+        log: &str,
+        root: impl std::fmt::Display,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> CriuRun {
         let root = root.to_string();
         let args: Vec<&str> = ["dump", "-t", &root]
             .into_iter()
             .chain(extra.iter().copied())
             .chain(["-L", &self.lib, "-v4"])
             .collect();
-        self.f.criu(&args, images, "dump.log", env)
+        self.f.criu(&args, images, log, env)
     }
 
     /// `w` dumped with the driver's calls in `dump.calls`: the dump succeeded and CRIU's kill

@@ -9,13 +9,15 @@ use std::sync::Arc;
 
 use criu_gpu_core::amdgpu::AmdgpuBackend;
 use criu_gpu_core::amdgpu::LocalFdStore;
+use criu_gpu_core::amdgpu::device::AllocFlags;
 use criu_gpu_core::amdgpu::device::KfdDevice;
 use criu_gpu_core::amdgpu::guardian::QueueGuardFactory;
+use criu_gpu_core::amdgpu::image::{ImageDir, KfdCheckpoint, ReadLimits, open_image_dir};
 use criu_gpu_core::amdgpu::{BackendOptions, CopyObserver, CopyRecord};
 use criu_gpu_core::backend::{GpuBackend, HookHandler, InitContext};
 use criu_gpu_core::config::Config;
 use criu_plugin::{HookError, Host, HostVersion, InventoryListing, Stage};
-use kfd_sim::{CopyLog, ProcessSpec, SimKfd};
+use kfd_sim::{CopyLog, Faults, ProcessSpec, SimKfd};
 
 pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -27,6 +29,20 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(MANIFEST_DIR)
         .join("tests/fixtures/kfd-topology")
         .join(name)
+}
+
+/// Topology fixture `name` and a simulator of it.
+pub fn fixture_sim(name: &str) -> (PathBuf, SimKfd) {
+    let topo = fixture(name);
+    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    (topo, sim)
+}
+
+/// Faults with the one `set` makes, as `sim.update_faults` takes them.
+pub fn faults(set: impl FnOnce(&mut Faults)) -> Faults {
+    let mut f = Faults::default();
+    set(&mut f);
+    f
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -170,6 +186,70 @@ pub fn ctx<'a>(cfg: &'a Config, host: HostVersion, listing: InventoryListing) ->
     }
 }
 
+/// Runs `b`'s init for `stage` as a CRIU `host` with `listing` would, which must take it on.
+pub fn init_ok(
+    b: &mut AmdgpuBackend,
+    cfg: &Config,
+    host: HostVersion,
+    listing: InventoryListing,
+    stage: Stage,
+) {
+    assert_eq!(b.init(&ctx(cfg, host, listing), stage), Ok(true));
+}
+
+/// A backend on `sim` writing or reading `images`, after an init that took it on.
+pub fn started_backend(
+    sim: &SimKfd,
+    images: &Path,
+    cfg: &Config,
+    host: HostVersion,
+    listing: InventoryListing,
+    stage: Stage,
+) -> AmdgpuBackend {
+    let mut b = backend(sim, images);
+    init_ok(&mut b, cfg, host, listing, stage);
+    b
+}
+
+/// RESTORE_EXT_FILE of KFD file `id`, which must succeed; the fd it gives CRIU is closed.
+pub fn restore_file(b: &mut AmdgpuBackend, id: u32) {
+    let fd = b.restore_ext_file(id, None).unwrap();
+    // SAFETY: a new fd from the hook, ours to close.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+}
+
+/// The address of the `nth` BO with contents (VRAM or GTT) of process `pid`.
+pub fn content_addr(sim: &SimKfd, pid: u32, nth: usize) -> u64 {
+    sim.process(pid)
+        .unwrap()
+        .bos
+        .iter()
+        .filter(|b| AllocFlags::of(b.2).intersects(AllocFlags::WITH_CONTENTS))
+        .nth(nth)
+        .unwrap()
+        .0
+}
+
+/// The process the failure tests dump: on both GPUs of `2gpu`, 40 BOs of mixed kinds up to
+/// 2 MiB.
+pub fn failure_spec(pid: u32) -> ProcessSpec {
+    ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(40, 2 << 20)
+}
+
+/// The KFD image of file `id` in `images`.
+pub fn read_kfd(images: &Path, id: u32) -> KfdCheckpoint {
+    let dir = open_image_dir(images).unwrap();
+    ImageDir::new(dir.as_fd())
+        .read_kfd(id, &ReadLimits::default())
+        .unwrap()
+}
+
+/// Replaces the KFD image of file `id` in `images` with `k`.
+pub fn write_kfd(images: &Path, id: u32, k: &KfdCheckpoint) {
+    let dir = open_image_dir(images).unwrap();
+    ImageDir::new(dir.as_fd()).write_kfd(id, k).unwrap();
+}
+
 /// A dumped process: its pid, CRIU file ids and the CPU mappings CRIU recorded.
 pub struct Dumped {
     pub pid: u32,
@@ -208,11 +288,22 @@ pub fn spawn(sim: &SimKfd, spec: &ProcessSpec) -> Proc {
 /// The simulator on topology `2gpu`, and process `pid` on both its GPUs with `bos` BOs of
 /// mixed kinds up to `max_size` bytes: (topology, simulator, process).
 pub fn two_gpu_process(pid: u32, bos: usize, max_size: u64) -> (PathBuf, SimKfd, Proc) {
-    let topo = fixture("2gpu");
-    let sim = SimKfd::from_sysfs(&topo).unwrap();
+    fixture_process("2gpu", pid, &[53109, 1266], bos, max_size)
+}
+
+/// The simulator on topology fixture `name`, and process `pid` on `gpus` with `bos` BOs of
+/// mixed kinds up to `max_size` bytes: (topology, simulator, process).
+pub fn fixture_process(
+    name: &str,
+    pid: u32,
+    gpus: &[u32],
+    bos: usize,
+    max_size: u64,
+) -> (PathBuf, SimKfd, Proc) {
+    let (topo, sim) = fixture_sim(name);
     let p = spawn(
         &sim,
-        &ProcessSpec::new(pid, &[53109, 1266]).with_mixed_bos(bos, max_size),
+        &ProcessSpec::new(pid, gpus).with_mixed_bos(bos, max_size),
     );
     (topo, sim, p)
 }
@@ -263,15 +354,14 @@ pub fn dump_files(
 
 /// A backend initialised for a dump on a criu-dev host.
 pub fn dump_backend(sim: &SimKfd, images: &Path, cfg: &Config) -> AmdgpuBackend {
-    let mut b = backend(sim, images);
-    assert_eq!(
-        b.init(
-            &ctx(cfg, HostVersion::Dev, InventoryListing::NoList),
-            Stage::Dump
-        ),
-        Ok(true)
-    );
-    b
+    started_backend(
+        sim,
+        images,
+        cfg,
+        HostVersion::Dev,
+        InventoryListing::NoList,
+        Stage::Dump,
+    )
 }
 
 /// A dump on a criu-dev host that a file of `procs` makes fail: init, the files up to the
@@ -293,6 +383,25 @@ pub fn dump(sim: &SimKfd, procs: &[&Proc], images: &Path, cfg: &Config) -> Vec<D
         .expect("DUMP_DEVICES_LATE");
     b.exit(Stage::Dump, 0);
     d
+}
+
+/// A dump of `procs` on `sim` (topology `topo`, default settings) into a new image folder:
+/// the folder and the dumped processes.
+pub fn dump_new(topo: &Path, sim: &SimKfd, procs: &[&Proc], tag: &str) -> (TempDir, Vec<Dumped>) {
+    let images = TempDir::new(tag);
+    let dumped = dump(sim, procs, images.path(), &config(topo, ""));
+    (images, dumped)
+}
+
+/// `dumped` restored from `images` into a fresh simulator of `topo` with default settings, in
+/// CRIU's order, each process checked against the `original` one; returns the new simulator.
+pub fn restore_fresh(original: &SimKfd, topo: &Path, dumped: &[Dumped], images: &Path) -> SimKfd {
+    let sim = SimKfd::from_sysfs(topo).unwrap();
+    restore(&sim, dumped, images, &config(topo, ""), false);
+    for d in dumped {
+        assert_same_process(original, &sim, d.pid);
+    }
+    sim
 }
 
 /// Restores the dumped processes `dumped` into `sim` through the restore hooks of a

@@ -33,6 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import gpu_check  # noqa: E402  (workload start, reaping and verification helpers)
 
 
@@ -184,8 +185,7 @@ def main():
     ap.add_argument("--logs", default="/tmp/batch-bench-logs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(gpu_check.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    common.become_subreaper()
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.logs, exist_ok=True)
 
@@ -195,9 +195,7 @@ def main():
         work = args.work
         logs = args.logs
     ctx = gpu_check.Ctx(A)
-    wl = os.path.join(args.work, "cuda_workload")
-    if not os.path.exists(wl):
-        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(HERE, "cuda_workload.cu")], log="nvcc.out")
+    wl = common.workload(ctx)
     prefix, root, pids = gpu_check.start_workload(
         ctx, "bench", [wl, "--mib", str(args.mib), "--children", str(args.procs - 1), "--out"],
         args.procs, "counter")

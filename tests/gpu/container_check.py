@@ -32,15 +32,11 @@ exits non-zero when a case failed. Every wait is bounded; every container is del
 
 import argparse
 import ctypes
-import glob
 import gzip
 import json
 import os
-import re
 import shutil
 import signal
-import stat
-import subprocess
 import sys
 import time
 
@@ -48,268 +44,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import gpu_check  # noqa: E402  (same directory: the workload protocol and log parsing)
+from container_bundle import build_rootfs, make_spec  # noqa: E402
+from container_proc import Failure, log, ns_members, output, run, tail, wait_gone, write_json  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
-NVIDIA_LIB_PREFIXES = ("libcuda.so", "libcudadebugger.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
-                       "libnvidia-gpucomp.so")
 PLUGIN_NAMES = {"rust": "gpu_plugin", "rust-nonvml": "gpu_plugin", "c": "cuda_plugin"}
-
-
-class Failure(Exception):
-    """A step failed; the message says which and carries the log tail."""
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def tail(path, n=60):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError as e:
-        return f"({path}: {e})"
-
-
-def run(argv, timeout, log_path=None, env=None, check=True, what=None):
-    """Runs argv with stdin on /dev/null and its output into log_path (a file, never a pipe: a
-    process that keeps the descriptor would make a pipe never end)."""
-    log_path = log_path or os.devnull
-    t = time.time()
-    with open(log_path, "ab") as out:
-        try:
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, timeout=timeout)
-        except FileNotFoundError as e:
-            raise Failure(f"{what or argv[0]}: {e}")
-        except subprocess.TimeoutExpired:
-            raise Failure(f"{what or argv[0]}: no answer after {timeout} s\n{tail(log_path, 30)}")
-    dt = time.time() - t
-    if check and p.returncode != 0:
-        raise Failure(f"{what or ' '.join(argv[:4])} failed (exit {p.returncode})\n{tail(log_path, 30)}")
-    return p.returncode, dt
-
-
-def output(argv, timeout=60, env=None):
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           env=env, timeout=timeout, text=True, errors="replace")
-    except FileNotFoundError as e:
-        return 127, str(e)
-    except subprocess.TimeoutExpired:
-        return 124, f"{argv[0]}: no answer after {timeout} s"
-    return p.returncode, p.stdout
-
-
-def write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes of a container, seen from the host
-# ---------------------------------------------------------------------------------------------
-
-def proc_status(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(l.rstrip("\n").split(":\t", 1) for l in f if ":\t" in l)
-    except OSError:
-        return None
-
-
-def alive(pid):
-    """A zombie counts as gone: it runs nothing and holds no GPU memory."""
-    st = proc_status(pid)
-    return st is not None and not st.get("State", "").startswith(("Z", "X"))
-
-
-def wait_gone(pids, timeout=30):
-    end = time.time() + timeout
-    while time.time() < end:
-        gpu_check.reap()
-        if not any(alive(p) for p in pids):
-            return
-        time.sleep(0.05)
-    raise Failure(f"processes {[p for p in pids if alive(p)]} still there after {timeout} s")
-
-
-def ns_members(init_pid, comm=None):
-    """{pid in the container: host pid} of the processes in init_pid's pid namespace."""
-    try:
-        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
-    except OSError:
-        return {}
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{d}/ns/pid") != ns:
-                continue
-            if comm and open(f"/proc/{d}/comm").read().strip() != comm:
-                continue
-        except OSError:
-            continue
-        st = proc_status(d)
-        if st and "NSpid" in st and alive(int(d)):
-            out[int(st["NSpid"].split()[-1])] = int(d)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The container image: rootfs and spec
-# ---------------------------------------------------------------------------------------------
-
-LDD_LIB_DIRS = []
-
-
-def ldd_paths(path, strict=True):
-    """The files the loader maps for path (its interpreter included), as ldd resolves them, with
-    the driver's directory searched too (it is on LD_LIBRARY_PATH in the container). A missing
-    library fails when strict, else it is reported and left out."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join(LDD_LIB_DIRS + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
-    rc, out = output(["ldd", path], env=env)
-    if rc != 0 and "not a dynamic executable" in out:
-        return []
-    if "not found" in out:
-        if strict:
-            raise Failure(f"ldd {path}: a library is missing\n{out}")
-        log(f"# warning: ldd {path}: " + "; ".join(l.strip() for l in out.splitlines() if "not found" in l))
-    paths = []
-    for line in out.splitlines():
-        m = re.search(r"=>\s+(/\S+)", line) or re.match(r"\s*(/\S+)\s+\(0x", line)
-        if m:
-            paths.append(m.group(1))
-    return paths
-
-
-def copy_in(rootfs, src, dst=None):
-    """Copies src's content to rootfs/dst (default: the same path), directories made real."""
-    dst = os.path.join(rootfs, (dst or src).lstrip("/"))
-    if os.path.lexists(dst):
-        return dst
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    shutil.copy2(os.path.realpath(src), dst)
-    return dst
-
-
-def copy_with_libs(rootfs, src, dst=None):
-    copy_in(rootfs, src, dst)
-    for lib in ldd_paths(src):
-        copy_in(rootfs, lib)
-
-
-def build_rootfs(ctx):
-    # Programs run from it: not on a noexec mount (some machines mount /dev/shm so).
-    base = ctx.work
-    if os.statvfs(base).f_flag & os.ST_NOEXEC:
-        base = next((d for d in ("/var/tmp", "/tmp", REPO) if not os.statvfs(d).f_flag & os.ST_NOEXEC), None)
-        if base is None:
-            raise Failure(f"{ctx.work} is mounted noexec and no other place for the rootfs is found")
-        base = os.path.join(base, "gpuck-containers")
-    rootfs = os.path.join(base, "rootfs")
-    shutil.rmtree(rootfs, ignore_errors=True)
-    for d in ("bin", "dev", "proc", "sys", "tmp", "out", "etc"):
-        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
-    os.chmod(os.path.join(rootfs, "tmp"), 0o1777)
-    bb = os.path.join(rootfs, "bin", "busybox")
-    shutil.copy2(ctx.busybox, bb)
-    rc, applets = output([ctx.busybox, "--list"])
-    if rc != 0:
-        raise Failure(f"{ctx.busybox} --list failed: {applets}")
-    for a in applets.split():
-        if a != "busybox" and not os.path.lexists(os.path.join(rootfs, "bin", a)):
-            os.symlink("busybox", os.path.join(rootfs, "bin", a))
-    with open(os.path.join(rootfs, "etc", "passwd"), "w") as f:
-        f.write("root:x:0:0:root:/:/bin/sh\n")
-    with open(os.path.join(rootfs, "etc", "group"), "w") as f:
-        f.write("root:x:0:\n")
-    if ctx.fake:
-        # Next to each other: the workload finds the stand-in through its DT_RPATH $ORIGIN.
-        copy_with_libs(rootfs, ctx.workload, "/fake/workload")
-        copy_with_libs(rootfs, ctx.fake_libcuda, "/fake/libcuda.so.1")
-    else:
-        libdir = ctx.nvidia_lib_dir
-        LDD_LIB_DIRS[:] = [libdir]
-        copy_with_libs(rootfs, ctx.workload, "/cuda_workload")
-        names = sorted(n for n in os.listdir(libdir) if n.startswith(NVIDIA_LIB_PREFIXES))
-        if not any(n == "libcuda.so.1" for n in names):
-            raise Failure(f"no libcuda.so.1 in {libdir}")
-        for n in names:
-            src = os.path.join(libdir, n)
-            dst = os.path.join(rootfs, libdir.lstrip("/"), n)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            if os.path.islink(src) and "/" not in os.readlink(src):
-                if os.path.lexists(dst):  # copied as a library of the workload
-                    os.unlink(dst)
-                os.symlink(os.readlink(src), dst)
-            else:
-                copy_in(rootfs, src, os.path.join(libdir, n))
-            # Only what the workload itself loads must resolve; the other driver libraries are
-            # there in case libcuda opens them (the PTX JIT compiler, for one).
-            for lib in ldd_paths(os.path.realpath(src), strict=n.startswith("libcuda.so")):
-                copy_in(rootfs, lib)
-    size = sum(os.lstat(os.path.join(r, f)).st_size for r, _, fs in os.walk(rootfs) for f in fs)
-    log(f"# rootfs {rootfs}: {size / 2**20:.0f} MiB")
-    return rootfs
-
-
-def device_nodes(ctx):
-    """(path in the container, host node) of the device nodes the container gets."""
-    if ctx.fake:
-        return [("/dev/nvidia-fake0", "/dev/zero")]
-    nodes = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    missing = [n for n in nodes if not os.path.exists(n)]
-    if missing:
-        raise Failure(f"device nodes missing on this machine: {missing}")
-    nodes += sorted(n for n in glob.glob("/dev/nvidia[0-9]*") if n not in nodes)
-    nodes += sorted(glob.glob("/dev/nvidia-caps/*"))
-    return [(n, n) for n in nodes]
-
-
-def make_spec(ctx, bundle, rootfs, args, criu_conf, hostname):
-    os.makedirs(bundle, exist_ok=True)
-    spec_path = os.path.join(bundle, "config.json")
-    if os.path.exists(spec_path):
-        os.unlink(spec_path)
-    # runc's own default spec, adjusted: the starting point every runc user has.
-    run([ctx.runc, "spec", "--bundle", bundle], 30, what="runc spec")
-    with open(spec_path) as f:
-        spec = json.load(f)
-    spec["root"] = {"path": rootfs, "readonly": False}
-    spec["hostname"] = hostname
-    proc = spec["process"]
-    proc["terminal"] = False
-    proc["args"] = args
-    env = ["PATH=/bin", "HOME=/"]
-    if ctx.fake:
-        # The stand-in's "device memory" files: not in the container's 64 MiB /dev/shm.
-        env.append("FAKE_CUDA_DEVICE_DIR=/tmp/fake-cuda")
-    else:
-        env.append(f"LD_LIBRARY_PATH={ctx.nvidia_lib_dir}")
-    proc["env"] = env
-    proc["cwd"] = "/"
-    linux = spec["linux"]
-    # No network namespace: CRIU would need iptables to lock it, and the GPU machine has none.
-    linux["namespaces"] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
-    devices, allow = [], [{"allow": False, "access": "rwm"}]
-    for path, node in device_nodes(ctx):
-        st = os.stat(node)
-        if not stat.S_ISCHR(st.st_mode):
-            raise Failure(f"{node} is not a character device")
-        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        devices.append({"path": path, "type": "c", "major": major, "minor": minor,
-                        "fileMode": stat.S_IMODE(st.st_mode), "uid": 0, "gid": 0})
-        allow.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
-    linux["devices"] = devices
-    linux.setdefault("resources", {})["devices"] = allow
-    spec["annotations"] = {"org.criu.config": criu_conf}
-    with open(spec_path, "w") as f:
-        json.dump(spec, f, indent=1)
-    return spec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +228,20 @@ def criu_failure(what, c, work_dir, log_name, err):
     return Failure("\n".join(msg))
 
 
+def runc_criu(ctx, c, args, work, log, out):
+    """`runc ARGS` of a step that runs CRIU, which writes `log` into `work`: returns the seconds it
+    took and the log's path. A failure says the errors of CRIU's log; the log is kept, gzipped,
+    with the container's logs either way."""
+    path = os.path.join(work, log)
+    try:
+        _, t = c.runc(*args, timeout=ctx.criu_timeout, log_name=out)
+    except Failure as e:
+        raise criu_failure(f"runc {args[0]}", c, work, log, e)
+    finally:
+        save_log(path, os.path.join(c.logdir, log))
+    return t, path
+
+
 def gpu_memory_used_mib():
     rc, out = output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], 30)
     vals = [int(x) for x in out.split() if x.isdigit()]
@@ -529,14 +282,8 @@ def run_case(ctx, variant, case):
         ck = ["checkpoint", "--image-path", images, "--work-path", work]
         if case == "leave":
             ck.append("--leave-running")
-        try:
-            _, t = c.runc(*ck, cid, timeout=ctx.criu_timeout, log_name="checkpoint.out")
-        except Failure as e:
-            raise criu_failure("runc checkpoint", c, work, "dump.log", e)
-        finally:
-            save_log(os.path.join(work, "dump.log"), os.path.join(c.logdir, "dump.log"))
+        t, dump_log = runc_criu(ctx, c, [*ck, cid], work, "dump.log", "checkpoint.out")
         res["checkpoint_s"] = round(t, 2)
-        dump_log = os.path.join(work, "dump.log")
         text = open(dump_log, errors="replace").read()
         if f'Plugin "{PLUGIN_NAMES[variant]}"' not in text:
             raise Failure(f"dump.log does not show {PLUGIN_NAMES[variant]} loaded: is {conf} read?\n{tail(dump_log)}")
@@ -560,15 +307,9 @@ def run_case(ctx, variant, case):
         if not ctx.fake:
             res["gpu_memory_used_mib_while_checkpointed"] = gpu_memory_used_mib()
         before = marks(host_prefix, members)
-        try:
-            _, t = c.runc("restore", "-d", "--image-path", images, "--work-path", work, "--bundle", c.bundle, cid,
-                          timeout=ctx.criu_timeout, log_name="restore.out")
-        except Failure as e:
-            raise criu_failure("runc restore", c, work, "restore.log", e)
-        finally:
-            save_log(os.path.join(work, "restore.log"), os.path.join(c.logdir, "restore.log"))
+        t, restore_log = runc_criu(ctx, c, ["restore", "-d", "--image-path", images, "--work-path", work,
+                                            "--bundle", c.bundle, cid], work, "restore.log", "restore.out")
         res["restore_s"] = round(t, 2)
-        restore_log = os.path.join(work, "restore.log")
         if f'Plugin "{PLUGIN_NAMES[variant]}"' not in open(restore_log, errors="replace").read():
             raise Failure(f"restore.log does not show {PLUGIN_NAMES[variant]} loaded\n{tail(restore_log)}")
         res.update({f"restore_{k}": v for k, v in gpu_check.plugin_figures(restore_log).items() if v != []})

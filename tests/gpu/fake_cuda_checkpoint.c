@@ -18,23 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef unsigned int CUprocessState;
-typedef struct {
-    unsigned int timeoutMs;
-    unsigned int reserved0;
-    unsigned long long reserved1[7];
-} CUcheckpointLockArgs;
-typedef struct {
-    unsigned long long reserved[8];
-} CUcheckpointArgs; /* checkpoint, restore (no GPU pairs) and unlock: all 64 zero bytes */
+#include "../fixtures/fake-cuda/cuda_checkpoint_types.h"
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
-CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointArgs *args);
-CUresult cuCheckpointProcessRestore(int pid, CUcheckpointArgs *args);
-CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointArgs *args);
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args);
 CUresult cuGetErrorString(CUresult error, const char **str);
 
 static int fail(const char *what, CUresult rc)
@@ -92,7 +83,7 @@ int main(int argc, char **argv)
         printf("--action or --get-state is needed\n");
         return 1;
     }
-    CUcheckpointArgs zero = {{0}};
+    CUcheckpointReservedArgs zero = {{0}};
     if (!strcmp(action, "lock")) {
         CUcheckpointLockArgs la = {0};
         la.timeoutMs = timeout;
@@ -100,7 +91,8 @@ int main(int argc, char **argv)
     } else if (!strcmp(action, "checkpoint")) {
         rc = cuCheckpointProcessCheckpoint(pid, &zero);
     } else if (!strcmp(action, "restore")) {
-        rc = cuCheckpointProcessRestore(pid, &zero);
+        CUcheckpointRestoreArgs ra = {0}; /* no GPU pairs */
+        rc = cuCheckpointProcessRestore(pid, &ra);
     } else if (!strcmp(action, "unlock")) {
         rc = cuCheckpointProcessUnlock(pid, &zero);
     } else {

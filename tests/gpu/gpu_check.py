@@ -15,8 +15,6 @@ The script makes itself a child subreaper, so killed workloads are reaped at onc
 are free for the restore (CRIU restores the same pids).
 """
 
-import argparse
-import ctypes
 import json
 import os
 import re
@@ -26,8 +24,9 @@ import subprocess
 import sys
 import time
 
-PR_SET_CHILD_SUBREAPER = 36
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
 
 
 def reap():
@@ -309,21 +308,25 @@ def remap_case(ctx, wl):
     return end_case(ctx, res, pids, img)
 
 
+def refused_restore(ctx, cmd, img, log_name, name):
+    """Runs a restore that should fail; keeps CRIU's log `log_name` of `img` as `name`.log and
+    returns the exit code and the log."""
+    p, _ = ctx.sh(cmd, log=f"{name}.out", check=False)
+    log = open(os.path.join(img, log_name), errors="replace").read()
+    shutil.copy(os.path.join(img, log_name), os.path.join(ctx.logs, f"{name}.log"))
+    return p.returncode, log
+
+
 def refuse_case(ctx, wl):
     """A two-GPU image restored where only one GPU's device node is reachable: refused early."""
     res = {"case": "refuse"}
     prefix, pids, img, _ = dump_only(ctx, "refuse", [wl, "--gib", "1", "--devices", "2", "--out"], 1)
     script = (f"mount --bind /dev/null /dev/nvidia1 && exec {ctx.criu} restore -D {img} -L {ctx.libdir} "
               f"-d -v4 -o restore.log")
-    p, _ = ctx.sh(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                  log="refuse.restore.out", check=False)
-    log = open(os.path.join(img, "restore.log"), errors="replace").read()
-    shutil.copy(os.path.join(img, "restore.log"), os.path.join(ctx.logs, "refuse.restore.log"))
-    errors = [l for l in log.splitlines() if "Error" in l and "gpu_plugin" in l]
-    res["restore_rc"] = p.returncode
-    res["first_plugin_error"] = errors[0] if errors else None
-    res["forked_tasks"] = "Forking task" in log
-    res["ok"] = p.returncode != 0 and bool(errors) and "no counterpart" in errors[0] and not res["forked_tasks"]
+    rc, log = refused_restore(ctx, ["unshare", "-m", "--propagation", "private", "sh", "-c", script], img,
+                              "restore.log", "refuse.restore")
+    errors, refused = common.refusal(res, rc, log)
+    res["ok"] = refused and "no counterpart" in errors[0]
     # The pids were never restored: nothing to clean up but the image.
     shutil.rmtree(img, ignore_errors=True)
     ctx.results.append(res)
@@ -367,16 +370,11 @@ def mapmissing_case(ctx, wl):
     missing = "GPU-0badc0de-0000-4000-8000-000000000000"
     res = {"case": "mapmissing"}
     prefix, pids, img, _ = dump_only(ctx, "mapmissing", [wl, "--gib", "1", "--out"], 1)
-    p, _ = ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "refused.log",
-                   f"--plugin-option=gpu_plugin.cuda.device-map={uuids[0]}={missing}"],
-                  log="mapmissing.refused.out", check=False)
-    log = open(os.path.join(img, "refused.log"), errors="replace").read()
-    shutil.copy(os.path.join(img, "refused.log"), os.path.join(ctx.logs, "mapmissing.refused.log"))
-    errors = [l for l in log.splitlines() if "Error" in l and "gpu_plugin" in l]
-    res["restore_rc"] = p.returncode
-    res["first_plugin_error"] = errors[0] if errors else None
-    res["forked_tasks"] = "Forking task" in log
-    refused = p.returncode != 0 and bool(errors) and missing in errors[0] and not res["forked_tasks"]
+    rc, log = refused_restore(ctx, [ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o",
+                                    "refused.log", f"--plugin-option=gpu_plugin.cuda.device-map={uuids[0]}={missing}"],
+                              img, "refused.log", "mapmissing.refused")
+    errors, refused = common.refusal(res, rc, log)
+    refused = refused and missing in errors[0]
     ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
            log="mapmissing.restore.out")
     time.sleep(1.0)
@@ -404,21 +402,16 @@ def table(results):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
+    ap = common.parser("--criu", "--libdir")
     ap.add_argument("--work", default="/dev/shm/gpuck")
     ap.add_argument("--logs", default="/tmp/gpuck-logs")
     ap.add_argument("--cases", default="basic1,tree,multi4,torch,leave,basic8")
     ap.add_argument("--workload", default=None)
     args = ap.parse_args()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    common.become_subreaper()
     ctx = Ctx(args)
     os.makedirs(ctx.work, exist_ok=True)
-    wl = args.workload or os.path.join(ctx.work, "cuda_workload")
-    if not os.path.exists(wl):
-        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(HERE, "cuda_workload.cu")], log="nvcc.out")
+    wl = common.workload(ctx, args.workload)
     cases = {
         "basic1": lambda: dump_restore(ctx, "basic1", [wl, "--gib", "1", "--out"], 1),
         "basic8": lambda: dump_restore(ctx, "basic8", [wl, "--gib", "8", "--out"], 1),
@@ -443,14 +436,8 @@ def main():
     }
     failed = 0
     for name in args.cases.split(","):
-        t = time.time()
-        try:
-            r = cases[name]()
-        except Exception as e:  # one broken case must not hide the others
-            r = {"case": name, "ok": False, "error": str(e)}
-            ctx.results.append(r)
-        print(json.dumps(r), flush=True)
-        print(f"# {name}: {'ok' if r.get('ok') else 'FAILED'} in {time.time() - t:.1f}s", flush=True)
+        r, seconds = common.run_case(cases, name, failures=ctx.results)
+        common.say_outcome(name, r, seconds)
         failed += not r.get("ok")
     with open(os.path.join(ctx.logs, "results.json"), "w") as f:
         json.dump(ctx.results, f, indent=1)

@@ -16,7 +16,6 @@ this plugin was left frozen. The C plugin's counts are reported, not judged.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import random
@@ -27,6 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 import gpu_check as g  # noqa: E402
 
 SIGNALS = [(signal.SIGKILL, "SIGKILL"), (signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")]
@@ -131,13 +131,10 @@ def setup(args):
     """Makes this process a child subreaper (killed tasks are reaped here at once, freeing their
     pids for the next restore), builds the workload; returns the context, the workload and the
     plugins to run as (name, libdir, environment)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(g.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    common.become_subreaper()
     ctx = g.Ctx(argparse.Namespace(criu=args.criu, libdir=args.libdir, work=args.work, logs=args.logs))
     os.makedirs(ctx.work, exist_ok=True)
-    wl = os.path.abspath(args.workload) if args.workload else os.path.join(ctx.work, "cuda_workload")
-    if not os.path.exists(wl):
-        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(g.HERE, "cuda_workload.cu")], log="nvcc.out")
+    wl = common.workload(ctx, os.path.abspath(args.workload) if args.workload else None)
     plugins = [("this", os.path.abspath(args.libdir), dict(os.environ))]
     if args.c_libdir:
         env = dict(os.environ)

@@ -15,8 +15,6 @@ Starts a tree of PROCS CUDA processes (tests/gpu/cuda_workload.cu, MIB each), th
 Prints one JSON line per case and exits non-zero if any failed.
 """
 
-import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -26,6 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import gpu_check  # noqa: E402
 
 
@@ -135,10 +134,7 @@ def cgroup_case(args, prefix, root, pids):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tool", required=True)
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
+    ap = common.parser("--tool", "--criu", "--libdir")
     ap.add_argument("--toggle", default=None)
     ap.add_argument("--procs", type=int, default=16)
     ap.add_argument("--mib", type=int, default=256)
@@ -148,13 +144,10 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.tool, args.criu, args.libdir = (os.path.abspath(x) for x in (args.tool, args.criu, args.libdir))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(gpu_check.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    common.become_subreaper()
     os.makedirs(args.work, exist_ok=True)
     ctx = gpu_check.Ctx(args)
-    wl = os.path.join(args.work, "cuda_workload")
-    if not os.path.exists(wl):
-        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(HERE, "cuda_workload.cu")], log="nvcc.out")
+    wl = common.workload(ctx)
     results = []
 
     def run(name, f):

@@ -23,8 +23,6 @@ Cases that need two GPUs print "SKIPPED: ..." on a one-GPU machine and count as 
 passed. Prints one JSON line per case and "N passed, M failed, K skipped".
 """
 
-import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -33,6 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import gpu_check  # noqa: E402
 import tool_check  # noqa: E402
 
@@ -45,10 +44,16 @@ def discard(pids, img):
     shutil.rmtree(img, ignore_errors=True)
 
 
-def needs_two(name, uuids):
-    if len(uuids) >= 2:
-        return None
-    return {"case": name, "skipped": f"needs two GPUs; this machine has {len(uuids)}"}
+def needs_two(name):
+    """A case that needs two GPUs (`uuids`, its last argument): skipped on fewer, saying why."""
+    def wrap(case):
+        def run(*args):
+            uuids = args[-1]
+            if len(uuids) < 2:
+                return {"case": name, "skipped": f"needs two GPUs; this machine has {len(uuids)}"}
+            return case(*args)
+        return run
+    return wrap
 
 
 def pair_argv(wl, gib):
@@ -95,10 +100,8 @@ def verified_on(prefix, pids, want):
     return ok, {str(p): {"verify": v[p][2], "on": on[p], "want": want[p]} for p in pids}
 
 
+@needs_two("pair")
 def pair_case(ctx, wl, args, uuids):
-    skip = needs_two("pair", uuids)
-    if skip:
-        return skip
     res = {"case": "pair", "gpus": uuids}
     prefix, pids, img, t_dump, on = dump_pair(ctx, "pair", wl, 8)
     rc, t_rest, _ = restore(ctx, "pair", img)
@@ -120,10 +123,8 @@ def pair_case(ctx, wl, args, uuids):
     return res
 
 
+@needs_two("swap")
 def swap_case(ctx, wl, uuids):
-    skip = needs_two("swap", uuids)
-    if skip:
-        return skip
     a, b = uuids[0], uuids[1]
     res = {"case": "swap", "runs": []}
     for opt in ("gpu_plugin.cuda.device-map", "cuda_plugin.device-map"):
@@ -140,10 +141,8 @@ def swap_case(ctx, wl, uuids):
     return res
 
 
+@needs_two("onto_one")
 def onto_one_case(ctx, wl, uuids):
-    skip = needs_two("onto_one", uuids)
-    if skip:
-        return skip
     a, b = uuids[0], uuids[1]
     res = {"case": "onto_one"}
     prefix, pids, img, _, _ = dump_pair(ctx, "onto_one", wl, 1)
@@ -155,11 +154,9 @@ def onto_one_case(ctx, wl, uuids):
         res.update(outcome="restored onto one GPU", detail=detail, ok=ok)
         gpu_check.kill_all(pids)
     else:
-        errors = [l for l in log.splitlines() if "Error" in l and "gpu_plugin" in l]
-        res["first_plugin_error"] = errors[0] if errors else None
-        res["forked_tasks"] = "Forking task" in log
+        errors, refused = common.refusal(res, rc, log)
         res["outcome"] = "refused"
-        res["ok"] = bool(errors) and not res["forked_tasks"] and (a in errors[0] or b in errors[0])
+        res["ok"] = refused and (a in errors[0] or b in errors[0])
         # Refused before anything ran: the same image restores without the map.
         rc2, _, _ = restore(ctx, "onto_one_plain", img, check=False)
         res["ok"] = res["ok"] and rc2 == 0 and verified_on(prefix, pids, {p: gpu_check.gpu_of(p)[0]
@@ -170,10 +167,8 @@ def onto_one_case(ctx, wl, uuids):
     return res
 
 
+@needs_two("suspend")
 def suspend_case(ctx, wl, args, uuids):
-    skip = needs_two("suspend", uuids)
-    if skip:
-        return skip
     a, b = uuids[0], uuids[1]
     os.environ["WORKLOAD_GPUS"] = "2"
     prefix, root, pids = gpu_check.start_workload(ctx, "suspend", pair_argv(wl, 1), 2, "counter")
@@ -209,23 +204,17 @@ def check_case(ctx, wl, args, uuids):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--criu", required=True)
-    ap.add_argument("--libdir", required=True)
-    ap.add_argument("--tool", required=True)
+    ap = common.parser("--criu", "--libdir", "--tool")
     ap.add_argument("--c-libdir", default=None)
     ap.add_argument("--c-path", default=None)
     ap.add_argument("--work", default="/dev/shm/two-gpu-check")
     ap.add_argument("--logs", default="/tmp/two-gpu-check-logs")
     ap.add_argument("--cases", default="pair,swap,onto_one,suspend,check")
     args = ap.parse_args()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(gpu_check.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    common.become_subreaper()
     ctx = gpu_check.Ctx(args)
     os.makedirs(ctx.work, exist_ok=True)
-    wl = os.path.join(ctx.work, "cuda_workload")
-    if not os.path.exists(wl):
-        ctx.sh(["nvcc", "-O2", "-o", wl, os.path.join(HERE, "cuda_workload.cu")], log="nvcc.out")
+    wl = common.workload(ctx)
     args.tool = os.path.abspath(args.tool)
     uuids = gpu_check.gpu_uuids()
     cases = {
@@ -237,17 +226,12 @@ def main():
     }
     passed = failed = skipped = 0
     for name in args.cases.split(","):
-        t = time.time()
-        try:
-            r = cases[name]()
-        except Exception as e:  # one broken case must not hide the others
-            r = {"case": name, "ok": False, "error": str(e)}
-        print(json.dumps(r), flush=True)
+        r, seconds = common.run_case(cases, name)
         if "skipped" in r:
             skipped += 1
             print(f"# {name}: SKIPPED: {r['skipped']}", flush=True)
             continue
-        print(f"# {name}: {'ok' if r.get('ok') else 'FAILED'} in {time.time() - t:.1f}s", flush=True)
+        common.say_outcome(name, r, seconds)
         passed += bool(r.get("ok"))
         failed += not r.get("ok")
     with open(os.path.join(ctx.logs, "results.json"), "w") as f:

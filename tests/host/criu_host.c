@@ -386,6 +386,7 @@ static int failed_rc(int rc)
 	return rc < 0 && rc != -ENOTSUP;
 }
 
+/* A hook of one int: a pid (`who` names the task in the report) or, with `who` NULL, a value. */
 static int call_pid_hook(const struct loaded *p, int idx, int pid, const char *who)
 {
 	hook_pid_fn f = (hook_pid_fn)hook(p, idx);
@@ -394,7 +395,10 @@ static int call_pid_hook(const struct loaded *p, int idx, int pid, const char *w
 	if (!f)
 		return 0;
 	rc = f(pid);
-	report("hook %s rc=%d target=%s", hook_labels[idx], rc, who);
+	if (who)
+		report("hook %s rc=%d target=%s", hook_labels[idx], rc, who);
+	else
+		report("hook %s rc=%d arg=%d", hook_labels[idx], rc, pid);
 	return failed_rc(rc);
 }
 
@@ -412,14 +416,7 @@ static int call_void_hook(const struct loaded *p, int idx)
 
 static __attribute__((unused)) int call_int_hook(const struct loaded *p, int idx, int arg)
 {
-	hook_pid_fn f = (hook_pid_fn)hook(p, idx);
-	int rc;
-
-	if (!f)
-		return 0;
-	rc = f(arg);
-	report("hook %s rc=%d arg=%d", hook_labels[idx], rc, arg);
-	return failed_rc(rc);
+	return call_pid_hook(p, idx, arg, NULL);
 }
 
 static int call_device_vma(const struct loaded *p, int fd, const char *what)

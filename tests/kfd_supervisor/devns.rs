@@ -3,7 +3,7 @@
 //! and `/dev/dri/renderD<minor>` nodes. CRIU and the workload enter it before exec (a workload
 //! in a copy of it of its own has its mount namespace dumped by CRIU).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -30,6 +30,14 @@ fn check(rc: libc::c_int) -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// mount(2) of the file system `fs` (its source and its type) at `at` with `flags` and, where
+/// given, `options`; no allocation, so it can run between fork and exec.
+fn mount_fs(fs: &CStr, at: &CStr, flags: libc::c_ulong, options: Option<&CStr>) -> io::Result<()> {
+    let data = options.map_or(std::ptr::null(), |o| o.as_ptr().cast());
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call, or null.
+    check(unsafe { libc::mount(fs.as_ptr(), at.as_ptr(), fs.as_ptr(), flags, data) })
 }
 
 impl DevNs {
@@ -108,30 +116,17 @@ impl DevNs {
                     libc::MS_REC | libc::MS_PRIVATE,
                     std::ptr::null(),
                 ))?;
-                check(libc::mount(
-                    tmpfs.as_ptr(),
-                    dev.as_ptr(),
-                    tmpfs.as_ptr(),
-                    libc::MS_NOSUID,
-                    mode.as_ptr().cast(),
-                ))?;
+                mount_fs(&tmpfs, &dev, libc::MS_NOSUID, Some(&mode))?;
                 for d in &dirs {
                     check(libc::mkdir(d.as_ptr(), 0o755))?;
                 }
-                check(libc::mount(
-                    tmpfs.as_ptr(),
-                    shm.as_ptr(),
-                    tmpfs.as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    std::ptr::null(),
-                ))?;
-                check(libc::mount(
-                    devpts.as_ptr(),
-                    pts.as_ptr(),
-                    devpts.as_ptr(),
+                mount_fs(&tmpfs, &shm, libc::MS_NOSUID | libc::MS_NODEV, None)?;
+                mount_fs(
+                    &devpts,
+                    &pts,
                     libc::MS_NOSUID | libc::MS_NOEXEC,
-                    pts_opts.as_ptr().cast(),
-                ))?;
+                    Some(&pts_opts),
+                )?;
                 for n in &nodes {
                     check(libc::mknod(n.path.as_ptr(), n.mode, n.rdev))?;
                     check(libc::chmod(n.path.as_ptr(), 0o666))?;
