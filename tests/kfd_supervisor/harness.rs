@@ -206,8 +206,12 @@ impl Bench {
             if started.elapsed() > Duration::from_secs(120) {
                 let _ = child.kill();
                 let _ = child.wait();
+                let log = read(&images.join(log));
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
                 panic!(
-                    "{what}: still running after 120 s; supervisor: {:#?}",
+                    "{what}: still running after 120 s; CRIU's last words:\n{}\nsupervisor: {:#?}",
+                    tail.join("\n"),
                     m.sup.log()
                 );
             }
