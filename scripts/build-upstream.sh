@@ -11,14 +11,14 @@
 # go.sum hashes, Go version, the build recipe) makes a second run with nothing changed take
 # seconds; for each component built, the wall time and the CPU time (user + sys) are printed.
 #
-# Components (default: all):
-#   kubernetes-1.37  kubelet, kube-apiserver, kubectl   (k8s.io/kubernetes v1.37.2, static)
-#   etcd-3.7         etcd                               (go.etcd.io/etcd/server/v3 v3.7.3)
-#   containerd-2.3   containerd, containerd-shim-runc-v2, ctr   (v2.3.7, static: no btrfs)
-#   containerd-2.4   the same from v2.4.2
+# Components (default: all, in this order, the largest last):
 #   runc-1.5         runc (v1.5.3, tag seccomp, libseccomp linked statically; no libpathrs)
 #   crictl-1.37      crictl (sigs.k8s.io/cri-tools v1.37.0)
 #   nvidia-ctk-1.20  nvidia-ctk (github.com/NVIDIA/nvidia-container-toolkit v1.20.2)
+#   etcd-3.7         etcd                               (go.etcd.io/etcd/server/v3 v3.7.3)
+#   containerd-2.3   containerd, containerd-shim-runc-v2, ctr   (v2.3.7, static: no btrfs)
+#   containerd-2.4   the same from v2.4.2
+#   kubernetes-1.37  kubelet, kube-apiserver, kubectl   (k8s.io/kubernetes v1.37.2, static)
 #
 # runc's seccomp support needs libseccomp's headers and library: Debian's libseccomp-dev when it
 # is installed, otherwise the same package of Debian 12 fetched with a private apt setup
@@ -41,7 +41,7 @@ OUT=${UPSTREAM_DIR:-$REPO/.upstream}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 GO_MIN_MINOR=26
-ALL="kubernetes-1.37 etcd-3.7 containerd-2.3 containerd-2.4 runc-1.5 crictl-1.37 nvidia-ctk-1.20"
+ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 etcd-3.7 containerd-2.3 containerd-2.4 kubernetes-1.37"
 
 say() { printf '[build-upstream] %s\n' "$*"; }
 die() { printf '[build-upstream] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -75,10 +75,11 @@ minor=$(printf '%s\n' "$go_version" | sed -n 's/^go1\.\([0-9][0-9]*\).*/\1/p')
 [ -n "$minor" ] && [ "$minor" -ge "$GO_MIN_MINOR" ] \
     || die "Go 1.$GO_MIN_MINOR or later is needed; $GO is $go_version"
 
-mkdir -p "$OUT/go"
+mkdir -p "$OUT/go/tmp"
 # -modcacherw: the module cache stays deletable with a plain rm -rf .upstream. -buildvcs=false:
 # our checkout's git state is no part of these programs.
-export GOMODCACHE=$OUT/go/mod GOCACHE=$OUT/go/cache GOPATH=$OUT/go
+# GOTMPDIR: the compiler's work files (over a GiB for kubelet) stay off /tmp as well.
+export GOMODCACHE=$OUT/go/mod GOCACHE=$OUT/go/cache GOPATH=$OUT/go GOTMPDIR=$OUT/go/tmp
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" GOWORK=off GO111MODULE=on
 unset GOBIN GOOS GOARCH
 
