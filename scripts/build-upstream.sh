@@ -5,8 +5,8 @@
 # Each component is a small Go module of ours under tools/upstream/<component>/ whose go.mod pins
 # the upstream release exactly and whose committed go.sum is verified on every build
 # (GOFLAGS=-mod=readonly): nothing of upstream's source is kept in the repository. Modules come
-# from the Go module proxy; GOMODCACHE, GOCACHE and GOPATH are <repo>/.upstream/go/, so nothing
-# outside the checkout is written. Binaries are built with -trimpath and -ldflags "-s -w" and
+# from the Go module proxy; GOMODCACHE, GOCACHE, GOPATH and GOTMPDIR are under
+# <repo>/.upstream/go/, so nothing outside the checkout is written. Binaries are built with -trimpath and -ldflags "-s -w" and
 # carry the version stamps their projects' own builds set. A stamp file per component (go.mod and
 # go.sum hashes, Go version, the build recipe) makes a second run with nothing changed take
 # seconds; for each component built, the wall time and the CPU time (user + sys) are printed.
@@ -25,8 +25,9 @@
 # (scripts/lib/private-apt.sh) and unpacked with `dpkg -x` into .upstream/libseccomp/; nothing
 # is installed into the system.
 #
-# Needs Go 1.26 or later (`go` on PATH or /usr/local/go/bin/go; CI machines have it) and a C
-# compiler for runc and nvidia-ctk. Builds run under `nice -n 10`.
+# Needs Go 1.26.8 or later (containerd 2.3.7 asks for it; `go` on PATH or /usr/local/go/bin/go,
+# where CI machines have it), and gcc and pkg-config for runc and nvidia-ctk. Builds run under
+# `nice -n 10`.
 #
 # Usage: scripts/build-upstream.sh [--force] [--drop-build-cache] [--list] [COMPONENT...]
 #   --force             rebuild even where the stamp says the binaries are up to date
@@ -43,7 +44,7 @@ MODULES=$REPO/tools/upstream
 OUT=${UPSTREAM_DIR:-$REPO/.upstream}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-GO_MIN_MINOR=26
+GO_MIN=go1.26.8
 ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 etcd-3.7 containerd-2.3 containerd-2.4 kubernetes-1.37"
 
 say() { printf '[build-upstream] %s\n' "$*"; }
@@ -71,13 +72,12 @@ GO=${GO:-}
 if [ -z "$GO" ]; then
     if command -v go >/dev/null 2>&1; then GO=$(command -v go)
     elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
-    else die "Go 1.$GO_MIN_MINOR or later is needed and was not found (not on PATH, not /usr/local/go/bin/go); install it from https://go.dev/dl/ or set GO=/path/to/go"
+    else die "Go ${GO_MIN#go} or later is needed and was not found (not on PATH, not /usr/local/go/bin/go); install it from https://go.dev/dl/ or set GO=/path/to/go"
     fi
 fi
 go_version=$("$GO" env GOVERSION 2>/dev/null) || die "$GO does not run"
-minor=$(printf '%s\n' "$go_version" | sed -n 's/^go1\.\([0-9][0-9]*\).*/\1/p')
-[ -n "$minor" ] && [ "$minor" -ge "$GO_MIN_MINOR" ] \
-    || die "Go 1.$GO_MIN_MINOR or later is needed; $GO is $go_version"
+[ "$(printf '%s\n' "$GO_MIN" "$go_version" | sort -V | head -n1)" = "$GO_MIN" ] \
+    || die "Go ${GO_MIN#go} or later is needed; $GO is $go_version"
 
 mkdir -p "$OUT/go/tmp"
 # -modcacherw: the module cache stays deletable with a plain rm -rf .upstream. -buildvcs=false:
