@@ -81,7 +81,8 @@ else
             # The filter above hides what the tests said: the failures' own words, and the
             # lines before each, end the output.
             echo "[test] FAILED in the guest, CRIU $release: $*; what the failing tests said:" >&2
-            grep -B 12 -A 3 -E 'panicked at' "$guest_log" | grep -v -E '^ +([0-9]+:|at )' >&2 || true
+            grep -B 12 -A 24 -E 'panicked at' "$guest_log" \
+                | grep -v -E '/rustc/|rust_begin_unwind|core::panicking|std::|__rust|FnOnce|note: Some details' >&2 || true
             exit 1
         fi
         if grep -q SKIPPED "$guest_log"; then

@@ -178,23 +178,55 @@ impl Guardian {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        match protocol::recv(ours.as_raw_fd())? {
-            Received::Message(Message::Started { pid }, Some(pidfd)) => {
-                let g = Guardian {
-                    sock: ours,
-                    pid,
-                    pidfd,
-                    released: false,
-                };
-                // Until this arrives the guardian acts on nothing: one whose start failed
-                // here (this end dropped) ends quietly.
-                g.send(Message::Armed, None)?;
-                Ok(g)
+        // Two messages come, in either order: the starter's `Started` (the guardian's pid and
+        // pidfd) and the guardian's `Ready`: it has let go of every socket and pipe it
+        // inherited from CRIU, and only then may CRIU go on. A guardian that does not say so in
+        // time (stopped or ended in its first instructions) is killed, and the start fails
+        // before the plugin has done anything to a process.
+        let mut started_as: Option<(i32, OwnedFd)> = None;
+        let mut ready = false;
+        while started_as.is_none() || !ready {
+            let left = START_WAIT.saturating_sub(started.elapsed());
+            if !crate::child::poll_in(ours.as_fd(), left).unwrap_or(false) {
+                break;
             }
-            other => Err(io::Error::other(format!(
-                "the guardian did not start ({other:?})"
-            ))),
+            match protocol::recv(ours.as_raw_fd()) {
+                Ok(Received::Message(Message::Started { pid }, Some(pidfd))) => {
+                    started_as = Some((pid, pidfd));
+                }
+                Ok(Received::Message(Message::Ready, None)) => ready = true,
+                other => {
+                    if let Some((_, pidfd)) = &started_as {
+                        let _ = proc::signal(pidfd, libc::SIGKILL);
+                    }
+                    return Err(io::Error::other(format!(
+                        "the guardian did not start ({other:?})"
+                    )));
+                }
+            }
         }
+        let Some((pid, pidfd)) = started_as else {
+            return Err(io::Error::other(
+                "the guardian did not start (no word of it)",
+            ));
+        };
+        if !ready {
+            let _ = proc::signal(&pidfd, libc::SIGKILL);
+            return Err(io::Error::other(format!(
+                "the guardian (pid {pid}) did not let go of CRIU's descriptors within {} s",
+                START_WAIT.as_secs()
+            )));
+        }
+        let g = Guardian {
+            sock: ours,
+            pid,
+            pidfd,
+            released: false,
+        };
+        // Until this arrives the guardian acts on nothing: one whose start failed here (this
+        // end dropped) ends quietly.
+        g.send(Message::Armed, None)?;
+        Ok(g)
     }
 
     /// The guardian's pid.

@@ -37,6 +37,11 @@ pub enum Message {
     /// CRIU has the guardian: from now on it acts should CRIU end. A guardian whose CRIU never
     /// got this far (its start failed) ends without doing anything.
     Armed,
+    /// From the guardian, to CRIU: it holds none of CRIU's sockets and pipes any more (see
+    /// `run::keep_only`). CRIU goes on only then: a guardian stopped before it let go of them
+    /// would keep CRIU's end of a task's parasite socket open after CRIU's death, and the task
+    /// waiting in CRIU's parasite code for good.
+    Ready,
 }
 
 impl Message {
@@ -47,6 +52,7 @@ impl Message {
             Message::Release => 3,
             Message::Started { .. } => 4,
             Message::Armed => 5,
+            Message::Ready => 6,
         }
     }
 
@@ -55,7 +61,7 @@ impl Message {
         let (action, pid, start) = match *self {
             Message::Watch { pid, start, action } => (action, pid, start),
             Message::Forget { pid } | Message::Started { pid } => (0, pid, 0),
-            Message::Release | Message::Armed => (0, 0, 0),
+            Message::Release | Message::Armed | Message::Ready => (0, 0, 0),
         };
         let mut m = [0u8; LEN];
         m[0] = VERSION;
@@ -83,6 +89,7 @@ impl Message {
             3 => Some(Message::Release),
             4 => Some(Message::Started { pid }),
             5 => Some(Message::Armed),
+            6 => Some(Message::Ready),
             _ => None,
         }
     }
@@ -177,6 +184,7 @@ mod tests {
             Message::Release,
             Message::Started { pid: 77 },
             Message::Armed,
+            Message::Ready,
         ] {
             assert_eq!(Message::decode(&m.encode()), Some(m));
         }

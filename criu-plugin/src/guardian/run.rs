@@ -73,6 +73,8 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
     // A session of its own (the starter's, which it was born in, ends with the starter).
     let _ = nix::unistd::setsid();
     let (sock, criu_fd) = keep_only(sock, criu_fd);
+    // CRIU waits for this before it goes on (see `Message::Ready`).
+    let _ = protocol::send(sock.as_raw_fd(), Message::Ready, None);
     log::debug!("guardian: watching CRIU (pid {criu})");
     let mut watched: BTreeMap<i32, Watched> = BTreeMap::new();
     let mut released = false;
@@ -107,7 +109,7 @@ fn guard(sock: OwnedFd, criu_fd: OwnedFd, criu: libc::pid_t, mut duty: impl Duty
                     }
                     Message::Release => released = true,
                     Message::Armed => armed = true,
-                    Message::Started { .. } => {}
+                    Message::Started { .. } | Message::Ready => {}
                 },
                 Ok(Received::Unreadable) => continue,
                 Ok(Received::Eof) => {
