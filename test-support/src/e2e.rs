@@ -192,23 +192,10 @@ impl E2e {
 
     fn spawn_in_session(&self, mut cmd: Command, alone: bool) -> i32 {
         // SAFETY: the closure runs in the forked child before exec and only calls setsid(2)
-        // and close_range(2), which are async-signal-safe and touch no memory of the parent.
+        // and close_range(2) (`own_session`), which are async-signal-safe and touch no memory
+        // of the parent.
         unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if alone {
-                    // Marked close-on-exec: std's own pipe that reports a failed exec stays.
-                    libc::syscall(
-                        libc::SYS_close_range,
-                        3u32,
-                        u32::MAX,
-                        libc::CLOSE_RANGE_CLOEXEC,
-                    );
-                }
-                Ok(())
-            });
+            cmd.pre_exec(move || own_session(alone));
         }
         let child = cmd
             .spawn()
@@ -319,4 +306,27 @@ impl Drop for E2e {
         }
         // Directories go with `self.dirs`, the lock last.
     }
+}
+
+/// For a forked child before `exec`: a session of its own and, with `alone`, every descriptor
+/// above stdio marked close-on-exec, so that none the test runner inherited (from whatever
+/// started cargo) reaches the program: CRIU would have to dump them, and cannot in another
+/// mount namespace. Marked, not closed: std's own pipe that reports a failed exec stays.
+/// Calls only setsid(2) and close_range(2), which are async-signal-safe.
+pub fn own_session(alone: bool) -> std::io::Result<()> {
+    // SAFETY: setsid and close_range take no pointers and touch no memory.
+    unsafe {
+        if libc::setsid() < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if alone {
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+        }
+    }
+    Ok(())
 }

@@ -143,23 +143,10 @@ impl T {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: setsid(2) and close_range(2) in the child before exec touch no memory of the
-        // parent.
+        // SAFETY: `own_session` calls only setsid(2) and close_range(2) in the child before
+        // exec, which touch no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Descriptors the test inherited (from whatever started cargo) stay out of the
-                // workload: CRIU would have to dump them, and cannot in another mount namespace.
-                libc::syscall(
-                    libc::SYS_close_range,
-                    3u32,
-                    u32::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                );
-                Ok(())
-            });
+            cmd.pre_exec(|| criu_gpu_test_support::e2e::own_session(true));
         }
         let child = cmd.spawn().expect("spawn");
         let pid = child.id() as i32;
