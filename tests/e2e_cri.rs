@@ -39,7 +39,8 @@ use containers_support::cri::gpu_node::{
 };
 use containers_support::cri::{
     CHECKPOINT_TIMEOUT, CriContainer, CriNode, Images, Registry, archive_member, assert_archive,
-    calls, cgroup_tree_pids, push_checkpoint_image, push_images, restore_from, restore_from_with,
+    calls, cgroup_tree_pids, freezer_state, push_checkpoint_image, push_images, restore_from,
+    restore_from_with,
 };
 use containers_support::engines::ContainerdBins;
 use containers_support::{
@@ -156,30 +157,6 @@ fn cri_containerd21_runc14_cgroup2_cuda() {
         ..ContainerdBins::v2026(runc_1_4())
     };
     cri_cycle(test, CUDA, bins);
-}
-
-/// The freezer state of `pid`'s cgroup (cgroup v1 `freezer.state`, v2 `cgroup.freeze`).
-fn freezer_state(pid: i32) -> String {
-    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let v1 = cg
-        .lines()
-        .find_map(|l| l.split_once(":freezer:").map(|x| x.1.to_string()));
-    let path = match v1 {
-        Some(p) => format!("/sys/fs/cgroup/freezer{p}/freezer.state"),
-        None => {
-            let p = cg
-                .lines()
-                .find_map(|l| l.strip_prefix("0::"))
-                .unwrap_or("/");
-            format!("/sys/fs/cgroup{p}/cgroup.freeze")
-        }
-    };
-    match std::fs::read_to_string(&path).map(|s| s.trim().to_string()) {
-        Ok(s) if s == "1" => "FROZEN".into(),
-        Ok(s) if s == "0" => "THAWED".into(),
-        Ok(s) => s,
-        Err(err) => format!("{path}: {err}"),
-    }
 }
 
 /// The kubelet's timeout: a CheckpointContainer whose timeout ends before the dump can (the

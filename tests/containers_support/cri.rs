@@ -40,12 +40,24 @@ pub use checks::*;
 pub use registry::*;
 
 /// The containerd 2.x configuration of the CRI's plugins for a node whose directory is `d`.
-fn cri_config(
+pub fn cri_config(
     d: &Path,
     bins: &ContainerdBins,
     registry: &Registry,
     pause: &str,
     criu_work: Option<&Path>,
+) -> String {
+    cri_config_with(d, bins, registry, pause, criu_work, "")
+}
+
+/// [`cri_config`] with `runtime_options` (TOML lines) added to the CRI runtime plugin's table.
+pub fn cri_config_with(
+    d: &Path,
+    bins: &ContainerdBins,
+    registry: &Registry,
+    pause: &str,
+    criu_work: Option<&Path>,
+    runtime_options: &str,
 ) -> String {
     let certs = d.join("certs.d");
     registry.write_hosts_toml(&certs);
@@ -67,7 +79,7 @@ fn cri_config(
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   enable_cdi = true
-  cdi_spec_dirs = ["{cdi}"]
+  cdi_spec_dirs = ["{cdi}"]{runtime_options}
   [plugins."io.containerd.cri.v1.runtime".cni]
     conf_dir = "{cni}"
     bin_dirs = ["{cni}"]
@@ -91,6 +103,10 @@ fn cri_config(
         criu_work = criu_work
             .map(|p| format!("\n        CriuWorkPath = \"{}\"", p.display()))
             .unwrap_or_default(),
+        runtime_options = runtime_options
+            .lines()
+            .map(|l| format!("\n  {l}"))
+            .collect::<String>(),
     )
 }
 
@@ -424,7 +440,7 @@ pub fn cgroup_tree_pids(path: &str) -> Vec<i32> {
 }
 
 /// SIGKILL to every process in cgroup `path` or below, in every hierarchy.
-fn kill_cgroup_tree(path: &str) {
+pub fn kill_cgroup_tree(path: &str) {
     let pids = cgroup_tree_pids(path);
     for &p in &pids {
         common::signal(p, libc::SIGKILL);

@@ -195,6 +195,20 @@ impl<'e> Containerd<'e> {
         bins: ContainerdBins,
         cri: Option<&dyn Fn(&Path) -> String>,
     ) -> Containerd<'e> {
+        let mounts = PrivateMounts::new().bind(etc_criu, "/etc/criu");
+        Containerd::start_node_mounted(e, node, mounts, env, bins, cri)
+    }
+
+    /// [`Containerd::start_node`] in a mount namespace with `mounts` (the node's `/etc/criu`
+    /// among them) and the daemon's `/run/containerd`.
+    pub fn start_node_mounted(
+        e: &'e E2e,
+        node: &str,
+        mounts: PrivateMounts,
+        env: &[(&str, OsString)],
+        bins: ContainerdBins,
+        cri: Option<&dyn Fn(&Path) -> String>,
+    ) -> Containerd<'e> {
         let d = e.dir().join(node);
         let [root, state, run, opt, runc_root] =
             ["root", "state", "run", "opt", "runc"].map(|s| d.join(s));
@@ -246,9 +260,8 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
             ),
         )
         .expect("containerd config");
-        let mounts = PrivateMounts::new()
+        let mounts = mounts
             .cgroup2_only(bins.cgroup2_only)
-            .bind(etc_criu, "/etc/criu")
             .bind(&run, "/run/containerd");
         let argv: Vec<OsString> = vec![
             bins.containerd.clone().into(),
@@ -299,6 +312,11 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
             std::thread::sleep(Duration::from_millis(100));
         }
         c
+    }
+
+    /// The daemon's pid (its mount namespace is the node's).
+    pub fn pid(&self) -> i32 {
+        self.daemon
     }
 
     pub fn ctr(&self, args: &[&str]) -> ToolRun {

@@ -317,6 +317,21 @@ pub fn etc_criu(e: &E2e, workload: Workload, conf: &str) -> PathBuf {
     dir
 }
 
+/// The test's `/etc/criu` for a node whose CRIU finds the plugin in its built-in plugin
+/// directory (`/usr/lib/criu`, where the package installs it): CRIU configuration file `conf`
+/// without a `libdir`, and the plugin's settings for `workload`.
+pub fn etc_criu_settings(e: &E2e, workload: Workload, conf: &str) -> PathBuf {
+    let dir = e.dir().join("etc-criu");
+    std::fs::create_dir_all(&dir).expect("etc/criu");
+    std::fs::write(
+        dir.join(conf),
+        "# The plugin is found in /usr/lib/criu, CRIU's built-in plugin directory.\n",
+    )
+    .expect("CRIU configuration");
+    write_settings(e, workload, &dir.join("gpu-plugin.conf"));
+    dir
+}
+
 /// Skips (saying so) a CUDA test with a CRIU older than 4.2 where `why` needs 4.2.
 pub fn needs_criu_4_2(e: &E2e, test: &str, workload: Workload, why: &str) -> bool {
     if workload.is_cuda() && e.criu_release().is_some_and(|v| v < (4, 2)) {

@@ -40,7 +40,12 @@ pub fn assert_archive<D: CriDaemon>(
     workload: Workload,
     pid: i32,
 ) {
-    let e = n.e;
+    assert_archive_of(n.e, D::ENGINE, archive, workload, pid);
+}
+
+/// [`assert_archive`] of an archive written by runtime `engine` (as `checkpointctl show`
+/// names it).
+pub fn assert_archive_of(e: &E2e, engine: &str, archive: &Path, workload: Workload, pid: i32) {
     let members = archive_members(e, archive);
     for want in [
         "dump.log",
@@ -78,9 +83,8 @@ pub fn assert_archive<D: CriDaemon>(
     let show = run_tool(e.dir(), cmd, "checkpointctl show");
     show.assert_ok();
     assert!(
-        show.stdout.contains(D::ENGINE),
-        "checkpointctl show: no engine {}: {show:?}",
-        D::ENGINE
+        show.stdout.contains(engine),
+        "checkpointctl show: no engine {engine}: {show:?}"
     );
 
     let mut cmd = e.command(&criu_gpu());
@@ -267,4 +271,28 @@ pub fn push_checkpoint_image(
         &format!("docker://{reference}"),
     ]);
     reference
+}
+
+/// The freezer state of `pid`'s cgroup (cgroup v1 `freezer.state`, v2 `cgroup.freeze`).
+pub fn freezer_state(pid: i32) -> String {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v1 = cg
+        .lines()
+        .find_map(|l| l.split_once(":freezer:").map(|x| x.1.to_string()));
+    let path = match v1 {
+        Some(p) => format!("/sys/fs/cgroup/freezer{p}/freezer.state"),
+        None => {
+            let p = cg
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .unwrap_or("/");
+            format!("/sys/fs/cgroup{p}/cgroup.freeze")
+        }
+    };
+    match std::fs::read_to_string(&path).map(|s| s.trim().to_string()) {
+        Ok(s) if s == "1" => "FROZEN".into(),
+        Ok(s) if s == "0" => "THAWED".into(),
+        Ok(s) => s,
+        Err(err) => format!("{path}: {err}"),
+    }
 }

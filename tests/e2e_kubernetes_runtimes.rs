@@ -1,0 +1,82 @@
+//! Today's runtimes under the kubelet, side by side (the cluster of `tests/kube_support`):
+//! containerd 2.3 and 2.4 and runc 1.5, built from their Go modules
+//! (`scripts/build-upstream.sh`), beside containerd 2.1 and runc 1.4 of `e2e_kubernetes`.
+//!
+//! - containerd 2.3 restores a checkpoint image through CreateContainer only where the node
+//!   opts in (`enable_experimental_restore_via_create`); without it the pod is refused with
+//!   containerd's reason, which `kubectl` shows.
+//! - containerd 2.4 no longer restores through CreateContainer: the kubelet's checkpoint still
+//!   works; a pod made from a checkpoint image is created as an ordinary container of the
+//!   image's files, which has no program to run.
+//!
+//! containerd freezes the container's cgroup around a checkpoint, which CRIU before 4.2 does
+//! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
+
+use criu_gpu_test_support as common;
+#[allow(dead_code)]
+mod containers_support;
+#[allow(dead_code)]
+mod kube_support;
+
+use containers_support::{CUDA, Workload};
+use kube_support::runtimes::{Runc, Runtime};
+use kube_support::scenarios::{forensic, migration, restore_refused};
+
+#[test]
+fn containerd_2_3_runc_1_5_opted_in_migration_cuda() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, true);
+    migration("k8s-cd23-migration-cuda", CUDA, &r, &r);
+}
+
+#[test]
+fn containerd_2_3_runc_1_5_opted_in_migration_counter() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, true);
+    migration("k8s-cd23-migration-counter", Workload::Counter, &r, &r);
+}
+
+/// Without the opt-in, containerd 2.3 refuses the restore at CreateContainer; the operator
+/// reads why from the pod's status.
+#[test]
+fn containerd_2_3_refuses_restore_without_opt_in() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, false);
+    let Some((state, reason, message)) = restore_refused("k8s-cd23-refused", CUDA, &r, &r) else {
+        return;
+    };
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("waiting", "CreateContainerError")
+    );
+    assert!(
+        message.contains("checkpoint restore via CreateContainer is disabled by configuration"),
+        "the pod's message: {message}"
+    );
+}
+
+/// containerd 2.4: the kubelet's checkpoint works.
+#[test]
+fn containerd_2_4_runc_1_5_forensic_checkpoint_cuda() {
+    forensic(
+        "k8s-cd24-forensic-cuda",
+        CUDA,
+        &Runtime::containerd_2_4(Runc::V1_5),
+    );
+}
+
+/// containerd 2.4: a pod made from a checkpoint image is not a restore. containerd creates an
+/// ordinary container whose root file system is the image's files (CRIU's images, no
+/// programs), and runc cannot start the pod's command in it.
+#[test]
+fn containerd_2_4_does_not_restore_a_checkpoint_image() {
+    let r = Runtime::containerd_2_4(Runc::V1_5);
+    let Some((state, reason, message)) = restore_refused("k8s-cd24-restore", CUDA, &r, &r) else {
+        return;
+    };
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("terminated", "StartError")
+    );
+    assert!(
+        message.contains("\"/gpu/workload\": stat /gpu/workload: no such file or directory"),
+        "the pod's message: {message}"
+    );
+}

@@ -1,0 +1,325 @@
+//! A node of the test's cluster: containerd 2.x with its CRI (as `containers_support::cri`
+//! configures it) and a kubelet registered with the API server, both in the node's own mount
+//! namespace, where CRIU finds its configuration at `/etc/criu` and the plugin at
+//! `/usr/lib/criu` (CRIU's built-in plugin directory, where the package installs it), as on
+//! a node with the package installed.
+//!
+//! The kubelet is the real one: cgroupfs driver with its QoS layout (`kubepods`,
+//! `besteffort`, `pod<uid>`) under a cgroup root of the test's own, its state, pod logs and
+//! checkpoints in the node's directory, x509 client authentication and webhook authorization
+//! against the API server (the administrator's certificate is what the checkpoint calls use),
+//! a serving certificate of the cluster's CA. Its kernel settings are checked, not written:
+//! the files it reads under `/proc/sys` are the test's, bound over the host's in the node's
+//! mount namespace with the values it expects, so the host's are never changed. The node has
+//! no CNI: pods use the node's network (`hostNetwork`), and the node reports its network as
+//! not ready, which the kubelet allows for such pods.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::control_plane::{ControlPlane, free_port, log_to, tail, write_kubeconfig};
+use super::pki::KeyPair;
+use super::runtimes::Runtime;
+use super::upstream;
+use crate::common::{self, CriuRun, E2e};
+use crate::containers_support::cri::{Images, Registry, cri_config_with, kill_cgroup_tree};
+use crate::containers_support::engines::Containerd;
+use crate::containers_support::{PrivateMounts, ToolRun, reap_now, run_tool_for};
+
+/// The kernel settings the kubelet checks (`protectKernelDefaults`), with the values it wants.
+const KERNEL_DEFAULTS: [(&str, &str); 6] = [
+    ("vm/overcommit_memory", "1"),
+    ("vm/panic_on_oom", "0"),
+    ("kernel/panic", "10"),
+    ("kernel/panic_on_oops", "1"),
+    ("kernel/keys/root_maxkeys", "1000000"),
+    ("kernel/keys/root_maxbytes", "25000000"),
+];
+
+/// How long a kubelet may take to register its node.
+const REGISTERED: Duration = Duration::from_secs(120);
+
+/// One node: its containerd and its kubelet.
+pub struct KubeNode<'e> {
+    pub e: &'e E2e,
+    pub name: String,
+    pub cd: Containerd<'e>,
+    /// `https://127.0.0.1:PORT`, the kubelet's API.
+    pub kubelet_url: String,
+    pub dir: PathBuf,
+    kubelet: Option<i32>,
+    /// The node's cgroup root (under which the kubelet makes `kubepods`).
+    pub cgroup_root: String,
+}
+
+impl<'e> KubeNode<'e> {
+    /// Starts node `name` (state in `<test dir>/<name>`) of `cp`'s cluster: containerd and runc
+    /// of `runtime` with CRIU's configuration `etc_criu` and `env`, images from `registry`; then its
+    /// kubelet, once containerd's CRI answers; returns once the node is registered.
+    pub fn start(
+        e: &'e E2e,
+        cp: &ControlPlane<'_>,
+        name: &str,
+        etc_criu: &Path,
+        env: &[(&str, OsString)],
+        runtime: &Runtime,
+        registry: &Registry,
+    ) -> KubeNode<'e> {
+        let dir = e.dir().join(name);
+        let sys = dir.join("proc-sys");
+        let mut mounts = PrivateMounts::new()
+            .bind(etc_criu, "/etc/criu")
+            .bind(common::plugin_libdir(), "/usr/lib/criu");
+        for (key, value) in KERNEL_DEFAULTS {
+            let f = sys.join(key.replace('/', "."));
+            std::fs::create_dir_all(&sys).expect("kernel settings directory");
+            std::fs::write(&f, format!("{value}\n")).expect("kernel setting");
+            mounts = mounts.bind(f, Path::new("/proc/sys").join(key));
+        }
+        let bins = runtime.bins.clone();
+        let pause = Images::of(registry).pause;
+        let options = runtime.cri_runtime_options.clone();
+        let config = move |d: &Path| cri_config_with(d, &bins, registry, &pause, None, &options);
+        let cd = Containerd::start_node_mounted(
+            e,
+            name,
+            mounts,
+            env,
+            runtime.bins.clone(),
+            Some(&config),
+        );
+
+        let cgroup_root = format!("{}/kubelet", cd.cgroup.path);
+        make_cgroup(&cgroup_root);
+        let (client, serving) = cp.pki.node(e, name, "127.0.0.1");
+        let kubeconfig = dir.join("kubelet.kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &cp.server,
+            &cp.pki.ca.cert,
+            &client,
+            &format!("system:node:{name}"),
+        );
+        let port = free_port();
+        let config = dir.join("kubelet.yaml");
+        std::fs::write(
+            &config,
+            kubelet_config(
+                &dir,
+                port,
+                &cgroup_root,
+                cd.socket(),
+                &serving,
+                &cp.pki.ca.cert,
+            ),
+        )
+        .expect("kubelet configuration");
+        let mut cmd = e.command(Path::new("nsenter"));
+        cmd.arg(format!("--target={}", cd.pid()))
+            .arg("--mount")
+            .arg("--")
+            .arg(upstream("kubernetes-1.37", "kubelet"))
+            .arg(format!("--config={}", config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--hostname-override={name}"))
+            .arg(format!("--root-dir={}", dir.join("kubelet").display()))
+            .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
+            .arg("--v=2");
+        log_to(&mut cmd, &dir.join("kubelet.log"));
+        let pid = e.spawn_session(cmd);
+        let node = KubeNode {
+            e,
+            name: name.to_string(),
+            cd,
+            kubelet_url: format!("https://127.0.0.1:{port}"),
+            dir,
+            kubelet: Some(pid),
+            cgroup_root,
+        };
+        let t0 = Instant::now();
+        while !cp.kubectl_quiet(&["get", "node", name]).ok() {
+            assert!(
+                common::exists(pid),
+                "the kubelet of node {name} ended while starting:\n{}",
+                node.kubelet_log_tail()
+            );
+            assert!(
+                t0.elapsed() < REGISTERED,
+                "node {name} is not registered after {REGISTERED:?}:\n{}",
+                node.kubelet_log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        eprintln!("node {name} registered in {:?}", t0.elapsed());
+        node
+    }
+
+    /// The last lines of the kubelet's log.
+    pub fn kubelet_log_tail(&self) -> String {
+        tail(&self.dir.join("kubelet.log"), 40)
+    }
+
+    /// The last lines of containerd's log.
+    pub fn containerd_log_tail(&self) -> String {
+        tail(&self.dir.join("containerd.log"), 40)
+    }
+
+    /// CRIU's log of the restore of container `id`, where containerd's shim keeps it, as a
+    /// finished run.
+    pub fn restore_log(&self, id: &str) -> CriuRun {
+        let log = self
+            .dir
+            .join("root/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("restore.log");
+        CriuRun {
+            what: format!("the restore of container {id} on node {}", self.name),
+            code: Some(0),
+            log: std::fs::read_to_string(&log)
+                .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display())),
+            output: String::new(),
+            took: Duration::ZERO,
+        }
+    }
+
+    /// Where the kubelet writes the archives of its checkpoint API.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.dir.join("kubelet/checkpoints")
+    }
+
+    /// `curl` to the kubelet's API as the cluster's administrator: `method` on `path`; the
+    /// HTTP status and the body.
+    pub fn kubelet_api(
+        &self,
+        cp: &ControlPlane<'_>,
+        method: &str,
+        path: &str,
+        limit: Duration,
+    ) -> (u16, String) {
+        let mut cmd = self.e.command(Path::new("curl"));
+        cmd.args(["-sS", "-X", method, "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(&cp.pki.ca.cert)
+            .arg("--cert")
+            .arg(&cp.pki.admin.cert)
+            .arg("--key")
+            .arg(&cp.pki.admin.key)
+            .arg(format!("{}{path}", self.kubelet_url));
+        let r: ToolRun = run_tool_for(
+            self.e.dir(),
+            cmd,
+            &format!("curl -X {method} kubelet {}{path}", self.name),
+            limit,
+        );
+        let out = r.stdout.trim_end();
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", out));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// Ends the node as a lost machine would: its kubelet and containerd killed, and with
+    /// them (the machine is gone) every process of its pods.
+    pub fn lose(&mut self) {
+        if let Some(pid) = self.kubelet.take() {
+            self.e.kill_and_reap(&[pid]);
+        }
+        kill_cgroup_tree(&self.cgroup_root);
+        reap_now();
+    }
+}
+
+impl Drop for KubeNode<'_> {
+    fn drop(&mut self) {
+        if let Some(pid) = self.kubelet.take() {
+            common::signal(pid, libc::SIGTERM);
+            if !common::reap_until_gone(&[pid], Duration::from_secs(10)) {
+                common::signal(pid, libc::SIGKILL);
+                let _ = common::reap_until_gone(&[pid], common::WAIT);
+            }
+        }
+        // The kubelet leaves its pods running when it ends; the node's containers go before
+        // its containerd (whose drop ends the shims).
+        kill_cgroup_tree(&self.cgroup_root);
+        reap_now();
+    }
+}
+
+/// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist); the
+/// node's `Cgroup` removes it.
+fn make_cgroup(path: &str) {
+    let rel = path.trim_start_matches('/');
+    let mut roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").is_file())
+        .collect();
+    if Path::new("/sys/fs/cgroup/cgroup.procs").is_file() {
+        roots.push(PathBuf::from("/sys/fs/cgroup"));
+    }
+    for r in roots {
+        std::fs::create_dir_all(r.join(rel))
+            .unwrap_or_else(|err| panic!("cgroup {}: {err}", r.join(rel).display()));
+    }
+}
+
+/// The kubelet's configuration file.
+fn kubelet_config(
+    dir: &Path,
+    port: u16,
+    cgroup_root: &str,
+    socket: &Path,
+    serving: &KeyPair,
+    ca: &Path,
+) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzPort: 0
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
+cgroupsPerQOS: true
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+protectKernelDefaults: true
+makeIPTablesUtilChains: false
+containerRuntimeEndpoint: unix://{socket}
+podLogsDir: {logs}
+resolvConf: /etc/resolv.conf
+staticPodPath: ""
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+nodeStatusUpdateFrequency: 4s
+syncFrequency: 10s
+runtimeRequestTimeout: 4m
+shutdownGracePeriod: 0s
+"#,
+        cert = serving.cert.display(),
+        key = serving.key.display(),
+        ca = ca.display(),
+        socket = socket.display(),
+        logs = dir.join("pod-logs").display(),
+    )
+}

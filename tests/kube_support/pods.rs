@@ -1,0 +1,274 @@
+//! Pods as a user makes them: a manifest applied with `kubectl`, the pod bound to its node by
+//! `spec.nodeName`; what the tests read back (phase, container, host pid) comes from the API
+//! server and the node's runtime; checkpoints through the kubelet's API.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cri_client::Cri;
+
+use super::control_plane::ControlPlane;
+use super::node::KubeNode;
+use crate::common::{self, wait_until};
+use crate::containers_support::{Output, Workload};
+
+/// How long a pod may take to run (image pulls from the local registry, a restore).
+const RUNNING: Duration = Duration::from_secs(120);
+
+/// The container's name in every pod of the tests.
+pub const CONTAINER: &str = "w";
+
+/// A string as a YAML (JSON) double-quoted scalar.
+fn quoted(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The manifest of pod `name` on node `node` running `workload` from `image`, its `/out` the
+/// host directory `out` (a `hostPath` volume). The restore of a checkpoint is the same
+/// manifest with the checkpoint image as `image`.
+pub fn manifest(name: &str, node: &str, image: &str, workload: Workload, out: &Path) -> String {
+    let command: Vec<String> = workload.args().iter().map(|a| quoted(a)).collect();
+    let env: String = workload
+        .env()
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| format!("    - name: {k}\n      value: {}\n", quoted(v)))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+         nodeName: {node}\n  hostNetwork: true\n  restartPolicy: Never\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n  - name: {CONTAINER}\n    image: \
+         {image}\n    imagePullPolicy: IfNotPresent\n    command: [{command}]\n    env:\n{env}    \
+         volumeMounts:\n    - name: out\n      mountPath: /out\n  volumes:\n  - name: out\n    \
+         hostPath:\n      path: {out}\n      type: Directory\n",
+        command = command.join(", "),
+        out = out.display(),
+    )
+}
+
+/// A pod of the test on one node.
+pub struct Pod<'c, 'e> {
+    pub cp: &'c ControlPlane<'e>,
+    pub name: String,
+    pub out: Output,
+}
+
+impl<'c, 'e> Pod<'c, 'e> {
+    /// Creates pod `name` on `node` running `workload` from `image` (`kubectl apply`), its
+    /// output in `<test dir>/out-<out>`; returns once the pod runs and, unless it is a
+    /// restore (`restored`), its workload is ready.
+    pub fn create(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        name: &str,
+        image: &str,
+        workload: Workload,
+        out: &str,
+    ) -> Pod<'c, 'e> {
+        let out = Output::new(node.e.dir().join(format!("out-{out}")), workload);
+        cp.apply(name, &manifest(name, &node.name, image, workload, &out.dir));
+        let pod = Pod {
+            cp,
+            name: name.to_string(),
+            out,
+        };
+        pod.wait_running(node);
+        pod
+    }
+
+    /// Pod `old`'s manifest with the checkpoint image `image` instead of its own, created on
+    /// `node` under `old`'s name (`old` deleted): returns once it runs; its output goes on in
+    /// `old`'s.
+    pub fn create_restored(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        old: &Pod<'_, '_>,
+        image: &str,
+    ) -> Pod<'c, 'e> {
+        let out = Output::new(old.out.dir.clone(), old.out.workload);
+        cp.apply(
+            &format!("{}-restored", old.name),
+            &manifest(&old.name, &node.name, image, out.workload, &out.dir),
+        );
+        let pod = Pod {
+            cp,
+            name: old.name.clone(),
+            out,
+        };
+        pod.wait_running(node);
+        pod
+    }
+
+    /// [`Pod::create_restored`] without waiting: for a restore the node refuses.
+    pub fn apply_restored(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        old: &Pod<'_, '_>,
+        image: &str,
+    ) -> Pod<'c, 'e> {
+        let out = Output::new(old.out.dir.clone(), old.out.workload);
+        cp.apply(
+            &format!("{}-restored", old.name),
+            &manifest(&old.name, &node.name, image, out.workload, &out.dir),
+        );
+        Pod {
+            cp,
+            name: old.name.clone(),
+            out,
+        }
+    }
+
+    /// Waits until the pod's container is refused or has failed, as the operator sees it
+    /// through `kubectl`: its state (`waiting` or `terminated`), reason and message. Panics if
+    /// it runs.
+    pub fn wait_refused(&self) -> (String, String, String) {
+        let t0 = Instant::now();
+        loop {
+            for state in ["waiting", "terminated"] {
+                let reason = self.get(&format!(
+                    "{{.status.containerStatuses[0].state.{state}.reason}}"
+                ));
+                let transient = ["", "ContainerCreating", "PodInitializing"];
+                if !transient.contains(&reason.as_str()) {
+                    let message = self.get(&format!(
+                        "{{.status.containerStatuses[0].state.{state}.message}}"
+                    ));
+                    return (state.to_string(), reason, message);
+                }
+            }
+            let running = self.get("{.status.containerStatuses[0].state.running.startedAt}");
+            assert!(
+                running.is_empty(),
+                "pod {} runs, but its node should refuse it:\n{}",
+                self.name,
+                self.describe()
+            );
+            assert!(
+                t0.elapsed() < RUNNING,
+                "pod {} neither runs nor failed after {RUNNING:?}:\n{}",
+                self.name,
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// `kubectl get pod` with a JSONPath template.
+    pub fn get(&self, jsonpath: &str) -> String {
+        self.cp
+            .kubectl_quiet(&[
+                "get",
+                "pod",
+                &self.name,
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ])
+            .stdout
+    }
+
+    /// `kubectl describe pod` (for failure messages).
+    pub fn describe(&self) -> String {
+        let r = self.cp.kubectl_quiet(&["describe", "pod", &self.name]);
+        format!("{}{}", r.stdout, r.stderr)
+    }
+
+    /// Waits until the pod's phase is Running and its container started; panics at once if it
+    /// fails.
+    pub fn wait_running(&self, node: &KubeNode<'_>) {
+        let t0 = Instant::now();
+        loop {
+            let phase = self.get("{.status.phase}");
+            let started = self.get("{.status.containerStatuses[0].state.running.startedAt}");
+            if phase == "Running" && !started.is_empty() {
+                eprintln!("pod {} running in {:?}", self.name, t0.elapsed());
+                return;
+            }
+            assert!(
+                phase != "Failed" && phase != "Succeeded" && t0.elapsed() < RUNNING,
+                "pod {} is {phase:?} after {:?}:\n{}\n{}\n{}",
+                self.name,
+                t0.elapsed(),
+                self.describe(),
+                node.kubelet_log_tail(),
+                node.containerd_log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// The runtime's id of the pod's container (`containerd://ID` in the pod's status).
+    pub fn container_id(&self) -> String {
+        let id = self.get("{.status.containerStatuses[0].containerID}");
+        id.split_once("://")
+            .map(|(_, id)| id.to_string())
+            .unwrap_or_else(|| panic!("pod {}: no container id in {id:?}", self.name))
+    }
+
+    /// The host pid of the container's init, as the node's runtime reports it.
+    pub fn pid(&self, node: &KubeNode<'_>) -> i32 {
+        let cri = Cri::connect(node.cd.socket(), Duration::from_secs(30)).expect("CRI");
+        let status = cri
+            .container_status(&self.container_id())
+            .expect("ContainerStatus");
+        cri_client::status_pid(&status).expect("a running container's pid")
+    }
+
+    /// `POST /checkpoint/default/<pod>/w` on `node`'s kubelet, with `timeout` (seconds) if
+    /// given: the archive's path, or the kubelet's status and answer.
+    pub fn checkpoint(
+        &self,
+        node: &KubeNode<'_>,
+        timeout: Option<u64>,
+    ) -> Result<PathBuf, (u16, String)> {
+        let mut path = format!("/checkpoint/default/{}/{CONTAINER}", self.name);
+        if let Some(t) = timeout {
+            path += &format!("?timeout={t}");
+        }
+        let t0 = Instant::now();
+        let (code, body) = node.kubelet_api(self.cp, "POST", &path, Duration::from_secs(300));
+        eprintln!(
+            "kubelet checkpoint of pod {}: HTTP {code} in {:?}: {}",
+            self.name,
+            t0.elapsed(),
+            body.trim()
+        );
+        if code != 200 {
+            return Err((code, body));
+        }
+        // {"items":["<path>"]}
+        let archive = body
+            .split('"')
+            .find(|s| s.starts_with('/') && s.ends_with(".tar"))
+            .map(PathBuf::from)
+            .ok_or((code, body.clone()))?;
+        Ok(archive)
+    }
+
+    /// `kubectl delete pod`, waiting until it is gone and its container's init with it.
+    pub fn delete(&self, pid: Option<i32>) {
+        self.cp.kubectl(&[
+            "delete",
+            "pod",
+            &self.name,
+            "--grace-period=1",
+            "--wait=true",
+            "--timeout=60s",
+        ]);
+        if let Some(pid) = pid {
+            wait_until(format!("pod {}'s pid {pid} gone", self.name), || {
+                crate::containers_support::reap_now();
+                !common::exists(pid)
+            });
+        }
+    }
+}

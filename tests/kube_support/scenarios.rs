@@ -1,0 +1,232 @@
+//! The seeds' scenarios on a cluster of the test's own, shared by the suites that run them
+//! with different runtimes: each creates its cluster, its pods with `kubectl`, and checks the
+//! workload (a counter, or the stand-in CUDA program whose device memory is verified).
+
+use super::control_plane::ControlPlane;
+use super::node::KubeNode;
+use super::pods::Pod;
+use super::runtimes::Runtime;
+use crate::common::{self, E2e};
+use crate::containers_support::cri::{
+    Images, Registry, assert_archive_of, calls, push_checkpoint_image, push_images,
+};
+use crate::containers_support::{
+    self, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
+};
+
+/// The test, or `None` (and a SKIPPED line) where it cannot run.
+pub fn start(test: &str, workload: Workload) -> Option<E2e> {
+    let e = E2e::start(test)?;
+    let why = "containerd needs for a CUDA container (it freezes the container's cgroup around \
+               the checkpoint; CRIU 4.1 does not thaw it for plugins)";
+    (!needs_criu_4_2(&e, test, workload, why)).then_some(e)
+}
+
+/// A cluster: its control plane, the registry its nodes pull from (the test images pushed),
+/// and nodes `names`, each with its runtime.
+pub struct Cluster<'e> {
+    pub registry: Registry,
+    pub nodes: Vec<KubeNode<'e>>,
+    pub cp: ControlPlane<'e>,
+}
+
+impl<'e> Cluster<'e> {
+    /// Starts the control plane, the registry and one node per `(name, runtime)` of `nodes`.
+    pub fn start(e: &'e E2e, workload: Workload, nodes: &[(&str, &Runtime)]) -> Cluster<'e> {
+        let cp = ControlPlane::start(e);
+        let registry = Registry::start(e);
+        let etc = etc_criu_settings(e, workload, "runc.conf");
+        let env = fake_cuda_env(&calls(e));
+        let nodes: Vec<KubeNode<'e>> = nodes
+            .iter()
+            .map(|(n, runtime)| KubeNode::start(e, &cp, n, &etc, &env, runtime, &registry))
+            .collect();
+        push_images(e, &nodes[0].cd, &Images::of(&registry));
+        Cluster {
+            registry,
+            nodes,
+            cp,
+        }
+    }
+
+    pub fn images(&self) -> Images {
+        Images::of(&self.registry)
+    }
+}
+
+/// The forensic checkpoint: the kubelet's checkpoint API on a running pod; the pod keeps
+/// running, untouched (same process, counting on, its GPU given back and verified), and
+/// `checkpointctl` and `criu-gpu inspect` read the archive the kubelet wrote.
+pub fn forensic(test: &str, workload: Workload, runtime: &Runtime) {
+    let Some(e) = start(test, workload) else {
+        return;
+    };
+    let c = Cluster::start(&e, workload, &[("a", runtime)]);
+    let a = &c.nodes[0];
+    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
+    let pid = pod.pid(a);
+    let files = workload.is_cuda().then(|| pod.out.device_files());
+    let archive = pod
+        .checkpoint(a, None)
+        .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
+    assert!(
+        archive.starts_with(a.checkpoint_dir()),
+        "the archive {} is not in the kubelet's checkpoint directory",
+        archive.display()
+    );
+    assert_eq!(pod.pid(a), pid, "the pod's process after its checkpoint");
+    assert_eq!(pod.get("{.status.phase}"), "Running");
+    assert_eq!(
+        pod.get("{.status.containerStatuses[0].restartCount}"),
+        "0",
+        "the container restarted"
+    );
+    pod.out.assert_given_back(files.as_ref(), &calls(&e), pid);
+    assert_archive_of(&e, "containerd", &archive, workload, pid);
+}
+
+/// The migration: checkpoint on node a through the kubelet, the archive turned into an OCI
+/// checkpoint image (buildah) and pushed to the registry, the pod deleted, and a pod of the
+/// same manifest with only the image changed created on node b: it restores, the counter goes
+/// on from where it was and the GPU state with it.
+pub fn migration(test: &str, workload: Workload, on_a: &Runtime, on_b: &Runtime) {
+    let Some(e) = start(test, workload) else {
+        return;
+    };
+    let c = Cluster::start(&e, workload, &[("a", on_a), ("b", on_b)]);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
+    let pid = pod.pid(a);
+    let files = workload.is_cuda().then(|| pod.out.device_files());
+    let low = pod.out.mark();
+    let archive = pod
+        .checkpoint(a, None)
+        .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
+    let high = pod.out.mark();
+    let image = push_checkpoint_image(&e, &archive, "w", &c.registry);
+    eprintln!("checkpoint image: {image}");
+    pod.delete(Some(pid));
+    let killed = pod.out.mark();
+
+    let restored = Pod::create_restored(&c.cp, b, &pod, &image);
+    let new_pid = restored.pid(b);
+    assert_ne!(new_pid, pid);
+    assert_plugin_restored(&e, &b.restore_log(&restored.container_id()), workload);
+    restored.out.assert_resumes_between(low, high, killed);
+    if let Some(files) = files {
+        restored
+            .out
+            .assert_gpu_restored(&files, &calls(&e), new_pid);
+    }
+}
+
+/// Fault tolerance: a long job checkpointed through the kubelet at an interval, each
+/// checkpoint pushed to the registry as it is taken (the node's disk goes with the node); node
+/// a lost (its kubelet, containerd and the pod's processes killed at once); the pod, still
+/// bound to a in the API, force-deleted as an operator does for a lost node, and the newest
+/// checkpoint restored on node b: at most one interval of work is lost.
+pub fn fault_tolerance(test: &str, workload: Workload, runtime: &Runtime) {
+    let Some(e) = start(test, workload) else {
+        return;
+    };
+    let mut c = Cluster::start(&e, workload, &[("a", runtime), ("b", runtime)]);
+    let pod = Pod::create(&c.cp, &c.nodes[0], "w", &c.images().workload, workload, "w");
+    let pid = pod.pid(&c.nodes[0]);
+    let files = workload.is_cuda().then(|| pod.out.device_files());
+    // A checkpoint begins every `interval` (each pushed within it); the node is lost three
+    // quarters into the interval after the third.
+    let interval = std::time::Duration::from_secs(3);
+    let t0 = std::time::Instant::now();
+    let mut newest = None;
+    for round in 1..=3u32 {
+        let begin = t0 + interval * round;
+        std::thread::sleep(begin.saturating_duration_since(std::time::Instant::now()));
+        let low = pod.out.mark();
+        let archive = pod.checkpoint(&c.nodes[0], None).unwrap_or_else(|err| {
+            panic!(
+                "kubelet checkpoint {round}: {err:?}\n{}",
+                c.nodes[0].kubelet_log_tail()
+            )
+        });
+        let high = pod.out.mark();
+        let image = push_checkpoint_image(&e, &archive, &format!("w-{round}"), &c.registry);
+        newest = Some((image, low, high, begin));
+    }
+    let (image, low, high, taken) = newest.expect("a checkpoint");
+    let loss = taken + interval * 3 / 4;
+    std::thread::sleep(loss.saturating_duration_since(std::time::Instant::now()));
+    c.nodes[0].lose();
+    let lost_after = taken.elapsed();
+    common::wait_until(format!("pid {pid} gone with node a"), || {
+        containers_support::reap_now();
+        !common::exists(pid)
+    });
+    let killed = pod.out.mark();
+    c.cp.kubectl(&["delete", "pod", "w", "--force", "--grace-period=0"]);
+
+    let b = &c.nodes[1];
+    let restored = Pod::create_restored(&c.cp, b, &pod, &image);
+    let new_pid = restored.pid(b);
+    assert_plugin_restored(&e, &b.restore_log(&restored.container_id()), workload);
+    restored.out.assert_resumes_between(low, high, killed);
+    if let Some(files) = files {
+        restored
+            .out
+            .assert_gpu_restored(&files, &calls(&e), new_pid);
+    }
+    // What the job did after the newest checkpoint began is lost: the lines from its first
+    // mark to the node's loss, done within one interval.
+    eprintln!(
+        "node a lost {lost_after:?} after the newest checkpoint; {} lines of work lost",
+        killed - low
+    );
+    assert!(
+        lost_after <= interval,
+        "node a was lost {lost_after:?} after the newest checkpoint, more than an interval"
+    );
+}
+
+/// What an operator sees of a restore the node cannot do: checkpoint on node a (`on_a`), the
+/// checkpoint image pushed, the pod deleted, and the same manifest with the checkpoint image
+/// created on node b (`on_b`), where a bystander pod already runs. The restored pod's
+/// container state, reason and message (from `kubectl`); the bystander still counts, and no
+/// process of the checkpoint runs on node b.
+pub fn restore_refused(
+    test: &str,
+    workload: Workload,
+    on_a: &Runtime,
+    on_b: &Runtime,
+) -> Option<(String, String, String)> {
+    let e = start(test, workload)?;
+    let c = Cluster::start(&e, workload, &[("a", on_a), ("b", on_b)]);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let bystander = Pod::create(
+        &c.cp,
+        b,
+        "bystander",
+        &c.images().workload,
+        Workload::Counter,
+        "bystander",
+    );
+    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
+    let pid = pod.pid(a);
+    let archive = pod
+        .checkpoint(a, None)
+        .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
+    let image = push_checkpoint_image(&e, &archive, "w", &c.registry);
+    pod.delete(Some(pid));
+    let killed = pod.out.mark();
+
+    let refused = Pod::apply_restored(&c.cp, b, &pod, &image);
+    let verdict = refused.wait_refused();
+    eprintln!("the restore on node b: {verdict:?}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        refused.out.mark(),
+        killed,
+        "the checkpoint's workload wrote again after the refused restore"
+    );
+    bystander.out.wait_counting(3);
+    assert_eq!(bystander.get("{.status.phase}"), "Running");
+    Some(verdict)
+}
