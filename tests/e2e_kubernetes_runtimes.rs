@@ -20,7 +20,7 @@ mod kube_support;
 
 use containers_support::{CUDA, Workload};
 use kube_support::runtimes::{Runc, Runtime};
-use kube_support::scenarios::{forensic, migration, restore_refused};
+use kube_support::scenarios::{checkpoint_past_deadline, forensic, migration, restore_refused};
 
 #[test]
 fn containerd_2_3_runc_1_5_opted_in_migration_cuda() {
@@ -78,5 +78,20 @@ fn containerd_2_4_does_not_restore_a_checkpoint_image() {
     assert!(
         message.contains("\"/gpu/workload\": stat /gpu/workload: no such file or directory"),
         "the pod's message: {message}"
+    );
+}
+
+/// containerd 2.3 when the kubelet's deadline passes during a checkpoint: as 2.1, the
+/// container is left paused until the operator thaws it.
+#[test]
+fn containerd_2_3_checkpoint_past_the_kubelets_deadline() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, false);
+    let Some(left) = checkpoint_past_deadline("k8s-cd23-deadline", &r) else {
+        return;
+    };
+    assert_eq!(
+        left, "FROZEN",
+        "containerd 2.3 left the container paused after the kubelet's deadline; if it no \
+         longer does, README and docs/kubernetes.md must say so"
     );
 }

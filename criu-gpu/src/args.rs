@@ -9,13 +9,22 @@ use std::time::Duration;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, Parser, ValueEnum};
 
-/// What to act on: a process tree or a cgroup.
+use crate::pods;
+
+/// What to act on: a process tree, a cgroup or a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// A pid and its descendants.
     Pid(i32),
     /// Every process of a cgroup and its sub-cgroups (v1 or v2 path).
     Cgroup(PathBuf),
+    /// Every process of a Kubernetes pod of this node, found through the kubelet's
+    /// podLogsDir `logs` and the pod's cgroup.
+    Pod {
+        namespace: String,
+        name: String,
+        logs: PathBuf,
+    },
 }
 
 /// One command with its arguments.
@@ -110,9 +119,36 @@ fn parse_pid(cmd: &str, text: &str) -> Result<i32, Usage> {
         Ok(p) if p > 0 => Ok(p),
         _ => Err(usage(
             Some(cmd),
-            format!("{text:?} is not a process id; give a pid or --cgroup PATH"),
+            format!(
+                "{text:?} is not a process id; give a pid, --cgroup PATH or --pod NAMESPACE/NAME"
+            ),
         )),
     }
+}
+
+/// `--pod NAMESPACE/NAME`, each a Kubernetes name.
+fn parse_pod(cmd: &str, text: &str, logs: Option<PathBuf>) -> Result<Target, Usage> {
+    let Some((namespace, name)) = text.split_once('/') else {
+        return Err(usage(
+            Some(cmd),
+            format!("--pod {text:?} is not NAMESPACE/NAME (e.g. --pod default/train)"),
+        ));
+    };
+    for (what, s) in [("namespace", namespace), ("pod name", name)] {
+        if !pods::is_dns1123_subdomain(s) {
+            return Err(usage(
+                Some(cmd),
+                format!(
+                    "--pod {text:?}: {what} {s:?} is no Kubernetes name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"
+                ),
+            ));
+        }
+    }
+    Ok(Target::Pod {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        logs: logs.unwrap_or_else(|| PathBuf::from(pods::DEFAULT_POD_LOGS)),
+    })
 }
 
 /// The words as clap reads them: `[OPTIONS] [COMMAND] [WORDS]...`, options anywhere; [`parse`]
@@ -147,6 +183,10 @@ struct Line {
     device_map: Option<String>,
     #[arg(long)]
     cgroup: Option<PathBuf>,
+    #[arg(long)]
+    pod: Option<String>,
+    #[arg(long)]
+    pod_logs: Option<PathBuf>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -215,6 +255,8 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
         timeout,
         device_map,
         cgroup,
+        pod,
+        pod_logs,
     } = line;
     let args = |command| Args {
         command,
@@ -237,20 +279,28 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
         return Ok(args(Command::Help(Some(name))));
     }
     let target = |rest: &[String]| -> Result<Target, Usage> {
-        match (&cgroup, rest) {
-            (Some(cg), []) => Ok(Target::Cgroup(cg.clone())),
-            (Some(_), [_, ..]) => Err(usage(
+        if pod_logs.is_some() && pod.is_none() {
+            return Err(usage(
                 Some(c),
-                "give either a pid or --cgroup PATH, not both",
+                "--pod-logs DIR applies only with --pod NAMESPACE/NAME",
+            ));
+        }
+        let both =
+            |a: &str, b: &str| Err(usage(Some(c), format!("give either {a} or {b}, not both")));
+        match (&cgroup, &pod, rest) {
+            (Some(_), Some(_), _) => both("--cgroup PATH", "--pod NAMESPACE/NAME"),
+            (Some(_), None, [_, ..]) => both("a pid", "--cgroup PATH"),
+            (None, Some(_), [_, ..]) => both("a pid", "--pod NAMESPACE/NAME"),
+            (Some(cg), None, []) => Ok(Target::Cgroup(cg.clone())),
+            (None, Some(p), []) => parse_pod(c, p, pod_logs.clone()),
+            (None, None, [pid]) => Ok(Target::Pid(parse_pid(c, pid)?)),
+            (None, None, []) => Err(usage(
+                Some(c),
+                format!("{c} needs a TARGET: a pid, --cgroup PATH or --pod NAMESPACE/NAME"),
             )),
-            (None, [pid]) => Ok(Target::Pid(parse_pid(c, pid)?)),
-            (None, []) => Err(usage(
+            (None, None, _) => Err(usage(
                 Some(c),
-                format!("{c} needs a TARGET: a pid or --cgroup PATH"),
-            )),
-            (None, _) => Err(usage(
-                Some(c),
-                "one pid at a time (its descendants are included); use --cgroup for a group",
+                "one pid at a time (its descendants are included); use --cgroup or --pod for a group",
             )),
         }
     };
@@ -301,11 +351,15 @@ pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, Usage> {
             refuse("--timeout", timeout.is_some())?;
             refuse("--device-map", device_map.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
+            refuse("--pod", pod.is_some())?;
+            refuse("--pod-logs", pod_logs.is_some())?;
             Command::Inspect { path: path(&rest)? }
         }
         Word::Check => {
             refuse("--timeout", timeout.is_some())?;
             refuse("--cgroup", cgroup.is_some())?;
+            refuse("--pod", pod.is_some())?;
+            refuse("--pod-logs", pod_logs.is_some())?;
             Command::Check {
                 path: path(&rest)?,
                 device_map,
@@ -352,6 +406,31 @@ mod tests {
             p("check --help").unwrap().command,
             Command::Help(Some("check".into()))
         );
+        assert_eq!(
+            p("status --pod kube-system/coredns-5d78c9869d-abcde")
+                .unwrap()
+                .command,
+            Command::Status {
+                target: Target::Pod {
+                    namespace: "kube-system".into(),
+                    name: "coredns-5d78c9869d-abcde".into(),
+                    logs: "/var/log/pods".into()
+                }
+            }
+        );
+        assert_eq!(
+            p("resume --pod-logs /srv/pods --pod=ml/train.v2")
+                .unwrap()
+                .command,
+            Command::Resume {
+                target: Target::Pod {
+                    namespace: "ml".into(),
+                    name: "train.v2".into(),
+                    logs: "/srv/pods".into()
+                },
+                device_map: None
+            }
+        );
         assert_eq!(p("").unwrap().command, Command::Help(None));
         assert_eq!(p("--version").unwrap().command, Command::Version);
     }
@@ -368,6 +447,38 @@ mod tests {
             ("suspend 1 --bogus", "unknown option"),
             ("suspend 1 --timeout 0", "more than 0"),
             ("suspend 1 --timeout", "needs a value"),
+            ("suspend --pod train", "not NAMESPACE/NAME"),
+            (
+                "suspend --pod default/",
+                "pod name \"\" is no Kubernetes name",
+            ),
+            (
+                "suspend --pod /train",
+                "namespace \"\" is no Kubernetes name",
+            ),
+            ("suspend --pod Default/train", "namespace \"Default\""),
+            ("suspend --pod default/my_pod", "pod name \"my_pod\""),
+            ("suspend --pod default/a/b", "pod name \"a/b\""),
+            ("suspend --pod default/-x", "is no Kubernetes name"),
+            ("suspend --pod", "needs a value"),
+            (
+                "suspend 1 --pod default/train",
+                "a pid or --pod NAMESPACE/NAME, not both",
+            ),
+            (
+                "status --cgroup x --pod default/train",
+                "--cgroup PATH or --pod",
+            ),
+            ("suspend 1 --pod-logs /x", "applies only with --pod"),
+            ("resume --cgroup x --pod-logs /x", "applies only with --pod"),
+            (
+                "inspect ./img --pod default/train",
+                "--pod does not apply to inspect",
+            ),
+            (
+                "check ./img --pod-logs /x",
+                "--pod-logs does not apply to check",
+            ),
         ] {
             let e = p(line).unwrap_err();
             assert!(e.message.contains(want), "{line}: {e:?}");

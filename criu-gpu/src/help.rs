@@ -12,8 +12,11 @@ SYNOPSIS
     criu-gpu check   PATH [--device-map OLD=NEW,...] [--json]
     criu-gpu help [COMMAND]
 
-    TARGET is a pid (the process and all its descendants) or --cgroup PATH (every process
-    of the cgroup and its sub-cgroups, v1 or v2). PATH is a CRIU image directory or a
+    TARGET is a pid (the process and all its descendants), --cgroup PATH (every process
+    of the cgroup and its sub-cgroups, v1 or v2) or --pod NAMESPACE/NAME (every process of
+    a Kubernetes pod running on this node: its log directory NAMESPACE_NAME_UID in the
+    kubelet's podLogsDir, /var/log/pods or --pod-logs DIR, gives the uid that names its
+    cgroup under /sys/fs/cgroup; no API server is asked). PATH is a CRIU image directory or a
     checkpoint archive (tar, tar.gz, tar.zst; Podman's --export, CRI-O and kubelet archives).
 
 DESCRIPTION
@@ -63,10 +66,11 @@ NAME
 SYNOPSIS
     criu-gpu suspend PID [--timeout SECS] [--serial] [--json]
     criu-gpu suspend --cgroup PATH [--timeout SECS] [--serial] [--json]
+    criu-gpu suspend --pod NAMESPACE/NAME [--pod-logs DIR] [--timeout SECS] [--serial] [--json]
 
 DESCRIPTION
-    Finds every process of TARGET (the pid and its descendants, or every pid of the cgroup and
-    its sub-cgroups), asks the CUDA driver which of them use CUDA, and then, all at once:
+    Finds every process of TARGET (the pid and its descendants, or every pid of the cgroup or
+    of the pod's cgroup, and of their sub-cgroups), asks the CUDA driver which of them use CUDA, and then, all at once:
       1. locks each running CUDA process (its CUDA calls block, its GPU work drains), waiting
          at most --timeout (default 10 s; also 500ms, 2.5);
       2. checkpoints each locked process: its GPU memory is copied into its own host memory
@@ -89,6 +93,7 @@ DESCRIPTION
 EXAMPLES
     criu-gpu suspend 4242
     criu-gpu suspend --cgroup /sys/fs/cgroup/unified/training.slice --timeout 30 --json
+    criu-gpu suspend --pod default/train
 ";
 
 const RESUME: &str = "\
@@ -99,6 +104,8 @@ NAME
 SYNOPSIS
     criu-gpu resume PID [--device-map OLD=NEW,...] [--serial] [--json]
     criu-gpu resume --cgroup PATH [--device-map OLD=NEW,...] [--serial] [--json]
+    criu-gpu resume --pod NAMESPACE/NAME [--pod-logs DIR] [--device-map OLD=NEW,...] [--serial]
+                    [--json]
 
 DESCRIPTION
     Restores every checkpointed CUDA process of TARGET (its GPU memory goes back to the GPUs)
@@ -130,6 +137,7 @@ NAME
 SYNOPSIS
     criu-gpu status PID [--json]
     criu-gpu status --cgroup PATH [--json]
+    criu-gpu status --pod NAMESPACE/NAME [--pod-logs DIR] [--json]
 
 DESCRIPTION
     For each process: its CUDA state (running, locked, checkpointed, failed, or not CUDA),

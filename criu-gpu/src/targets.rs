@@ -1,17 +1,18 @@
 //! Which processes a command acts on: a pid with its descendants (every thread's
 //! `/proc/PID/task/TID/children`), or every pid of a cgroup and its sub-cgroups
-//! (`cgroup.procs`, v1 or v2).
+//! (`cgroup.procs`, v1 or v2), or of a pod's cgroup (found in [`crate::pods`]).
 
 use std::path::{Path, PathBuf};
 
 use criu_gpu_core::session;
 
 use crate::args::Target;
+use crate::pods::{self, PodError};
 
 /// Most cgroups walked below the one named.
-const MAX_CGROUPS: usize = 10_000;
+pub(crate) const MAX_CGROUPS: usize = 10_000;
 /// Deepest sub-cgroup walked.
-const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Largest `cgroup.procs` read.
 const MAX_PROCS_BYTES: u64 = 4 << 20;
 /// Where cgroup hierarchies are mounted; a relative `--cgroup` path is taken below it.
@@ -40,6 +41,9 @@ pub enum TargetError {
         /// Why.
         err: std::io::Error,
     },
+    /// The pod's cgroup cannot be found.
+    #[error(transparent)]
+    Pod(#[from] PodError),
 }
 
 /// The pids of `target`, in order (root first for a tree, ascending for a cgroup), without
@@ -54,6 +58,15 @@ pub fn resolve(target: &Target) -> Result<Vec<i32>, TargetError> {
             session::process_tree(*pid)
         }
         Target::Cgroup(path) => cgroup_pids(&cgroup_dir(path)?)?,
+        Target::Pod {
+            namespace,
+            name,
+            logs,
+        } => {
+            let cgroup = pods::pod_cgroup(namespace, name, logs, Path::new(CGROUP_ROOT))?;
+            log::info!("pod {namespace}/{name}: cgroup {}", cgroup.display());
+            cgroup_pids(&cgroup)?
+        }
     };
     pids.retain(|&p| p != me);
     Ok(pids)

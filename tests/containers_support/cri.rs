@@ -439,13 +439,39 @@ pub fn cgroup_tree_pids(path: &str) -> Vec<i32> {
     pids
 }
 
-/// SIGKILL to every process in cgroup `path` or below, in every hierarchy.
+/// SIGKILL to every process in cgroup `path` or below, in every hierarchy, thawed first: a
+/// task of a frozen cgroup (a runtime's checkpoint cut short leaves one) dies only once thawed.
 pub fn kill_cgroup_tree(path: &str) {
+    thaw_cgroup_tree(path);
     let pids = cgroup_tree_pids(path);
     for &p in &pids {
         common::signal(p, libc::SIGKILL);
     }
     let _ = common::reap_until_gone(&pids, common::WAIT);
+}
+
+/// Thaws cgroup `path` and every cgroup below it (v1 `freezer.state`, v2 `cgroup.freeze`).
+fn thaw_cgroup_tree(path: &str) {
+    fn walk(dir: &Path) {
+        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&e.path());
+            }
+        }
+    }
+    let rel = path.trim_start_matches('/');
+    for root in [
+        "/sys/fs/cgroup/freezer",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ] {
+        let d = Path::new(root).join(rel);
+        if d.is_dir() {
+            walk(&d);
+        }
+    }
 }
 
 /// A container of a pod on a [`CriNode`].

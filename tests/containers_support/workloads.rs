@@ -52,18 +52,29 @@ impl Workload {
 pub struct Output {
     pub dir: PathBuf,
     pub workload: Workload,
+    /// The workload's pid in its container (the CUDA workload names its files after it).
+    pub pid_inside: i32,
 }
 
 impl Output {
     pub fn new(dir: PathBuf, workload: Workload) -> Output {
+        Output::of_pid(dir, workload, INIT_PID)
+    }
+
+    /// The output of a workload that is not its container's init but pid `pid_inside` there.
+    pub fn of_pid(dir: PathBuf, workload: Workload, pid_inside: i32) -> Output {
         std::fs::create_dir_all(dir.join("dev")).expect("output directory");
-        Output { dir, workload }
+        Output {
+            dir,
+            workload,
+            pid_inside,
+        }
     }
 
     fn file(&self) -> PathBuf {
         self.dir.join(match self.workload {
             Workload::Counter => "counter".to_string(),
-            Workload::Cuda { .. } => format!("w.{INIT_PID}"),
+            Workload::Cuda { .. } => format!("w.{}", self.pid_inside),
         })
     }
 
@@ -156,7 +167,7 @@ impl Output {
         let mut v: Vec<String> = std::fs::read_dir(self.dir.join("dev"))
             .map(|it| {
                 it.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter(|n| n.starts_with(&format!("{INIT_PID}.")))
+                    .filter(|n| n.starts_with(&format!("{}.", self.pid_inside)))
                     .collect()
             })
             .unwrap_or_default();

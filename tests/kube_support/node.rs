@@ -106,6 +106,7 @@ impl<'e> KubeNode<'e> {
         std::fs::write(
             &config,
             kubelet_config(
+                runtime,
                 &dir,
                 port,
                 &cgroup_root,
@@ -266,6 +267,7 @@ fn make_cgroup(path: &str) {
 
 /// The kubelet's configuration file.
 fn kubelet_config(
+    runtime: &Runtime,
     dir: &Path,
     port: u16,
     cgroup_root: &str,
@@ -313,7 +315,7 @@ evictionHard:
   imagefs.available: "1%"
 nodeStatusUpdateFrequency: 4s
 syncFrequency: 10s
-runtimeRequestTimeout: 4m
+runtimeRequestTimeout: {request_timeout}s
 shutdownGracePeriod: 0s
 "#,
         cert = serving.cert.display(),
@@ -321,5 +323,6 @@ shutdownGracePeriod: 0s
         ca = ca.display(),
         socket = socket.display(),
         logs = dir.join("pod-logs").display(),
+        request_timeout = runtime.request_timeout_s,
     )
 }

@@ -37,6 +37,18 @@ fn quoted(s: &str) -> String {
 /// host directory `out` (a `hostPath` volume). The restore of a checkpoint is the same
 /// manifest with the checkpoint image as `image`.
 pub fn manifest(name: &str, node: &str, image: &str, workload: Workload, out: &Path) -> String {
+    manifest_with(name, node, image, workload, out, "")
+}
+
+/// [`manifest`] with `spec` (YAML lines at the level of `nodeName`) added to the pod's spec.
+pub fn manifest_with(
+    name: &str,
+    node: &str,
+    image: &str,
+    workload: Workload,
+    out: &Path,
+    spec: &str,
+) -> String {
     let command: Vec<String> = workload.args().iter().map(|a| quoted(a)).collect();
     let env: String = workload
         .env()
@@ -45,7 +57,7 @@ pub fn manifest(name: &str, node: &str, image: &str, workload: Workload, out: &P
         .map(|(k, v)| format!("    - name: {k}\n      value: {}\n", quoted(v)))
         .collect();
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}  \
          nodeName: {node}\n  hostNetwork: true\n  restartPolicy: Never\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n  - name: {CONTAINER}\n    image: \
          {image}\n    imagePullPolicy: IfNotPresent\n    command: [{command}]\n    env:\n{env}    \
@@ -65,8 +77,7 @@ pub struct Pod<'c, 'e> {
 
 impl<'c, 'e> Pod<'c, 'e> {
     /// Creates pod `name` on `node` running `workload` from `image` (`kubectl apply`), its
-    /// output in `<test dir>/out-<out>`; returns once the pod runs and, unless it is a
-    /// restore (`restored`), its workload is ready.
+    /// output in `<test dir>/out-<out>`; returns once the pod runs and its workload is ready.
     pub fn create(
         cp: &'c ControlPlane<'e>,
         node: &KubeNode<'_>,
@@ -75,14 +86,46 @@ impl<'c, 'e> Pod<'c, 'e> {
         workload: Workload,
         out: &str,
     ) -> Pod<'c, 'e> {
-        let out = Output::new(node.e.dir().join(format!("out-{out}")), workload);
-        cp.apply(name, &manifest(name, &node.name, image, workload, &out.dir));
-        let pod = Pod {
+        Pod::create_with(cp, node, name, image, workload, out, "")
+    }
+
+    /// [`Pod::create`] with `spec` added to the pod's spec (see [`manifest_with`]). The CUDA
+    /// workload's pid in its container (what its files are named after) is found from what it
+    /// writes: 1 unless the pod shares one pid namespace between its containers.
+    pub fn create_with(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        name: &str,
+        image: &str,
+        workload: Workload,
+        out: &str,
+        spec: &str,
+    ) -> Pod<'c, 'e> {
+        let dir = node.e.dir().join(format!("out-{out}"));
+        let out = Output::new(dir.clone(), workload);
+        cp.apply(
+            name,
+            &manifest_with(name, &node.name, image, workload, &out.dir, spec),
+        );
+        let mut pod = Pod {
             cp,
             name: name.to_string(),
             out,
         };
         pod.wait_running(node);
+        if workload.is_cuda() {
+            let mut inside = None;
+            wait_until(format!("pod {name}'s CUDA workload writing"), || {
+                inside = std::fs::read_dir(&dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .find_map(|e| e.file_name().to_str()?.strip_prefix("w.")?.parse().ok());
+                inside.is_some()
+            });
+            pod.out = Output::of_pid(dir, workload, inside.expect("a pid"));
+        }
+        pod.out.wait_ready();
         pod
     }
 

@@ -7,11 +7,15 @@ use super::upstream;
 use crate::containers_support::cri::gpu_node::runc_1_4;
 use crate::containers_support::engines::ContainerdBins;
 
-/// A node's runtime: containerd and runc, and the lines its CRI runtime table adds.
+/// A node's runtime: containerd and runc, the lines its CRI runtime table adds, and the
+/// kubelet's deadline for its calls to it.
 #[derive(Clone, Debug)]
 pub struct Runtime {
     pub bins: ContainerdBins,
     pub cri_runtime_options: String,
+    /// The kubelet's `runtimeRequestTimeout` in seconds (its default: 120): the deadline of
+    /// every CRI call, and of a checkpoint unless the API's `?timeout=` is longer.
+    pub request_timeout_s: u64,
 }
 
 /// Which runc a node's containerd runs.
@@ -38,6 +42,7 @@ impl Runtime {
         Runtime {
             bins: ContainerdBins::v2026(runc.path()),
             cri_runtime_options: String::new(),
+            request_timeout_s: 120,
         }
     }
 
@@ -51,6 +56,7 @@ impl Runtime {
             } else {
                 String::new()
             },
+            request_timeout_s: 120,
         }
     }
 
@@ -59,6 +65,7 @@ impl Runtime {
         Runtime {
             bins: upstream_containerd("containerd-2.4", runc),
             cri_runtime_options: String::new(),
+            request_timeout_s: 120,
         }
     }
 }

@@ -8,10 +8,11 @@ use super::pods::Pod;
 use super::runtimes::Runtime;
 use crate::common::{self, E2e};
 use crate::containers_support::cri::{
-    Images, Registry, assert_archive_of, calls, push_checkpoint_image, push_images,
+    Images, Registry, assert_archive_of, calls, freezer_state, push_checkpoint_image, push_images,
 };
 use crate::containers_support::{
     self, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
+    transitions,
 };
 
 /// The test, or `None` (and a SKIPPED line) where it cannot run.
@@ -229,4 +230,81 @@ pub fn restore_refused(
     bystander.out.wait_counting(3);
     assert_eq!(bystander.get("{.status.phase}"), "Running");
     Some(verdict)
+}
+
+/// The kubelet's deadline passing during a checkpoint: node a's kubelet gives its CRI calls 5 s
+/// (`runtimeRequestTimeout`; the API's `?timeout=2` is shorter, so the 5 s hold), while the
+/// stand-in CUDA workload holds a busy section for 9 s (the plugin's lock waits for it, within
+/// CRIU's own 10 s timeout). The
+/// call fails when the deadline passes; the dump runs on and gives the GPU back. Returns the
+/// container's freezer state once the dump has ended (what the runtime left), after which the
+/// test has thawed it if it was frozen (`ctr task resume`, as an operator would) and checked
+/// that the workload goes on with its GPU state and that a later checkpoint works.
+pub fn checkpoint_past_deadline(test: &str, runtime: &Runtime) -> Option<String> {
+    let workload = Workload::Cuda { hold_ms: 9000 };
+    let e = start(test, workload)?;
+    let runtime = Runtime {
+        request_timeout_s: 5,
+        ..runtime.clone()
+    };
+    let c = Cluster::start(&e, workload, &[("a", &runtime)]);
+    let a = &c.nodes[0];
+    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
+    let pid = pod.pid(a);
+    let files = pod.out.device_files();
+
+    assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
+    pod.out.wait_line("hold begin");
+    let t0 = std::time::Instant::now();
+    let answer = pod.checkpoint(a, Some(2));
+    let took = t0.elapsed();
+    eprintln!("kubelet checkpoint past its deadline: {answer:?} after {took:?}");
+    let (code, body) = answer.expect_err("a checkpoint that outlasts the kubelet's deadline");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "the kubelet kept the call {took:?}, past its 5 s deadline"
+    );
+    assert!(
+        code >= 500 && body.contains("DeadlineExceeded"),
+        "the kubelet's answer: HTTP {code}: {body}"
+    );
+    common::wait_until("the abandoned dump to give the GPU back", || {
+        transitions(&calls(&e), pid).ends_with(&["restore=0".to_string(), "unlock=0".to_string()])
+    });
+    common::wait_until("CRIU of the abandoned dump to end", || !criu_runs_for(pid));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(pod.pid(a), pid, "the pod's process after the deadline");
+    let left = freezer_state(pid);
+    eprintln!("after the abandoned checkpoint the container's cgroup is {left}");
+    if left == "FROZEN" {
+        a.cd.ctr_in("k8s.io", &["task", "resume", &pod.container_id()])
+            .assert_ok();
+    }
+    assert_eq!(freezer_state(pid), "THAWED");
+    pod.out.wait_line("hold end");
+    pod.out.wait_counting(3);
+    assert_eq!(
+        pod.out.device_files(),
+        files,
+        "device memory after the deadline"
+    );
+    pod.out.verify(pid);
+    let archive = pod
+        .checkpoint(a, Some(60))
+        .unwrap_or_else(|err| panic!("kubelet checkpoint after the deadline: {err:?}"));
+    assert_archive_of(&e, "containerd", &archive, workload, pid);
+    assert_eq!(pod.pid(a), pid, "the pod's process after its checkpoint");
+    Some(left)
+}
+
+/// Whether a CRIU dump of `pid` (`-t PID` on its command line) still runs.
+fn criu_runs_for(pid: i32) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| common::bytes_contain(&c, format!("-t {pid}").as_bytes()))
+        })
 }
