@@ -110,6 +110,9 @@ else
         guest_test "$release" --test e2e_cri cri_containerd21_runc14_cgroup2_cuda
     done
     guest_test 4.3 --test e2e_containers_2026 podman61_cgroup2_cuda_export_and_import
+    # A kubelet on cgroup v2 (docs/kubernetes.md): the CUDA migration between two nodes, about
+    # 10 minutes under TCG.
+    guest_test 4.3 --test e2e_kubernetes kubelet_migration_to_node_b_cuda
     # The kernel Debian 12 users run (6.1; the host's is 6.18, the guest above 6.12): the plain
     # suite (CRIU dump and restore with the plugin) with CRIU 4.3, about 2.5 minutes under TCG
     # (docs/guest.md).

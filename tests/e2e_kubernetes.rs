@@ -24,7 +24,7 @@ use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
 use kube_support::pods::Pod;
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
-    Cluster, checkpoint_past_deadline, fault_tolerance, forensic, migration, start,
+    Cluster, checkpoint_past_deadline, fault_tolerance, forensic, migration, restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -51,6 +51,30 @@ fn kubelet_migration_to_node_b_counter() {
 fn kubelet_migration_to_node_b_cuda() {
     let r = containerd_2_1();
     migration("k8s-migration-cuda", CUDA, &r, &r);
+}
+
+/// The restore pulls the checkpoint's base image (`NAME@DIGEST`, recorded in the archive) with
+/// containerd's own resolver, not with the CRI's registry configuration (`config_path`,
+/// `hosts.toml`): here the registry is one that node b reaches only as configured there
+/// (plain HTTP at a non-local address), though a bystander pod of the same image runs on b.
+/// The restore fails with the reason in the pod's status.
+#[test]
+fn kubelet_restore_needs_the_base_image_from_containerds_own_resolver() {
+    let r = containerd_2_1();
+    let Some((state, reason, message)) =
+        restore_refused("k8s-no-base", Workload::Counter, &r, &r, false)
+    else {
+        return;
+    };
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("waiting", "CreateContainerError")
+    );
+    assert!(
+        message.contains("failed to pull checkpoint base image")
+            && message.contains("server gave HTTP response to HTTPS client"),
+        "the pod's message: {message}"
+    );
 }
 
 #[test]
@@ -138,9 +162,13 @@ fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
     let pid = train.pid(a);
     let files = train.out.device_files();
     assert!(!files.is_empty(), "the training pod holds no device memory");
+    // On the node: in its network namespace (the stand-in driver's sockets are there).
     let tool = |command: &str| {
-        let mut cmd = e.command(&criu_gpu());
-        cmd.args([command, "--pod", "default/train", "--pod-logs"])
+        let mut cmd = e.command(std::path::Path::new("nsenter"));
+        cmd.arg(format!("--net={}", a.net.path().display()))
+            .arg("--")
+            .arg(criu_gpu())
+            .args([command, "--pod", "default/train", "--pod-logs"])
             .arg(a.dir.join("pod-logs"))
             .env(
                 "CRIU_GPU_PLUGIN_CONFIG",
@@ -171,7 +199,8 @@ fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
     assert_eq!(train.get("{.status.phase}"), "Running");
 
     // Another pod has the GPU meanwhile. Its workload shares its pod's pid namespace (so it is
-    // not pid 1 there: the stand-in driver's socket, named after that pid, stays its own).
+    // not pid 1 there: the stand-in driver's socket, named after that pid in the node's
+    // network namespace, stays its own).
     let other = Pod::create_with(
         &c.cp,
         a,

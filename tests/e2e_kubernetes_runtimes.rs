@@ -39,7 +39,8 @@ fn containerd_2_3_runc_1_5_opted_in_migration_counter() {
 #[test]
 fn containerd_2_3_refuses_restore_without_opt_in() {
     let r = Runtime::containerd_2_3(Runc::V1_5, false);
-    let Some((state, reason, message)) = restore_refused("k8s-cd23-refused", CUDA, &r, &r) else {
+    let Some((state, reason, message)) = restore_refused("k8s-cd23-refused", CUDA, &r, &r, true)
+    else {
         return;
     };
     assert_eq!(
@@ -68,7 +69,8 @@ fn containerd_2_4_runc_1_5_forensic_checkpoint_cuda() {
 #[test]
 fn containerd_2_4_does_not_restore_a_checkpoint_image() {
     let r = Runtime::containerd_2_4(Runc::V1_5);
-    let Some((state, reason, message)) = restore_refused("k8s-cd24-restore", CUDA, &r, &r) else {
+    let Some((state, reason, message)) = restore_refused("k8s-cd24-restore", CUDA, &r, &r, true)
+    else {
         return;
     };
     assert_eq!(

@@ -58,7 +58,7 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 LAYOUT=2
 # What the root file system holds beyond minbase: the tools the tests and runtimes call, and
 # make and pahole for kernel modules (build-module.sh; Debian's kernels give modules BTF).
-PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils make pahole"
+PACKAGES="kmod util-linux mount iproute2 procps tar gzip zstd xz-utils iptables gcc libc6-dev binutils make pahole openssl curl"
 # The modules the initramfs loads (with what they depend on) to mount the root; those a kernel
 # has built in are left out. virtio_pci is built into 6.12 and may be a module of 6.1.
 ROOT_MODULES="virtio_blk crc32c_generic ext4"

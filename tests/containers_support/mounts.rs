@@ -20,6 +20,8 @@ use crate::common::E2e;
 pub struct PrivateMounts {
     binds: Vec<(PathBuf, PathBuf)>,
     cgroup2_only: bool,
+    /// A network namespace the command runs in (a Kubernetes node's own).
+    net_ns: Option<PathBuf>,
 }
 
 /// `prepare SRC TARGET` makes TARGET (a directory if SRC is one, else a file) where it is
@@ -86,9 +88,35 @@ impl PrivateMounts {
         self
     }
 
+    /// The command runs in network namespace `ns` (its file, `/proc/PID/ns/net`).
+    pub fn in_net_ns(mut self, ns: impl Into<PathBuf>) -> PrivateMounts {
+        self.net_ns = Some(ns.into());
+        self
+    }
+
     /// A command running `argv` with these mounts (plainly when there are none), its overlay
-    /// layers under `scratch` (a fresh directory per command).
+    /// layers under `scratch` (a fresh directory per command), in the network namespace given.
     pub fn command(&self, e: &E2e, scratch: &Path, argv: &[OsString]) -> Command {
+        let mounted = self.mounted(e, scratch, argv);
+        let Some(ns) = &self.net_ns else {
+            return mounted;
+        };
+        // nsenter first: the mount namespace is then made inside the network namespace.
+        let mut cmd = e.command(Path::new("nsenter"));
+        cmd.arg(format!("--net={}", ns.display()))
+            .arg("--")
+            .arg(mounted.get_program())
+            .args(mounted.get_args());
+        for (k, v) in mounted.get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        cmd
+    }
+
+    fn mounted(&self, e: &E2e, scratch: &Path, argv: &[OsString]) -> Command {
         let mut cmd = if self.binds.is_empty() && !self.cgroup2_only {
             e.command(Path::new(&argv[0]))
         } else {

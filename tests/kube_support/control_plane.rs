@@ -1,4 +1,5 @@
-//! The control plane a test starts: etcd and kube-apiserver on 127.0.0.1, both built from
+//! The control plane a test starts: etcd on 127.0.0.1 and kube-apiserver on the host's
+//! addresses (127.0.0.1 for the test, the cluster network's for the nodes), both built from
 //! their Go modules (`scripts/build-upstream.sh`), and `kubectl` as the cluster's
 //! administrator. No scheduler and no controller manager: pods name their node
 //! (`spec.nodeName`), and the test makes the `default` service account itself (the controller
@@ -8,10 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::network::gateway_of;
 use super::pki::{KeyPair, Pki};
 use super::upstream;
 use crate::common::{self, E2e};
 use crate::containers_support::{ToolRun, run_tool_for};
+
+/// The most nodes a cluster has (the API server's certificate names each one's gateway).
+pub const MAX_NODES: u8 = 4;
 
 /// How long the API server may take to be ready (on 2 busy cores: 20 to 60 s).
 const APISERVER_READY: Duration = Duration::from_secs(180);
@@ -22,6 +27,8 @@ pub struct ControlPlane<'e> {
     pub pki: Pki,
     /// `https://127.0.0.1:PORT`.
     pub server: String,
+    /// The API server's port.
+    pub port: u16,
     pub admin_kubeconfig: PathBuf,
     dir: PathBuf,
     pids: Vec<i32>,
@@ -58,7 +65,8 @@ impl<'e> ControlPlane<'e> {
     pub fn start(e: &'e E2e) -> ControlPlane<'e> {
         let dir = e.dir().join("control-plane");
         std::fs::create_dir_all(&dir).expect("control-plane directory");
-        let pki = Pki::new(e, &[]);
+        let gateways: Vec<String> = (1..=MAX_NODES).map(gateway_of).collect();
+        let pki = Pki::new(e, &gateways.iter().map(String::as_str).collect::<Vec<_>>());
         let (client, peer, secure) = (free_port(), free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{client}");
         let mut etcd = e.command(&upstream("etcd-3.7", "etcd"));
@@ -78,7 +86,10 @@ impl<'e> ControlPlane<'e> {
 
         let mut api = e.command(&upstream("kubernetes-1.37", "kube-apiserver"));
         api.arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
+            // Every address of the host: 127.0.0.1 for the test, the cluster network's for
+            // the nodes; only clients with a certificate of the test's CA get in.
+            .arg("--bind-address=0.0.0.0")
+            .arg("--anonymous-auth=false")
             .arg("--advertise-address=127.0.0.1")
             .arg(format!("--secure-port={secure}"))
             .arg(format!(
@@ -125,6 +136,7 @@ impl<'e> ControlPlane<'e> {
             e,
             pki,
             server,
+            port: secure,
             admin_kubeconfig,
             dir,
             pids: vec![api_pid, etcd_pid],

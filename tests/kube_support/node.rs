@@ -2,7 +2,8 @@
 //! configures it) and a kubelet registered with the API server, both in the node's own mount
 //! namespace, where CRIU finds its configuration at `/etc/criu` and the plugin at
 //! `/usr/lib/criu` (CRIU's built-in plugin directory, where the package installs it), as on
-//! a node with the package installed.
+//! a node with the package installed, and in the node's own network namespace
+//! (`kube_support::network`).
 //!
 //! The kubelet is the real one: cgroupfs driver with its QoS layout (`kubepods`,
 //! `besteffort`, `pod<uid>`) under a cgroup root of the test's own, its state, pod logs and
@@ -11,14 +12,15 @@
 //! a serving certificate of the cluster's CA. Its kernel settings are checked, not written:
 //! the files it reads under `/proc/sys` are the test's, bound over the host's in the node's
 //! mount namespace with the values it expects, so the host's are never changed. The node has
-//! no CNI: pods use the node's network (`hostNetwork`), and the node reports its network as
-//! not ready, which the kubelet allows for such pods.
+//! no CNI: pods use the node's network (`hostNetwork`: the node's namespace, not the host's),
+//! and the node reports its network as not ready, which the kubelet allows for such pods.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::control_plane::{ControlPlane, free_port, log_to, tail, write_kubeconfig};
+use super::network::NodeNet;
 use super::pki::KeyPair;
 use super::runtimes::Runtime;
 use super::upstream;
@@ -45,8 +47,10 @@ pub struct KubeNode<'e> {
     pub e: &'e E2e,
     pub name: String,
     pub cd: Containerd<'e>,
-    /// `https://127.0.0.1:PORT`, the kubelet's API.
+    /// `https://NODE_IP:PORT`, the kubelet's API.
     pub kubelet_url: String,
+    /// The node's network namespace.
+    pub net: NodeNet,
     pub dir: PathBuf,
     kubelet: Option<i32>,
     /// The node's cgroup root (under which the kubelet makes `kubepods`).
@@ -54,13 +58,15 @@ pub struct KubeNode<'e> {
 }
 
 impl<'e> KubeNode<'e> {
-    /// Starts node `name` (state in `<test dir>/<name>`) of `cp`'s cluster: containerd and runc
-    /// of `runtime` with CRIU's configuration `etc_criu` and `env`, images from `registry`; then its
+    /// Starts node `name` (state in `<test dir>/<name>`, network namespace `net`) of `cp`'s
+    /// cluster: containerd and runc of `runtime` with CRIU's configuration `etc_criu` and `env`, images from `registry`; then its
     /// kubelet, once containerd's CRI answers; returns once the node is registered.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         e: &'e E2e,
         cp: &ControlPlane<'_>,
         name: &str,
+        net: NodeNet,
         etc_criu: &Path,
         env: &[(&str, OsString)],
         runtime: &Runtime,
@@ -69,6 +75,7 @@ impl<'e> KubeNode<'e> {
         let dir = e.dir().join(name);
         let sys = dir.join("proc-sys");
         let mut mounts = PrivateMounts::new()
+            .in_net_ns(net.path())
             .bind(etc_criu, "/etc/criu")
             .bind(common::plugin_libdir(), "/usr/lib/criu");
         for (key, value) in KERNEL_DEFAULTS {
@@ -92,11 +99,11 @@ impl<'e> KubeNode<'e> {
 
         let cgroup_root = format!("{}/kubelet", cd.cgroup.path);
         make_cgroup(&cgroup_root);
-        let (client, serving) = cp.pki.node(e, name, "127.0.0.1");
+        let (client, serving) = cp.pki.node(e, name, &net.ip);
         let kubeconfig = dir.join("kubelet.kubeconfig");
         write_kubeconfig(
             &kubeconfig,
-            &cp.server,
+            &format!("https://{}:{}", net.gateway, cp.port),
             &cp.pki.ca.cert,
             &client,
             &format!("system:node:{name}"),
@@ -105,25 +112,29 @@ impl<'e> KubeNode<'e> {
         let config = dir.join("kubelet.yaml");
         std::fs::write(
             &config,
-            kubelet_config(
+            KubeletConfig {
                 runtime,
-                &dir,
+                address: &net.ip,
+                dir: &dir,
                 port,
-                &cgroup_root,
-                cd.socket(),
-                &serving,
-                &cp.pki.ca.cert,
-            ),
+                cgroup_root: &cgroup_root,
+                socket: cd.socket(),
+                serving: &serving,
+                ca: &cp.pki.ca.cert,
+            }
+            .render(),
         )
         .expect("kubelet configuration");
         let mut cmd = e.command(Path::new("nsenter"));
         cmd.arg(format!("--target={}", cd.pid()))
             .arg("--mount")
+            .arg("--net")
             .arg("--")
             .arg(upstream("kubernetes-1.37", "kubelet"))
             .arg(format!("--config={}", config.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--hostname-override={name}"))
+            .arg(format!("--node-ip={}", net.ip))
             .arg(format!("--root-dir={}", dir.join("kubelet").display()))
             .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
             .arg("--v=2");
@@ -133,10 +144,11 @@ impl<'e> KubeNode<'e> {
             e,
             name: name.to_string(),
             cd,
-            kubelet_url: format!("https://127.0.0.1:{port}"),
+            kubelet_url: format!("https://{}:{port}", net.ip),
             dir,
             kubelet: Some(pid),
             cgroup_root,
+            net,
         };
         let t0 = Instant::now();
         while !cp.kubectl_quiet(&["get", "node", name]).ok() {
@@ -245,7 +257,8 @@ impl Drop for KubeNode<'_> {
     }
 }
 
-/// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist); the
+/// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist, and on
+/// cgroup v2 with the controllers it uses: each is enabled from the root down to it); the
 /// node's `Cgroup` removes it.
 fn make_cgroup(path: &str) {
     let rel = path.trim_start_matches('/');
@@ -262,23 +275,60 @@ fn make_cgroup(path: &str) {
     for r in roots {
         std::fs::create_dir_all(r.join(rel))
             .unwrap_or_else(|err| panic!("cgroup {}: {err}", r.join(rel).display()));
+        let Ok(controllers) = std::fs::read_to_string(r.join("cgroup.controllers")) else {
+            continue;
+        };
+        let enable: String = controllers
+            .split_whitespace()
+            .map(|c| format!("+{c} "))
+            .collect();
+        let mut dir = r.clone();
+        for part in rel.split('/') {
+            // What a level cannot enable (a controller its parent lacks) the kubelet names.
+            let _ = std::fs::write(dir.join("cgroup.subtree_control"), enable.trim_end());
+            for c in enable.split_whitespace() {
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
+            }
+            dir = dir.join(part);
+        }
+        for c in enable.split_whitespace() {
+            let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
+        }
     }
 }
 
-/// The kubelet's configuration file.
-fn kubelet_config(
-    runtime: &Runtime,
-    dir: &Path,
+/// What the kubelet's configuration file says of a node.
+struct KubeletConfig<'a> {
+    runtime: &'a Runtime,
+    /// Where it serves its API.
+    address: &'a str,
+    /// The node's directory.
+    dir: &'a Path,
     port: u16,
-    cgroup_root: &str,
-    socket: &Path,
-    serving: &KeyPair,
-    ca: &Path,
-) -> String {
-    format!(
-        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+    cgroup_root: &'a str,
+    /// containerd's CRI socket.
+    socket: &'a Path,
+    serving: &'a KeyPair,
+    ca: &'a Path,
+}
+
+impl KubeletConfig<'_> {
+    /// The configuration file.
+    fn render(&self) -> String {
+        let KubeletConfig {
+            runtime,
+            address,
+            dir,
+            port,
+            cgroup_root,
+            socket,
+            serving,
+            ca,
+        } = self;
+        format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzPort: 0
@@ -318,11 +368,13 @@ syncFrequency: 10s
 runtimeRequestTimeout: {request_timeout}s
 shutdownGracePeriod: 0s
 "#,
-        cert = serving.cert.display(),
-        key = serving.key.display(),
-        ca = ca.display(),
-        socket = socket.display(),
-        logs = dir.join("pod-logs").display(),
-        request_timeout = runtime.request_timeout_s,
-    )
+            cert = serving.cert.display(),
+            key = serving.key.display(),
+            ca = ca.display(),
+            socket = socket.display(),
+            logs = dir.join("pod-logs").display(),
+            request_timeout = runtime.request_timeout_s,
+            address = address,
+        )
+    }
 }

@@ -2,7 +2,8 @@
 //! with different runtimes: each creates its cluster, its pods with `kubectl`, and checks the
 //! workload (a counter, or the stand-in CUDA program whose device memory is verified).
 
-use super::control_plane::ControlPlane;
+use super::control_plane::{ControlPlane, MAX_NODES};
+use super::network::{LoopbackForward, NodeNet, gateway_of};
 use super::node::KubeNode;
 use super::pods::Pod;
 use super::runtimes::Runtime;
@@ -26,6 +27,8 @@ pub fn start(test: &str, workload: Workload) -> Option<E2e> {
 /// A cluster: its control plane, the registry its nodes pull from (the test images pushed),
 /// and nodes `names`, each with its runtime.
 pub struct Cluster<'e> {
+    /// Dropped first: each holds its node's network namespace.
+    _forwards: Vec<LoopbackForward>,
     pub registry: Registry,
     pub nodes: Vec<KubeNode<'e>>,
     pub cp: ControlPlane<'e>,
@@ -33,17 +36,60 @@ pub struct Cluster<'e> {
 
 impl<'e> Cluster<'e> {
     /// Starts the control plane, the registry and one node per `(name, runtime)` of `nodes`.
+    /// The registry is seen at 127.0.0.1 on every node, as a registry local to each.
     pub fn start(e: &'e E2e, workload: Workload, nodes: &[(&str, &Runtime)]) -> Cluster<'e> {
+        Cluster::start_with(e, workload, nodes, true)
+    }
+
+    /// [`Cluster::start`]; unless `registry_on_loopback`, the registry is named by the host's
+    /// address on node a's link (`10.231.1.1`), a plain-HTTP registry that only the CRI's
+    /// registry configuration (`hosts.toml`) lets containerd use.
+    pub fn start_with(
+        e: &'e E2e,
+        workload: Workload,
+        nodes: &[(&str, &Runtime)],
+        registry_on_loopback: bool,
+    ) -> Cluster<'e> {
+        assert!(
+            nodes.len() <= usize::from(MAX_NODES),
+            "at most {MAX_NODES} nodes"
+        );
         let cp = ControlPlane::start(e);
-        let registry = Registry::start(e);
+        let nets: Vec<NodeNet> = (1..)
+            .zip(nodes)
+            .map(|(i, (n, _))| NodeNet::new(e, i, n))
+            .collect();
+        // On the host's addresses: 127.0.0.1 for the test, the cluster network's for the nodes.
+        let name = if registry_on_loopback {
+            "127.0.0.1".to_string()
+        } else {
+            gateway_of(1)
+        };
+        let registry = Registry::start_at(e, "0.0.0.0", &name);
+        let port: u16 = registry
+            .host
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .expect("the registry's port");
+        let forwards = if registry_on_loopback {
+            nets.iter()
+                .map(|net| LoopbackForward::new(net, port, &gateway_of(1)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let etc = etc_criu_settings(e, workload, "runc.conf");
         let env = fake_cuda_env(&calls(e));
-        let nodes: Vec<KubeNode<'e>> = nodes
-            .iter()
-            .map(|(n, runtime)| KubeNode::start(e, &cp, n, &etc, &env, runtime, &registry))
+        let nodes: Vec<KubeNode<'e>> = nets
+            .into_iter()
+            .zip(nodes)
+            .map(|(net, (n, runtime))| {
+                KubeNode::start(e, &cp, n, net, &etc, &env, runtime, &registry)
+            })
             .collect();
         push_images(e, &nodes[0].cd, &Images::of(&registry));
         Cluster {
+            _forwards: forwards,
             registry,
             nodes,
             cp,
@@ -52,6 +98,19 @@ impl<'e> Cluster<'e> {
 
     pub fn images(&self) -> Images {
         Images::of(&self.registry)
+    }
+
+    /// A counter pod of the workload image on `node`, a bystander of a test.
+    pub fn bystander(&self, node: &KubeNode<'_>) -> Pod<'_, 'e> {
+        let name = format!("bystander-{}", node.name);
+        Pod::create(
+            &self.cp,
+            node,
+            &name,
+            &self.images().workload,
+            Workload::Counter,
+            &name,
+        )
     }
 }
 
@@ -189,26 +248,26 @@ pub fn fault_tolerance(test: &str, workload: Workload, runtime: &Runtime) {
 
 /// What an operator sees of a restore the node cannot do: checkpoint on node a (`on_a`), the
 /// checkpoint image pushed, the pod deleted, and the same manifest with the checkpoint image
-/// created on node b (`on_b`), where a bystander pod already runs. The restored pod's
-/// container state, reason and message (from `kubectl`); the bystander still counts, and no
-/// process of the checkpoint runs on node b.
+/// created on node b (`on_b`), where a bystander pod already runs. The registry is seen at
+/// 127.0.0.1 on the nodes unless `registry_on_loopback` is false (see
+/// [`Cluster::start_with`]). The restored pod's container state, reason and message (from
+/// `kubectl`); the bystander still counts, and no process of the checkpoint runs on node b.
 pub fn restore_refused(
     test: &str,
     workload: Workload,
     on_a: &Runtime,
     on_b: &Runtime,
+    registry_on_loopback: bool,
 ) -> Option<(String, String, String)> {
     let e = start(test, workload)?;
-    let c = Cluster::start(&e, workload, &[("a", on_a), ("b", on_b)]);
-    let (a, b) = (&c.nodes[0], &c.nodes[1]);
-    let bystander = Pod::create(
-        &c.cp,
-        b,
-        "bystander",
-        &c.images().workload,
-        Workload::Counter,
-        "bystander",
+    let c = Cluster::start_with(
+        &e,
+        workload,
+        &[("a", on_a), ("b", on_b)],
+        registry_on_loopback,
     );
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let bystander = c.bystander(b);
     let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
     let pid = pod.pid(a);
     let archive = pod

@@ -21,7 +21,8 @@ fn registry_program() -> PathBuf {
     p
 }
 
-/// A container image registry on 127.0.0.1, its storage in the test's directory.
+/// A container image registry of the test's (on 127.0.0.1 unless said), its storage in the
+/// test's directory.
 pub struct Registry {
     pid: i32,
     /// `127.0.0.1:PORT`.
@@ -30,6 +31,12 @@ pub struct Registry {
 
 impl Registry {
     pub fn start(e: &E2e) -> Registry {
+        Registry::start_at(e, "127.0.0.1", "127.0.0.1")
+    }
+
+    /// A registry listening on `listen` (an address of the host, or `0.0.0.0`), its images named
+    /// after `host_ip` (where its clients reach it).
+    pub fn start_at(e: &E2e, listen: &str, host_ip: &str) -> Registry {
         let dir = e.dir().join("registry");
         std::fs::create_dir_all(dir.join("storage")).expect("registry directory");
         // A port nobody uses now; the registry takes it a moment later.
@@ -37,13 +44,14 @@ impl Registry {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let host = format!("127.0.0.1:{port}");
+        let host = format!("{host_ip}:{port}");
+        let addr = format!("{listen}:{port}");
         let config = dir.join("config.yml");
         std::fs::write(
             &config,
             format!(
                 "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
-                 delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+                 delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
                 dir.join("storage").display()
             ),
         )
