@@ -87,18 +87,21 @@ fn kubelet_fault_tolerance_cuda() {
     fault_tolerance("k8s-fault-cuda", CUDA, &containerd_2_1());
 }
 
-/// The kubelet's timeout: its checkpoint API called with `?timeout=2` while the stand-in CUDA
-/// workload holds a busy section for 8 s (the plugin's lock waits for it). The kubelet gives a
-/// checkpoint the longer of `?timeout=` and its own `runtimeRequestTimeout` (120 s here, its
-/// default), so the dump runs to its end and the call succeeds late: the workload keeps running
-/// with its GPU state given back and verified, nothing is left paused.
-#[test]
-fn kubelet_checkpoint_timeout_below_the_kubelets_deadline() {
-    let workload = Workload::Cuda { hold_ms: 8000 };
-    let Some(e) = start("k8s-timeout", workload) else {
+/// A checkpoint whose dump outlasts `?timeout=` (`timeout`) or the kubelet's
+/// `runtimeRequestTimeout` (`request_timeout_s`), but not the longer of the two, which is the
+/// call's deadline: the stand-in CUDA workload holds a busy section for 9 s (the plugin's lock
+/// waits for it), the call succeeds late, and the workload keeps running with its GPU state
+/// given back and verified, nothing left paused.
+fn late_checkpoint(test: &str, request_timeout_s: u64, timeout: u64) {
+    let workload = Workload::Cuda { hold_ms: 9000 };
+    let Some(e) = start(test, workload) else {
         return;
     };
-    let c = Cluster::start(&e, workload, &[("a", &containerd_2_1())]);
+    let runtime = Runtime {
+        request_timeout_s,
+        ..containerd_2_1()
+    };
+    let c = Cluster::start(&e, workload, &[("a", &runtime)]);
     let a = &c.nodes[0];
     let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
     let pid = pod.pid(a);
@@ -107,12 +110,12 @@ fn kubelet_checkpoint_timeout_below_the_kubelets_deadline() {
     assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
     pod.out.wait_line("hold begin");
     let t0 = std::time::Instant::now();
-    let archive = pod.checkpoint(a, Some(2));
+    let archive = pod.checkpoint(a, Some(timeout));
     let took = t0.elapsed();
-    eprintln!("kubelet checkpoint with ?timeout=2: {archive:?} after {took:?}");
+    eprintln!("kubelet checkpoint with ?timeout={timeout}: {archive:?} after {took:?}");
     let archive = archive.unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}"));
     assert!(
-        took > std::time::Duration::from_secs(5),
+        took > std::time::Duration::from_secs(6),
         "the checkpoint ended after {took:?}, before the workload's busy section did"
     );
     assert_eq!(
@@ -127,6 +130,20 @@ fn kubelet_checkpoint_timeout_below_the_kubelets_deadline() {
     );
     pod.out.assert_given_back(Some(&files), &calls(&e), pid);
     assert_archive_of(&e, "containerd", &archive, workload, pid);
+}
+
+/// `?timeout=2` with the kubelet's default deadline (120 s): the shorter timeout is raised to
+/// the kubelet's, so the 9 s dump succeeds.
+#[test]
+fn kubelet_checkpoint_timeout_below_the_kubelets_deadline() {
+    late_checkpoint("k8s-timeout-below", 120, 2);
+}
+
+/// `?timeout=30` with the kubelet's deadline at 5 s: the longer timeout is the deadline, so the
+/// 9 s dump succeeds (what an operator does for a large GPU process).
+#[test]
+fn kubelet_checkpoint_timeout_above_the_kubelets_deadline() {
+    late_checkpoint("k8s-timeout-above", 5, 30);
 }
 
 /// A checkpoint that outlasts the kubelet's deadline: containerd 2.1 answers the error, the
@@ -148,9 +165,9 @@ fn kubelet_checkpoint_past_the_kubelets_deadline() {
 
 /// Hot swap on a node: `criu-gpu suspend --pod default/train` finds the training pod's
 /// processes from what the kubelet leaves on the node (its pod log directory, its cgroup) and
-/// takes their GPU state to host memory, the pod still running; another pod then uses the GPU
-/// (its workload allocates, computes and verifies); once it is gone, `criu-gpu resume --pod`
-/// gives the training pod its GPU back, verified, and it counts on.
+/// takes their GPU state to host memory, the pod still running; another CUDA pod of the node is
+/// left alone and computes on the GPU meanwhile; once it is gone, `criu-gpu resume --pod` gives
+/// the training pod its GPU back, verified, and it counts on.
 #[test]
 fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
     let Some(e) = start("k8s-hot-swap", CUDA) else {
@@ -184,6 +201,22 @@ fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
         )
     };
 
+    // Another pod on the node, with its own GPU memory: the suspend must leave it alone. Its
+    // workload shares its pod's pid namespace (so it is not pid 1 there: the stand-in driver's
+    // socket, named after that pid in the node's network namespace, stays its own).
+    let other = Pod::create_with(
+        &c.cp,
+        a,
+        "other",
+        &c.images().workload,
+        CUDA,
+        "other",
+        "  shareProcessNamespace: true\n",
+    );
+    let other_pid = other.pid(a);
+    let other_files = other.out.device_files();
+    assert!(!other_files.is_empty());
+
     let s = tool("suspend");
     s.assert_ok();
     assert!(
@@ -197,21 +230,13 @@ fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
         "the training pod's process after the suspend"
     );
     assert_eq!(train.get("{.status.phase}"), "Running");
-
-    // Another pod has the GPU meanwhile. Its workload shares its pod's pid namespace (so it is
-    // not pid 1 there: the stand-in driver's socket, named after that pid in the node's
-    // network namespace, stays its own).
-    let other = Pod::create_with(
-        &c.cp,
-        a,
-        "other",
-        &c.images().workload,
-        CUDA,
-        "other",
-        "  shareProcessNamespace: true\n",
+    assert!(
+        transitions(&calls(&e), other_pid).is_empty(),
+        "the suspend of pod train touched pod other"
     );
-    let other_pid = other.pid(a);
-    assert!(!other.out.device_files().is_empty());
+    assert_eq!(other.out.device_files(), other_files);
+
+    // The other pod computes on the GPU meanwhile, then ends.
     other.out.verify(other_pid);
     other.delete(Some(other_pid));
 

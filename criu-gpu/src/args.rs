@@ -134,12 +134,28 @@ fn parse_pod(cmd: &str, text: &str, logs: Option<PathBuf>) -> Result<Target, Usa
             format!("--pod {text:?} is not NAMESPACE/NAME (e.g. --pod default/train)"),
         ));
     };
-    for (what, s) in [("namespace", namespace), ("pod name", name)] {
-        if !pods::is_dns1123_subdomain(s) {
+    // A namespace is a DNS label (no dots, 63 bytes at most), a pod name a DNS subdomain.
+    let namespace_ok =
+        !namespace.contains('.') && namespace.len() <= 63 && pods::is_dns1123_subdomain(namespace);
+    for (what, s, ok, rule) in [
+        (
+            "namespace",
+            namespace,
+            namespace_ok,
+            "no dots, at most 63 characters",
+        ),
+        (
+            "pod name",
+            name,
+            pods::is_dns1123_subdomain(name),
+            "'.' between labels, at most 253 characters",
+        ),
+    ] {
+        if !ok {
             return Err(usage(
                 Some(cmd),
                 format!(
-                    "--pod {text:?}: {what} {s:?} is no Kubernetes name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"
+                    "--pod {text:?}: {what} {s:?} is no Kubernetes name (lowercase letters, digits and '-', starting and ending with a letter or digit; {rule})"
                 ),
             ));
         }

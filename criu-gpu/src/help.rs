@@ -70,7 +70,8 @@ SYNOPSIS
 
 DESCRIPTION
     Finds every process of TARGET (the pid and its descendants, or every pid of the cgroup or
-    of the pod's cgroup, and of their sub-cgroups), asks the CUDA driver which of them use CUDA, and then, all at once:
+    of the pod's cgroup, and of their sub-cgroups), asks the CUDA driver which of them use
+    CUDA, and then, all at once:
       1. locks each running CUDA process (its CUDA calls block, its GPU work drains), waiting
          at most --timeout (default 10 s; also 500ms, 2.5);
       2. checkpoints each locked process: its GPU memory is copied into its own host memory

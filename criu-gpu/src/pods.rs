@@ -149,24 +149,24 @@ fn log_dirs(namespace: &str, name: &str, logs: &Path) -> Result<Vec<(String, Pat
     Ok(found)
 }
 
-/// Whether cgroup directory `dir_name` is the kubelet's cgroup of the pod with `uid`.
+/// Whether cgroup directory `dir_name` is the kubelet's cgroup of the pod with `uid`:
+/// `pod<uid>` (cgroupfs), or a slice ending in `-pod<uid with '_' for '-'>.slice` whose
+/// prefix names `kubepods` (systemd: `kubepods-besteffort-pod...`, `kubepods-pod...` for
+/// guaranteed pods, `kubelet-kubepods-burstable-pod...` under a cgroup root `/kubelet`).
 fn is_pod_cgroup(dir_name: &str, uid: &str) -> bool {
     if dir_name.strip_prefix("pod") == Some(uid) {
         return true;
     }
-    let Some(rest) = dir_name
-        .strip_prefix("kubepods-")
-        .and_then(|r| r.strip_suffix(".slice"))
+    let Some((prefix, u)) = dir_name
+        .strip_suffix(".slice")
+        .and_then(|r| r.rsplit_once("-pod"))
     else {
         return false;
     };
-    let rest = rest
-        .strip_prefix("besteffort-")
-        .or_else(|| rest.strip_prefix("burstable-"))
-        .unwrap_or(rest);
     // systemd reads '-' in a slice name as nesting, so the kubelet writes the uid with '_'.
-    rest.strip_prefix("pod")
-        .is_some_and(|u| u.len() == uid.len() && u.bytes().eq(uid.bytes().map(dash_to_underscore)))
+    prefix.split('-').any(|p| p == "kubepods")
+        && u.len() == uid.len()
+        && u.bytes().eq(uid.bytes().map(dash_to_underscore))
 }
 
 fn dash_to_underscore(c: u8) -> u8 {
@@ -201,6 +201,10 @@ pub fn pod_cgroup(
         }
         seen += 1;
         if seen > MAX_CGROUPS {
+            // What was found so far stands; nothing found is an error.
+            if cgroups.iter().any(Option::is_some) {
+                break;
+            }
             return Err(PodError::SearchTooLarge {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
@@ -344,6 +348,13 @@ mod tests {
         let guaranteed = format!("kubepods-pod{}.slice", UID.replace('-', "_"));
         assert!(is_pod_cgroup(&guaranteed, UID));
         assert!(!is_pod_cgroup(&format!("kubepods-pod{UID}.slice"), UID));
+        let under_root = format!(
+            "kubelet-kubepods-burstable-pod{}.slice",
+            UID.replace('-', "_")
+        );
+        assert!(is_pod_cgroup(&under_root, UID));
+        let not_kubelets = format!("system-pod{}.slice", UID.replace('-', "_"));
+        assert!(!is_pod_cgroup(&not_kubelets, UID));
         assert!(!is_pod_cgroup(&format!("pod{OLD_UID}"), UID));
     }
 

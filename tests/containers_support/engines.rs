@@ -420,6 +420,13 @@ impl Drop for Containerd<'_> {
             reap_now();
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.kill_now();
+    }
+}
+
+impl Containerd<'_> {
+    /// SIGKILL to the daemon and its shims (as when the machine is lost), reaped.
+    pub fn kill_now(&self) {
         common::signal(self.daemon, libc::SIGKILL);
         // Shims outlive the daemon by design: each of ours names the daemon's socket.
         let sock = self.sock.to_string_lossy().into_owned();

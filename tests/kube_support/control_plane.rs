@@ -214,12 +214,17 @@ impl Drop for ControlPlane<'_> {
     fn drop(&mut self) {
         // The API server before etcd, as a node's shutdown does.
         for &pid in &self.pids {
-            common::signal(pid, libc::SIGTERM);
-            if !common::reap_until_gone(&[pid], Duration::from_secs(10)) {
-                common::signal(pid, libc::SIGKILL);
-                let _ = common::reap_until_gone(&[pid], common::WAIT);
-            }
+            stop(pid);
         }
+    }
+}
+
+/// Ends daemon `pid` of the test: SIGTERM, and SIGKILL if it is still there after 10 s.
+pub fn stop(pid: i32) {
+    common::signal(pid, libc::SIGTERM);
+    if !common::reap_until_gone(&[pid], Duration::from_secs(10)) {
+        common::signal(pid, libc::SIGKILL);
+        let _ = common::reap_until_gone(&[pid], common::WAIT);
     }
 }
 

@@ -13,6 +13,8 @@ use crate::containers_support::run_tool;
 /// One node's network namespace.
 pub struct NodeNet {
     holder: i32,
+    /// The veth's end on the host.
+    host_if: String,
     /// The node's address.
     pub ip: String,
     /// The host's address on the node's link.
@@ -27,20 +29,44 @@ pub fn gateway_of(index: u8) -> String {
 impl NodeNet {
     /// The network namespace of node number `index` (1-based) named `name`.
     pub fn new(e: &E2e, index: u8, name: &str) -> NodeNet {
-        let mut cmd = e.command(Path::new("unshare"));
-        cmd.args(["--net", "--", "sleep", "1000000"]);
+        let gateway = gateway_of(index);
+        let taken = ip_output(
+            e,
+            &["-4", "-o", "addr", "show", "to", &format!("{gateway}/32")],
+        );
+        assert!(
+            taken.trim().is_empty(),
+            "{gateway} is already an address of this host ({}): another run's node network, or \
+             one left behind (`ip link del` that interface)",
+            taken.trim()
+        );
+        // Killed with the test (its parent-death signal) if the test is killed.
+        let mut cmd = e.command(Path::new("setpriv"));
+        cmd.args([
+            "--pdeathsig",
+            "KILL",
+            "--",
+            "unshare",
+            "--net",
+            "--",
+            "sleep",
+            "1000000",
+        ]);
         let holder = e.spawn_session(cmd);
         let ns = format!("/proc/{holder}/ns/net");
         common::wait_until(format!("node {name}'s network namespace"), || {
             std::fs::read_link(&ns).ok() != std::fs::read_link("/proc/self/ns/net").ok()
         });
+        // Short (at most 15 bytes) and unique on the host: this process, a count, the node.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100;
+        let host_if = format!("k{}{n}{name}", std::process::id() % 100_000);
         let net = NodeNet {
             holder,
+            host_if: host_if.clone(),
             ip: format!("10.231.{index}.2"),
-            gateway: gateway_of(index),
+            gateway,
         };
-        // Short and unique on the host (at most 15 bytes).
-        let host_if = format!("k{}{name}", std::process::id() % 1_000_000);
         let host = |args: &[&str]| ip(e, None, args);
         host(&[
             "link",
@@ -78,9 +104,23 @@ impl NodeNet {
 
 impl Drop for NodeNet {
     fn drop(&mut self) {
+        // Gone with the namespace anyway; at once here, while a thread may still hold it.
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(std::process::Stdio::null())
+            .status();
         common::signal(self.holder, libc::SIGKILL);
         let _ = common::reap_until_gone(&[self.holder], common::WAIT);
     }
+}
+
+/// What `ip ARGS` on the host prints.
+fn ip_output(e: &E2e, args: &[&str]) -> String {
+    let mut cmd = e.command(Path::new("ip"));
+    cmd.args(args);
+    let r = run_tool(e.dir(), cmd, &format!("ip {}", args.join(" ")));
+    r.assert_ok();
+    r.stdout
 }
 
 /// `ip ARGS` on the host, or in network namespace `ns`; panics unless it succeeds.
@@ -133,8 +173,10 @@ impl LoopbackForward {
                 match listener.accept() {
                     Ok((inbound, _)) => {
                         // Sockets made here are of the node's namespace.
-                        if let Ok(outbound) = std::net::TcpStream::connect(&target) {
-                            pumps.extend(join(inbound, outbound, &flag));
+                        let to = target.parse().expect("an address");
+                        let within = std::time::Duration::from_secs(5);
+                        if let Ok(outbound) = std::net::TcpStream::connect_timeout(&to, within) {
+                            pumps.extend(splice(inbound, outbound, &flag));
                         }
                     }
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
@@ -166,7 +208,7 @@ impl Drop for LoopbackForward {
 }
 
 /// Two threads copying between `a` and `b` until either side ends or `stop` is set.
-fn join(
+fn splice(
     a: std::net::TcpStream,
     b: std::net::TcpStream,
     stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -177,6 +219,7 @@ fn join(
             use std::io::{Read, Write};
             let (mut from, mut to) = (from, to);
             let _ = from.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+            let _ = to.set_write_timeout(Some(std::time::Duration::from_secs(5)));
             let mut buf = [0u8; 64 * 1024];
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match from.read(&mut buf) {

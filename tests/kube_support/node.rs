@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::control_plane::{ControlPlane, free_port, log_to, tail, write_kubeconfig};
+use super::control_plane::{ControlPlane, log_to, stop, tail, write_kubeconfig};
 use super::network::NodeNet;
 use super::pki::KeyPair;
 use super::runtimes::Runtime;
@@ -74,10 +74,19 @@ impl<'e> KubeNode<'e> {
     ) -> KubeNode<'e> {
         let dir = e.dir().join(name);
         let sys = dir.join("proc-sys");
+        // The places the kubelet writes whatever its flags say (its device-plugin and
+        // pod-resources sockets, the containers' log links) are the node's, not the host's.
+        let [var_lib_kubelet, var_log_containers] =
+            ["var-lib-kubelet", "var-log-containers"].map(|d| dir.join(d));
+        for d in [&var_lib_kubelet, &var_log_containers] {
+            std::fs::create_dir_all(d).expect("node directory");
+        }
         let mut mounts = PrivateMounts::new()
             .in_net_ns(net.path())
             .bind(etc_criu, "/etc/criu")
-            .bind(common::plugin_libdir(), "/usr/lib/criu");
+            .bind(common::plugin_libdir(), "/usr/lib/criu")
+            .bind(&var_lib_kubelet, "/var/lib/kubelet")
+            .bind(&var_log_containers, "/var/log/containers");
         for (key, value) in KERNEL_DEFAULTS {
             let f = sys.join(key.replace('/', "."));
             std::fs::create_dir_all(&sys).expect("kernel settings directory");
@@ -108,7 +117,8 @@ impl<'e> KubeNode<'e> {
             &client,
             &format!("system:node:{name}"),
         );
-        let port = free_port();
+        // The kubelet's usual port: the node's network namespace is its own.
+        let port = 10250;
         let config = dir.join("kubelet.yaml");
         std::fs::write(
             &config,
@@ -137,6 +147,10 @@ impl<'e> KubeNode<'e> {
             .arg(format!("--node-ip={}", net.ip))
             .arg(format!("--root-dir={}", dir.join("kubelet").display()))
             .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
+            .arg(format!(
+                "--volume-plugin-dir={}",
+                dir.join("volume-plugins").display()
+            ))
             .arg("--v=2");
         log_to(&mut cmd, &dir.join("kubelet.log"));
         let pid = e.spawn_session(cmd);
@@ -227,7 +241,11 @@ impl<'e> KubeNode<'e> {
         );
         let out = r.stdout.trim_end();
         let (body, code) = out.rsplit_once('\n').unwrap_or(("", out));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        match code.trim().parse() {
+            Ok(code) if code > 0 => (code, body.to_string()),
+            // No answer: curl says why.
+            _ => (0, format!("{body}{}", r.stderr)),
+        }
     }
 
     /// Ends the node as a lost machine would: its kubelet and containerd killed, and with
@@ -236,6 +254,7 @@ impl<'e> KubeNode<'e> {
         if let Some(pid) = self.kubelet.take() {
             self.e.kill_and_reap(&[pid]);
         }
+        self.cd.kill_now();
         kill_cgroup_tree(&self.cgroup_root);
         reap_now();
     }
@@ -244,11 +263,7 @@ impl<'e> KubeNode<'e> {
 impl Drop for KubeNode<'_> {
     fn drop(&mut self) {
         if let Some(pid) = self.kubelet.take() {
-            common::signal(pid, libc::SIGTERM);
-            if !common::reap_until_gone(&[pid], Duration::from_secs(10)) {
-                common::signal(pid, libc::SIGKILL);
-                let _ = common::reap_until_gone(&[pid], common::WAIT);
-            }
+            stop(pid);
         }
         // The kubelet leaves its pods running when it ends; the node's containers go before
         // its containerd (whose drop ends the shims).

@@ -305,7 +305,7 @@ impl<'c, 'e> Pod<'c, 'e> {
             &self.name,
             "--grace-period=1",
             "--wait=true",
-            "--timeout=60s",
+            "--timeout=40s",
         ]);
         if let Some(pid) = pid {
             wait_until(format!("pod {}'s pid {pid} gone", self.name), || {
