@@ -125,11 +125,15 @@ fn ip_output(e: &E2e, args: &[&str]) -> String {
 
 /// `ip ARGS` on the host, or in network namespace `ns`; panics unless it succeeds.
 fn ip(e: &E2e, ns: Option<&Path>, args: &[&str]) {
-    let mut cmd = e.command(Path::new("nsenter"));
-    if let Some(ns) = ns {
-        cmd.arg(format!("--net={}", ns.display()));
-    }
-    cmd.arg("--").arg("ip").args(args);
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = e.command(Path::new("nsenter"));
+            c.arg(format!("--net={}", ns.display())).arg("--").arg("ip");
+            c
+        }
+        None => e.command(Path::new("ip")),
+    };
+    cmd.args(args);
     run_tool(e.dir(), cmd, &format!("ip {}", args.join(" "))).assert_ok();
 }
 
