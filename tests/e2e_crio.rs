@@ -261,14 +261,7 @@ fn crio_runc14_checkpoint_timeout() {
     );
     // Thawed: the workload counts on, with its device memory.
     assert_eq!(c.running_pid(), pid, "the container after the timeout");
-    c.out.wait_line("hold end");
-    c.out.wait_counting(3);
-    assert_eq!(
-        c.out.device_files(),
-        files,
-        "device memory after the timeout"
-    );
-    c.out.verify(pid);
+    c.out.assert_goes_on_after_hold(&files, pid, "timeout");
 
     // The archive is a whole checkpoint: it restores.
     assert_archive(&n, &archive, workload, pid);

@@ -24,7 +24,8 @@ use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
 use kube_support::pods::Pod;
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
-    Cluster, checkpoint_past_deadline, fault_tolerance, forensic, migration, restore_refused, start,
+    Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
+    restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -61,20 +62,15 @@ fn kubelet_migration_to_node_b_cuda() {
 #[test]
 fn kubelet_restore_needs_the_base_image_from_containerds_own_resolver() {
     let r = containerd_2_1();
-    let Some((state, reason, message)) =
-        restore_refused("k8s-no-base", Workload::Counter, &r, &r, false)
-    else {
-        return;
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &[
+            "failed to pull checkpoint base image",
+            "server gave HTTP response to HTTPS client",
+        ],
     };
-    assert_eq!(
-        (state.as_str(), reason.as_str()),
-        ("waiting", "CreateContainerError")
-    );
-    assert!(
-        message.contains("failed to pull checkpoint base image")
-            && message.contains("server gave HTTP response to HTTPS client"),
-        "the pod's message: {message}"
-    );
+    restore_refused("k8s-no-base", Workload::Counter, &r, &r, false, expected);
 }
 
 #[test]
@@ -103,12 +99,7 @@ fn late_checkpoint(test: &str, request_timeout_s: u64, timeout: u64) {
     };
     let c = Cluster::start(&e, workload, &[("a", &runtime)]);
     let a = &c.nodes[0];
-    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
-    let pid = pod.pid(a);
-    let files = pod.out.device_files();
-
-    assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
-    pod.out.wait_line("hold begin");
+    let (pod, pid, files) = c.busy_cuda_pod(workload);
     let t0 = std::time::Instant::now();
     let archive = pod.checkpoint(a, Some(timeout));
     let took = t0.elapsed();

@@ -20,7 +20,9 @@ mod kube_support;
 
 use containers_support::{CUDA, Workload};
 use kube_support::runtimes::{Runc, Runtime};
-use kube_support::scenarios::{checkpoint_past_deadline, forensic, migration, restore_refused};
+use kube_support::scenarios::{
+    Refusal, checkpoint_past_deadline, forensic, migration, restore_refused,
+};
 
 #[test]
 fn containerd_2_3_runc_1_5_opted_in_migration_cuda() {
@@ -39,18 +41,12 @@ fn containerd_2_3_runc_1_5_opted_in_migration_counter() {
 #[test]
 fn containerd_2_3_refuses_restore_without_opt_in() {
     let r = Runtime::containerd_2_3(Runc::V1_5, false);
-    let Some((state, reason, message)) = restore_refused("k8s-cd23-refused", CUDA, &r, &r, true)
-    else {
-        return;
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &["checkpoint restore via CreateContainer is disabled by configuration"],
     };
-    assert_eq!(
-        (state.as_str(), reason.as_str()),
-        ("waiting", "CreateContainerError")
-    );
-    assert!(
-        message.contains("checkpoint restore via CreateContainer is disabled by configuration"),
-        "the pod's message: {message}"
-    );
+    restore_refused("k8s-cd23-refused", CUDA, &r, &r, true, expected);
 }
 
 /// containerd 2.4: the kubelet's checkpoint works.
@@ -69,18 +65,12 @@ fn containerd_2_4_runc_1_5_forensic_checkpoint_cuda() {
 #[test]
 fn containerd_2_4_does_not_restore_a_checkpoint_image() {
     let r = Runtime::containerd_2_4(Runc::V1_5);
-    let Some((state, reason, message)) = restore_refused("k8s-cd24-restore", CUDA, &r, &r, true)
-    else {
-        return;
+    let expected = Refusal {
+        state: "terminated",
+        reason: "StartError",
+        says: &["\"/gpu/workload\": stat /gpu/workload: no such file or directory"],
     };
-    assert_eq!(
-        (state.as_str(), reason.as_str()),
-        ("terminated", "StartError")
-    );
-    assert!(
-        message.contains("\"/gpu/workload\": stat /gpu/workload: no such file or directory"),
-        "the pod's message: {message}"
-    );
+    restore_refused("k8s-cd24-restore", CUDA, &r, &r, true, expected);
 }
 
 /// containerd 2.3 when the kubelet's deadline passes during a checkpoint: as 2.1, the

@@ -227,6 +227,16 @@ impl Output {
         assert!(errors.is_empty(), "pid {pid}: {errors:?}");
     }
 
+    /// After the CUDA workload's busy section (SIGUSR2) outlasted a checkpoint's `when` (a
+    /// timeout, a deadline) and the container runs again: the section ends, the workload (host
+    /// pid `pid`) counts on, holds its device memory `files` and verifies.
+    pub fn assert_goes_on_after_hold(&self, files: &[String], pid: i32, when: &str) {
+        self.wait_line("hold end");
+        self.wait_counting(3);
+        assert_eq!(self.device_files(), files, "device memory after the {when}");
+        self.verify(pid);
+    }
+
     /// Waits for a line `line` of the workload.
     pub fn wait_line(&self, line: &str) {
         wait_until(format!("a line `{line}` ({:?})", self.tail()), || {

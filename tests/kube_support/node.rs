@@ -293,21 +293,18 @@ fn make_cgroup(path: &str) {
         let Ok(controllers) = std::fs::read_to_string(r.join("cgroup.controllers")) else {
             continue;
         };
-        let enable: String = controllers
+        let enable: Vec<String> = controllers
             .split_whitespace()
-            .map(|c| format!("+{c} "))
+            .map(|c| format!("+{c}"))
             .collect();
-        let mut dir = r.clone();
-        for part in rel.split('/') {
-            // What a level cannot enable (a controller its parent lacks) the kubelet names.
-            let _ = std::fs::write(dir.join("cgroup.subtree_control"), enable.trim_end());
-            for c in enable.split_whitespace() {
-                let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
+        // From the root down to the cgroup, one controller a write: what a level cannot enable
+        // (a controller its parent lacks) the kubelet names.
+        let mut levels: Vec<PathBuf> = Path::new(rel).ancestors().map(|a| r.join(a)).collect();
+        levels.reverse();
+        for level in levels {
+            for c in &enable {
+                let _ = std::fs::write(level.join("cgroup.subtree_control"), c);
             }
-            dir = dir.join(part);
-        }
-        for c in enable.split_whitespace() {
-            let _ = std::fs::write(dir.join("cgroup.subtree_control"), c);
         }
     }
 }

@@ -138,16 +138,7 @@ impl<'c, 'e> Pod<'c, 'e> {
         old: &Pod<'_, '_>,
         image: &str,
     ) -> Pod<'c, 'e> {
-        let out = Output::new(old.out.dir.clone(), old.out.workload);
-        cp.apply(
-            &format!("{}-restored", old.name),
-            &manifest(&old.name, &node.name, image, out.workload, &out.dir),
-        );
-        let pod = Pod {
-            cp,
-            name: old.name.clone(),
-            out,
-        };
+        let pod = Pod::apply_restored(cp, node, old, image);
         pod.wait_running(node);
         pod
     }

@@ -100,6 +100,43 @@ impl<'e> Cluster<'e> {
         Images::of(&self.registry)
     }
 
+    /// Pod `old` (deleted, `killed` lines written) made again on `node` from its checkpoint
+    /// image `image`, taken between output marks `marks`: it restores (CRIU's log on the node
+    /// shows the plugin's restore), the workload resumes from a value it had during the
+    /// checkpoint, one by one, with its device memory `files` recreated and verified. The
+    /// restored workload's host pid.
+    pub fn assert_restores(
+        &self,
+        node: &KubeNode<'_>,
+        old: &Pod<'_, '_>,
+        image: &str,
+        (low, high): (usize, usize),
+        killed: usize,
+        files: Option<&Vec<String>>,
+    ) -> i32 {
+        let restored = Pod::create_restored(&self.cp, node, old, image);
+        let pid = restored.pid(node);
+        let log = node.restore_log(&restored.container_id());
+        assert_plugin_restored(node.e, &log, restored.out.workload);
+        restored.out.assert_resumes_between(low, high, killed);
+        if let Some(files) = files {
+            restored.out.assert_gpu_restored(files, &calls(node.e), pid);
+        }
+        pid
+    }
+
+    /// Pod `w` of the stand-in CUDA `workload` on node a, held in its busy section (SIGUSR2),
+    /// which a checkpoint's lock waits out: the pod, its host pid, its device memory files.
+    pub fn busy_cuda_pod(&self, workload: Workload) -> (Pod<'_, 'e>, i32, Vec<String>) {
+        let a = &self.nodes[0];
+        let pod = Pod::create(&self.cp, a, "w", &self.images().workload, workload, "w");
+        let pid = pod.pid(a);
+        let files = pod.out.device_files();
+        assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
+        pod.out.wait_line("hold begin");
+        (pod, pid, files)
+    }
+
     /// A counter pod of the workload image on `node`, a bystander of a test.
     pub fn bystander(&self, node: &KubeNode<'_>) -> Pod<'_, 'e> {
         let name = format!("bystander-{}", node.name);
@@ -168,16 +205,8 @@ pub fn migration(test: &str, workload: Workload, on_a: &Runtime, on_b: &Runtime)
     pod.delete(Some(pid));
     let killed = pod.out.mark();
 
-    let restored = Pod::create_restored(&c.cp, b, &pod, &image);
-    let new_pid = restored.pid(b);
+    let new_pid = c.assert_restores(b, &pod, &image, (low, high), killed, files.as_ref());
     assert_ne!(new_pid, pid);
-    assert_plugin_restored(&e, &b.restore_log(&restored.container_id()), workload);
-    restored.out.assert_resumes_between(low, high, killed);
-    if let Some(files) = files {
-        restored
-            .out
-            .assert_gpu_restored(&files, &calls(&e), new_pid);
-    }
 }
 
 /// Fault tolerance: a long job checkpointed through the kubelet at an interval, each
@@ -226,16 +255,14 @@ pub fn fault_tolerance(test: &str, workload: Workload, runtime: &Runtime) {
     let killed = pod.out.mark();
     c.cp.kubectl(&["delete", "pod", "w", "--force", "--grace-period=0"]);
 
-    let b = &c.nodes[1];
-    let restored = Pod::create_restored(&c.cp, b, &pod, &image);
-    let new_pid = restored.pid(b);
-    assert_plugin_restored(&e, &b.restore_log(&restored.container_id()), workload);
-    restored.out.assert_resumes_between(low, high, killed);
-    if let Some(files) = files {
-        restored
-            .out
-            .assert_gpu_restored(&files, &calls(&e), new_pid);
-    }
+    c.assert_restores(
+        &c.nodes[1],
+        &pod,
+        &image,
+        (low, high),
+        killed,
+        files.as_ref(),
+    );
     // What the job did after the newest checkpoint began is lost: the lines from its first
     // mark to the node's loss, done within one interval.
     eprintln!(
@@ -257,15 +284,19 @@ pub fn fault_tolerance(test: &str, workload: Workload, runtime: &Runtime) {
 /// created on node b (`on_b`), where a bystander pod already runs. The registry is seen at
 /// 127.0.0.1 on the nodes unless `registry_on_loopback` is false (see
 /// [`Cluster::start_with`]). The restored pod's container state, reason and message (from
-/// `kubectl`); the bystander still counts, and no process of the checkpoint runs on node b.
+/// `kubectl`) must be `expected`; the bystander still counts, and no process of the checkpoint
+/// runs on node b.
 pub fn restore_refused(
     test: &str,
     workload: Workload,
     on_a: &Runtime,
     on_b: &Runtime,
     registry_on_loopback: bool,
-) -> Option<(String, String, String)> {
-    let e = start(test, workload)?;
+    expected: Refusal<'_>,
+) {
+    let Some(e) = start(test, workload) else {
+        return;
+    };
     let c = Cluster::start_with(
         &e,
         workload,
@@ -284,8 +315,16 @@ pub fn restore_refused(
     let killed = pod.out.mark();
 
     let refused = Pod::apply_restored(&c.cp, b, &pod, &image);
-    let verdict = refused.wait_refused();
-    eprintln!("the restore on node b: {verdict:?}");
+    let (state, reason, message) = refused.wait_refused();
+    eprintln!("the restore on node b: {state} {reason}: {message}");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        (expected.state, expected.reason)
+    );
+    assert!(
+        expected.says.iter().all(|part| message.contains(part)),
+        "the pod's message: {message}"
+    );
     std::thread::sleep(std::time::Duration::from_secs(1));
     assert_eq!(
         refused.out.mark(),
@@ -294,7 +333,14 @@ pub fn restore_refused(
     );
     bystander.out.wait_counting(3);
     assert_eq!(bystander.get("{.status.phase}"), "Running");
-    Some(verdict)
+}
+
+/// How a node refuses a restore, as `kubectl` shows it: the container's state (`waiting`,
+/// `terminated`), its reason, and what its message must say.
+pub struct Refusal<'a> {
+    pub state: &'a str,
+    pub reason: &'a str,
+    pub says: &'a [&'a str],
 }
 
 /// The kubelet's deadline passing during a checkpoint: node a's kubelet gives its CRI calls 5 s
@@ -314,12 +360,7 @@ pub fn checkpoint_past_deadline(test: &str, runtime: &Runtime) -> Option<String>
     };
     let c = Cluster::start(&e, workload, &[("a", &runtime)]);
     let a = &c.nodes[0];
-    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
-    let pid = pod.pid(a);
-    let files = pod.out.device_files();
-
-    assert!(common::signal(pid, libc::SIGUSR2), "SIGUSR2 to {pid}");
-    pod.out.wait_line("hold begin");
+    let (pod, pid, files) = c.busy_cuda_pod(workload);
     let t0 = std::time::Instant::now();
     let answer = pod.checkpoint(a, Some(2));
     let took = t0.elapsed();
@@ -357,14 +398,7 @@ pub fn checkpoint_past_deadline(test: &str, runtime: &Runtime) -> Option<String>
             .assert_ok();
     }
     assert_eq!(freezer_state(pid), "THAWED");
-    pod.out.wait_line("hold end");
-    pod.out.wait_counting(3);
-    assert_eq!(
-        pod.out.device_files(),
-        files,
-        "device memory after the deadline"
-    );
-    pod.out.verify(pid);
+    pod.out.assert_goes_on_after_hold(&files, pid, "deadline");
     let archive = pod
         .checkpoint(a, Some(60))
         .unwrap_or_else(|err| panic!("kubelet checkpoint after the deadline: {err:?}"));
