@@ -39,6 +39,9 @@ const KERNEL_DEFAULTS: [(&str, &str); 6] = [
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
 
+/// How many times a kubelet that ends while starting is started again.
+const KUBELET_RESTARTS: u32 = 2;
+
 /// How long a kubelet may take to register its node.
 const REGISTERED: Duration = Duration::from_secs(120);
 
@@ -53,6 +56,8 @@ pub struct KubeNode<'e> {
     pub net: NodeNet,
     pub dir: PathBuf,
     kubelet: Option<i32>,
+    /// The kubelet's arguments.
+    kubelet_args: Vec<OsString>,
     /// The node's cgroup root (under which the kubelet makes `kubepods`).
     pub cgroup_root: String,
 }
@@ -135,42 +140,53 @@ impl<'e> KubeNode<'e> {
             .render(),
         )
         .expect("kubelet configuration");
-        let mut cmd = e.command(Path::new("nsenter"));
-        cmd.arg(format!("--target={}", cd.pid()))
-            .arg("--mount")
-            .arg("--net")
-            .arg("--")
-            .arg(upstream("kubernetes-1.37", "kubelet"))
-            .arg(format!("--config={}", config.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--hostname-override={name}"))
-            .arg(format!("--node-ip={}", net.ip))
-            .arg(format!("--root-dir={}", dir.join("kubelet").display()))
-            .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
-            .arg(format!(
-                "--volume-plugin-dir={}",
-                dir.join("volume-plugins").display()
-            ))
-            .arg("--v=2");
-        log_to(&mut cmd, &dir.join("kubelet.log"));
-        let pid = e.spawn_session(cmd);
-        let node = KubeNode {
+        let kubelet_args: Vec<OsString> = vec![
+            format!("--config={}", config.display()).into(),
+            format!("--kubeconfig={}", kubeconfig.display()).into(),
+            format!("--hostname-override={name}").into(),
+            format!("--node-ip={}", net.ip).into(),
+            format!("--root-dir={}", dir.join("kubelet").display()).into(),
+            format!("--cert-dir={}", dir.join("kubelet-pki").display()).into(),
+            "--v=2".into(),
+        ];
+        let mut node = KubeNode {
             e,
             name: name.to_string(),
             cd,
             kubelet_url: format!("https://{}:{port}", net.ip),
             dir,
-            kubelet: Some(pid),
+            kubelet: None,
+            kubelet_args,
             cgroup_root,
             net,
         };
+        node.spawn_kubelet();
         let t0 = Instant::now();
+        let mut restarts = 0;
         while !cp.kubectl_quiet(&["get", "node", name]).ok() {
-            assert!(
-                common::exists(pid),
-                "the kubelet of node {name} ended while starting:\n{}",
-                node.kubelet_log_tail()
-            );
+            if !node.kubelet.is_some_and(running) {
+                // As its service manager would (kubeadm's unit: `Restart=always`): a kubelet
+                // ends on some start-up races (cAdvisor's first look at the root file system
+                // not yet taken) and comes up on the next try.
+                let why = node.kubelet_exit_reason();
+                assert!(
+                    restarts < KUBELET_RESTARTS,
+                    "the kubelet of node {name} ended while starting, {} times; the last \
+                     time because:\n{why}\n{}",
+                    restarts + 1,
+                    node.kubelet_log_tail()
+                );
+                restarts += 1;
+                let kept = node.dir.join(format!("kubelet-ended-{restarts}.log"));
+                let _ = std::fs::rename(node.dir.join("kubelet.log"), &kept);
+                eprintln!(
+                    "the kubelet of node {name} ended while starting ({}), restarted:\n{why}",
+                    kept.display()
+                );
+                reap_now();
+                std::thread::sleep(Duration::from_secs(1));
+                node.spawn_kubelet();
+            }
             assert!(
                 t0.elapsed() < REGISTERED,
                 "node {name} is not registered after {REGISTERED:?}:\n{}",
@@ -180,6 +196,34 @@ impl<'e> KubeNode<'e> {
         }
         eprintln!("node {name} registered in {:?}", t0.elapsed());
         node
+    }
+
+    /// Starts the kubelet in the node's mount and network namespaces, its log in
+    /// `kubelet.log`.
+    fn spawn_kubelet(&mut self) {
+        let mut cmd = self.e.command(Path::new("nsenter"));
+        cmd.arg(format!("--target={}", self.cd.pid()))
+            .arg("--mount")
+            .arg("--net")
+            .arg("--")
+            .arg(upstream("kubernetes-1.37", "kubelet"))
+            .args(&self.kubelet_args);
+        log_to(&mut cmd, &self.dir.join("kubelet.log"));
+        self.kubelet = Some(self.e.spawn_session(cmd));
+    }
+
+    /// Why the kubelet ended, as its log says: its fatal lines and the error it ended with.
+    fn kubelet_exit_reason(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("kubelet.log")).unwrap_or_default();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| is_fatal(l) || l.contains("\"command failed\""))
+            .collect();
+        if said.is_empty() {
+            "(its log names no fatal error)".to_string()
+        } else {
+            said.join("\n")
+        }
     }
 
     /// The last lines of the kubelet's log.
@@ -270,6 +314,17 @@ impl Drop for KubeNode<'_> {
         kill_cgroup_tree(&self.cgroup_root);
         reap_now();
     }
+}
+
+/// Whether `line` is one of klog's fatal lines (`F` and the date, `F1205 ...`).
+fn is_fatal(line: &str) -> bool {
+    let mut chars = line.chars();
+    chars.next() == Some('F') && chars.take(4).filter(char::is_ascii_digit).count() == 4
+}
+
+/// Whether process `pid` runs (a zombie has ended).
+fn running(pid: i32) -> bool {
+    common::exists(pid) && common::state_of(pid) != Some('Z')
 }
 
 /// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist, and on
@@ -365,6 +420,7 @@ protectKernelDefaults: true
 makeIPTablesUtilChains: false
 containerRuntimeEndpoint: unix://{socket}
 podLogsDir: {logs}
+volumePluginDir: {volume_plugins}
 resolvConf: /etc/resolv.conf
 staticPodPath: ""
 serializeImagePulls: false
@@ -385,6 +441,7 @@ shutdownGracePeriod: 0s
             ca = ca.display(),
             socket = socket.display(),
             logs = dir.join("pod-logs").display(),
+            volume_plugins = dir.join("volume-plugins").display(),
             request_timeout = runtime.request_timeout_s,
             address = address,
         )
