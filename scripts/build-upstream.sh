@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the cluster's upstream programs (Kubernetes, etcd, containerd, runc, crictl, nvidia-ctk)
+# Build the cluster's upstream programs (Kubernetes, etcd, containerd, runc, crictl, nvidia-ctk,
+# NVIDIA's device plugin)
 # from their published Go modules into <repo>/.upstream/<component>/bin/.
 #
 # Each component is a small Go module of ours under tools/upstream/<component>/ whose go.mod pins
@@ -15,6 +16,9 @@
 #   runc-1.5         runc (v1.5.3, tag seccomp, libseccomp linked statically; no libpathrs)
 #   crictl-1.37      crictl (sigs.k8s.io/cri-tools v1.37.0)
 #   nvidia-ctk-1.20  nvidia-ctk (github.com/NVIDIA/nvidia-container-toolkit v1.20.2)
+#   nvidia-device-plugin-0.17
+#                    nvidia-device-plugin (github.com/NVIDIA/k8s-device-plugin v0.17.4), for the
+#                    GPU machine's kubelet check (scripts/gpu-carry-kubelet.sh)
 #   etcd-3.7         etcd                               (go.etcd.io/etcd/server/v3 v3.7.3)
 #   containerd-2.3   containerd, containerd-shim-runc-v2, ctr   (v2.3.7, static: no btrfs)
 #   containerd-2.4   the same from v2.4.2
@@ -45,7 +49,7 @@ OUT=${UPSTREAM_DIR:-$REPO/.upstream}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 GO_MIN=go1.26.8
-ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 etcd-3.7 containerd-2.3 containerd-2.4 kubernetes-1.37"
+ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 nvidia-device-plugin-0.17 etcd-3.7 containerd-2.3 containerd-2.4 kubernetes-1.37"
 
 say() { printf '[build-upstream] %s\n' "$*"; }
 die() { printf '[build-upstream] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -149,6 +153,7 @@ recipe() {
         runc-*) main=github.com/opencontainers/runc ;;
         crictl-*) main=sigs.k8s.io/cri-tools ;;
         nvidia-ctk-*) main=github.com/NVIDIA/nvidia-container-toolkit ;;
+        nvidia-device-plugin-*) main=github.com/NVIDIA/k8s-device-plugin ;;
     esac
     # Version and release time of the pinned module, from go.mod and the proxy's .info.
     read -r version time < <(cd "$MODULES/$c" && "$GO" list -m -f '{{.Version}} {{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$main")
@@ -194,6 +199,13 @@ recipe() {
             # go-nvml opens libnvidia-ml at run time: its symbols stay unresolved at link time,
             # as in the project's Makefile.
             # NVML's header marks many functions deprecated: those warnings are upstream's.
+            cgo=1 cflags="-O2 -g -Wno-deprecated-declarations"
+            ldflags="-X $main/internal/info.version=${version#v}"
+            ldflags+=" '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
+            ;;
+        nvidia-device-plugin-*)
+            # NVML opened at run time, as for nvidia-ctk.
+            bins="nvidia-device-plugin=$main/cmd/nvidia-device-plugin"
             cgo=1 cflags="-O2 -g -Wno-deprecated-declarations"
             ldflags="-X $main/internal/info.version=${version#v}"
             ldflags+=" '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"

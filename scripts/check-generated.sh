@@ -2,7 +2,8 @@
 # Checks that the committed generated code is what its generators make today:
 # kfd-sys/src/bindings.rs (bindgen over the uAPI headers, kfd-sys/gen/regen.sh --check) and
 # core/src/amdgpu/image/generated.rs (prost over proto/amdgpu.proto) and
-# tools/cri-client/src/runtime_v1.rs (prost and tonic over proto/cri/api.proto), both made by
+# tools/cri-client/src/runtime_v1.rs (prost and tonic over proto/cri/api.proto) and
+# tools/device-plugin/src/v1beta1.rs (the same over proto/deviceplugin/api.proto), all made by
 # scripts/regen-proto.sh, and the settings keys of README.md, docs/settings.md and the manual page
 # packaging/criu-gpu-plugin.7, made from the settings tables (core/src/settings.rs and the
 # backends' settings.rs) by a test of the core: regenerate them with
@@ -33,7 +34,7 @@ else
     settings_drift=1
 fi
 
-generated=(core/src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs)
+generated=(core/src/amdgpu/image/generated.rs tools/cri-client/src/runtime_v1.rs tools/device-plugin/src/v1beta1.rs)
 saved=$(mktemp -d)
 trap 'for f in "${generated[@]}"; do cp "$saved/$(basename "$f")" "$f"; done; rm -rf "$saved"' EXIT
 for f in "${generated[@]}"; do cp "$f" "$saved/$(basename "$f")"; done

@@ -29,6 +29,15 @@
 #                                   (tests/gpu/cri_check.py); the plugin from /usr/lib/criu of a
 #                                   private mount namespace; needs .gpu-cri (scripts/gpu-carry-cri.sh)
 #                                   and CRIU 4.2 or newer (CRIU=.criu-4.3/bin/criu)
+#   scripts/gpu-check.sh --kubelet [ARGS]
+#                                   the same through a real kubelet 1.37 (standalone, static pods)
+#                                   on containerd 2.3 (restore through CreateContainer opted in)
+#                                   and runc 1.5, the GPU handed out by NVIDIA's device plugin as
+#                                   a CDI device, `nvidia-ctk cdi generate` run and checked: the
+#                                   kubelet's checkpoint API, a new pod from the checkpoint image,
+#                                   `runc checkpoint` beside it (tests/gpu/kubelet_check.py); needs
+#                                   .gpu-kubelet (scripts/gpu-carry-kubelet.sh), which brings CRIU
+#                                   4.3 along
 #   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
 #                                   ones: postfail,mapopt,mapmissing)
 #   scripts/gpu-check.sh --two-gpus [ARGS]
@@ -48,21 +57,30 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 cd "$REPO"
-PLUGIN=${PLUGIN:-target/release/libcriu_gpu_plugin.so}
-WORK=${WORK:-/dev/shm/gpu-check}
 LOGS=${LOGS:-/tmp/gpu-check-logs}
-CRIU=${CRIU:-.criu/bin/criu}
-[ -x "$CRIU" ] || [ "$CRIU" != .criu/bin/criu ] || scripts/install-criu.sh
-[ -x "$CRIU" ] || { echo "no CRIU at $CRIU" >&2; exit 1; }
-[ -f "$PLUGIN" ] || { echo "no plugin at $PLUGIN: run cargo build --release" >&2; exit 1; }
-lib=$(mktemp -d)
-cp "$PLUGIN" "$lib/gpu_plugin.so"
 # Multicast over NVLink stays off in everything started here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The driver library may live outside the loader's default paths (for example /usr/local/nvidia).
 for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
     [ -e "$d/libcuda.so.1" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
 done
+if [ "${1:-}" = --kubelet ]; then
+    shift
+    [ -f .gpu-kubelet/bundle.tar.xz ] || { echo "no .gpu-kubelet: run scripts/gpu-carry-kubelet.sh and carry it" >&2; exit 1; }
+    bundle=$(mktemp -d)
+    xz -dc .gpu-kubelet/bundle.tar.xz | tar -C "$bundle" -xf -
+    exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kubelet_check.py --bundle "$bundle" \
+        --criu "$bundle/.criu-4.3/bin/criu" --plugin .gpu-kubelet/gpu_plugin.so \
+        --busybox .gpu-kubelet/busybox --out "$LOGS/kubelet/results.json" "$@"
+fi
+PLUGIN=${PLUGIN:-target/release/libcriu_gpu_plugin.so}
+WORK=${WORK:-/dev/shm/gpu-check}
+CRIU=${CRIU:-.criu/bin/criu}
+[ -x "$CRIU" ] || [ "$CRIU" != .criu/bin/criu ] || scripts/install-criu.sh
+[ -x "$CRIU" ] || { echo "no CRIU at $CRIU" >&2; exit 1; }
+[ -f "$PLUGIN" ] || { echo "no plugin at $PLUGIN: run cargo build --release" >&2; exit 1; }
+lib=$(mktemp -d)
+cp "$PLUGIN" "$lib/gpu_plugin.so"
 if [ "${1:-}" = --containers ]; then
     shift
     # Later options win: ARGS can replace these defaults.

@@ -21,11 +21,11 @@ mod kube_support;
 
 use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
 use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
-use kube_support::pods::Pod;
+use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
-    restore_refused, start,
+    restore_onto_another_gpu, restore_refused, restore_without_a_gpu, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -59,6 +59,20 @@ fn kubelet_migration_to_node_b_cuda() {
 /// `hosts.toml`): here the registry is one that node b reaches only as configured there
 /// (plain HTTP at a non-local address), though a bystander pod of the same image runs on b.
 /// The restore fails with the reason in the pod's status.
+/// *Another GPU*: a restore on node b, whose device plugin gives the pod a different GPU (a
+/// CDI device), goes onto that GPU with no map written.
+#[test]
+fn kubelet_restore_onto_the_gpu_node_bs_device_plugin_gives() {
+    restore_onto_another_gpu("k8s-other-gpu", &containerd_2_1());
+}
+
+/// The same checkpoint restored from a manifest that asks for no GPU: refused, and why is
+/// read through `kubectl`.
+#[test]
+fn kubelet_restore_without_a_gpu_is_refused() {
+    restore_without_a_gpu("k8s-no-gpu", &containerd_2_1().keeping_criu_logs());
+}
+
 #[test]
 fn kubelet_restore_needs_the_base_image_from_containerds_own_resolver() {
     let r = containerd_2_1();
@@ -202,7 +216,7 @@ fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
         &c.images().workload,
         CUDA,
         "other",
-        "  shareProcessNamespace: true\n",
+        &Extras::spec("  shareProcessNamespace: true\n"),
     );
     let other_pid = other.pid(a);
     let other_files = other.out.device_files();

@@ -150,6 +150,53 @@ impl CriuLogger {
     }
 }
 
+/// Writes `text` (one short line) to CRIU's standard error, if it can take it now: a runtime
+/// restoring a container hands CRIU the container's stdio (runc, crun), so a restore's failure
+/// written here reaches the container's log, where `kubectl logs` and `podman logs` show it.
+/// Never blocks (a full pipe or a stalled terminal gets nothing) and never raises SIGPIPE (a
+/// reader that is gone must not end CRIU); at most `PIPE_BUF` bytes, written at once.
+pub fn to_stderr(text: &str) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    use std::os::fd::BorrowedFd;
+
+    let bytes = &text.as_bytes()[..text.len().min(libc::PIPE_BUF)];
+    // SAFETY: fd 2 is only borrowed for this call; if CRIU closed it, poll reports POLLNVAL.
+    let stderr = unsafe { BorrowedFd::borrow_raw(libc::STDERR_FILENO) };
+    let mut fds = [PollFd::new(stderr, PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(1) if fds[0].revents() == Some(PollFlags::POLLOUT) => {}
+        _ => return,
+    }
+    let mut pipe = SigSet::empty();
+    pipe.add(Signal::SIGPIPE);
+    let mut old = SigSet::empty();
+    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&pipe), Some(&mut old)).is_err() {
+        return;
+    }
+    let was_pending = sigpipe_pending();
+    let wrote = nix::unistd::write(stderr, bytes);
+    if wrote == Err(nix::errno::Errno::EPIPE) && !was_pending {
+        // The SIGPIPE this write raised, taken before the mask comes back.
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `pipe` is a valid signal set and `zero` a valid timeout, both live for the
+        // call; no siginfo is asked for.
+        unsafe { libc::sigtimedwait(pipe.as_ref(), std::ptr::null_mut(), &zero) };
+    }
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+}
+
+/// Whether a SIGPIPE is pending for this thread or process.
+fn sigpipe_pending() -> bool {
+    // SAFETY: an all-zero sigset_t is a valid value to pass to sigpending, which fills it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live sigset_t for sigpending to write and sigismember to read.
+    unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGPIPE) == 1 }
+}
+
 impl log::Log for CriuLogger {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
         metadata.level() <= log::max_level()
@@ -194,6 +241,26 @@ mod tests {
             format_line(CriuLevel::Info, "gpu", Some("a.rs"), Some(1), "hi"),
             "gpu: hi\n"
         );
+    }
+
+    #[test]
+    fn stderr_that_is_a_closed_pipe_ends_nothing() {
+        // A pipe whose reader is gone as this process's stderr: the write fails with EPIPE,
+        // the SIGPIPE is taken, nothing is left pending and the mask is as it was.
+        use std::os::fd::AsRawFd;
+        let (r, w) = nix::unistd::pipe().unwrap();
+        drop(r);
+        // SAFETY: dup and dup2 on fds this test owns (2 is put back before the test ends).
+        let saved = unsafe { libc::dup(libc::STDERR_FILENO) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::dup2(w.as_raw_fd(), libc::STDERR_FILENO) }, 2);
+        to_stderr("gpu: restore failed: test\n");
+        // SAFETY: as above.
+        unsafe {
+            libc::dup2(saved, libc::STDERR_FILENO);
+            libc::close(saved);
+        }
+        assert!(!sigpipe_pending());
     }
 
     #[test]

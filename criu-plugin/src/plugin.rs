@@ -38,6 +38,21 @@ fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {
     }
 }
 
+/// `r`, its failure also written to CRIU's standard error where `restore` ([`log::to_stderr`]:
+/// a restored container's log shows it).
+///
+/// [`log::to_stderr`]: crate::log::to_stderr
+fn told<P: Plugin, T>(r: HookResult<T>, restore: bool) -> HookResult<T> {
+    if let (true, Err(HookError::Failed(f))) = (restore, &r) {
+        crate::log::to_stderr(&format!(
+            "{}: restore failed: {}\n",
+            P::LOG_PREFIX,
+            f.log_line()
+        ));
+    }
+    r
+}
+
 fn id_u32(id: c_int) -> u32 {
     id as u32
 }
@@ -139,9 +154,12 @@ macro_rules! hook_items {
                     guard::<P>(HookId::$id.label(), || {
                         glue(
                             |$($arg: $ty),*| {
-                                P::instance()
-                                    .$method($($arg),*)
-                                    .map_err(|e| e.in_phase(Phase::$phase))
+                                told::<P, _>(
+                                    P::instance()
+                                        .$method($($arg),*)
+                                        .map_err(|e| e.in_phase(Phase::$phase)),
+                                    matches!(Phase::$phase, Phase::Restore),
+                                )
                             },
                             $glue,
                         )
@@ -157,7 +175,8 @@ macro_rules! hook_items {
                         log::error!("unknown CRIU stage {stage}");
                         return -libc::EINVAL;
                     };
-                    ret(P::instance().init(stage).map_err(|e| e.in_phase(Phase::Init)), |_| 0)
+                    let r = P::instance().init(stage).map_err(|e| e.in_phase(Phase::Init));
+                    ret(told::<P, _>(r, stage == Stage::Restore), |_| 0)
                 })
             }
 
@@ -178,9 +197,12 @@ macro_rules! hook_items {
                 guard::<P>(HookId::RestoreExtFile.label(), || {
                     let mut retry = false;
                     let rc = ret(
-                        P::instance()
-                            .restore_ext_file(id_u32(id), Some(&mut retry))
-                            .map_err(|e| e.in_phase(Phase::Restore)),
+                        told::<P, _>(
+                            P::instance()
+                                .restore_ext_file(id_u32(id), Some(&mut retry))
+                                .map_err(|e| e.in_phase(Phase::Restore)),
+                            true,
+                        ),
                         |fd| fd,
                     );
                     // The host leaves its flag uninitialised: always write it.

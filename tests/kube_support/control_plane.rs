@@ -112,6 +112,19 @@ impl<'e> ControlPlane<'e> {
                 pki.service_accounts.key.display()
             ))
             .arg("--service-cluster-ip-range=10.96.0.0/16")
+            // `kubectl logs` goes through the API server to the kubelet: by the node's address
+            // (node names resolve nowhere here), the kubelet's serving certificate checked
+            // against the cluster's CA, as the administrator.
+            .arg("--kubelet-preferred-address-types=InternalIP")
+            .arg(format!(
+                "--kubelet-certificate-authority={}",
+                pki.ca.cert.display()
+            ))
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                pki.admin.cert.display()
+            ))
+            .arg(format!("--kubelet-client-key={}", pki.admin.key.display()))
             .arg("--authorization-mode=Node,RBAC")
             .arg("--enable-admission-plugins=NodeRestriction")
             .arg("--allow-privileged=true")

@@ -25,7 +25,9 @@ use super::pki::KeyPair;
 use super::runtimes::Runtime;
 use super::upstream;
 use crate::common::{self, CriuRun, E2e};
-use crate::containers_support::cri::{Images, Registry, cri_config_with, kill_cgroup_tree};
+use crate::containers_support::cri::{
+    Images, Registry, cri_config_with, kill_cgroup_tree, workspace_bin,
+};
 use crate::containers_support::engines::Containerd;
 use crate::containers_support::{PrivateMounts, ToolRun, reap_now, run_tool_for};
 
@@ -56,6 +58,10 @@ pub struct KubeNode<'e> {
     pub net: NodeNet,
     pub dir: PathBuf,
     kubelet: Option<i32>,
+    /// The stand-in device plugin, once started.
+    device_plugin: Option<i32>,
+    /// Where runc keeps CRIU's logs, if the runtime says so.
+    criu_work: Option<PathBuf>,
     /// The kubelet's arguments.
     kubelet_args: Vec<OsString>,
     /// The node's cgroup root (under which the kubelet makes `kubepods`).
@@ -101,7 +107,13 @@ impl<'e> KubeNode<'e> {
         let bins = runtime.bins.clone();
         let pause = Images::of(registry).pause;
         let options = runtime.cri_runtime_options.clone();
-        let config = move |d: &Path| cri_config_with(d, &bins, registry, &pause, None, &options);
+        let criu_work = runtime.keep_criu_logs.then(|| dir.join("criu-work"));
+        if let Some(w) = &criu_work {
+            std::fs::create_dir_all(w).expect("CRIU's work directory");
+        }
+        let work = criu_work.clone();
+        let config =
+            move |d: &Path| cri_config_with(d, &bins, registry, &pause, work.as_deref(), &options);
         let cd = Containerd::start_node_mounted(
             e,
             name,
@@ -156,6 +168,8 @@ impl<'e> KubeNode<'e> {
             kubelet_url: format!("https://{}:{port}", net.ip),
             dir,
             kubelet: None,
+            device_plugin: None,
+            criu_work,
             kubelet_args,
             cgroup_root,
             net,
@@ -196,6 +210,56 @@ impl<'e> KubeNode<'e> {
         }
         eprintln!("node {name} registered in {:?}", t0.elapsed());
         node
+    }
+
+    /// Starts the stand-in device plugin (tools/device-plugin) in the node's mount namespace,
+    /// where the kubelet's device plugin directory is: it offers `resource` as `devices`
+    /// (`ID=ITEM[,ITEM…]`, see the plugin), and the node's allocatable resources show them.
+    pub fn start_device_plugin(
+        &mut self,
+        cp: &ControlPlane<'_>,
+        resource: &str,
+        devices: &[String],
+    ) {
+        let mut cmd = self.e.command(Path::new("nsenter"));
+        cmd.arg(format!("--target={}", self.cd.pid()))
+            .arg("--mount")
+            .arg("--")
+            .arg(workspace_bin("device-plugin", "stand-in-device-plugin"))
+            .arg(format!("--resource={resource}"));
+        for d in devices {
+            cmd.arg(format!("--device={d}"));
+        }
+        let log = self.dir.join("device-plugin.log");
+        log_to(&mut cmd, &log);
+        let pid = self.e.spawn_session(cmd);
+        self.device_plugin = Some(pid);
+        let path = format!(
+            "jsonpath={{.status.allocatable.{}}}",
+            resource.replace('.', "\\.")
+        );
+        let want = devices.len().to_string();
+        let t0 = Instant::now();
+        while cp
+            .kubectl_quiet(&["get", "node", &self.name, "-o", &path])
+            .stdout
+            .trim()
+            != want
+        {
+            assert!(
+                running(pid) && t0.elapsed() < REGISTERED,
+                "node {}'s allocatable {resource} is not {want}:\n{}\n{}",
+                self.name,
+                tail(&log, 20),
+                self.kubelet_log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        eprintln!(
+            "node {}: {want} {resource} in {:?}",
+            self.name,
+            t0.elapsed()
+        );
     }
 
     /// Starts the kubelet in the node's mount and network namespaces, its log in
@@ -239,11 +303,14 @@ impl<'e> KubeNode<'e> {
     /// CRIU's log of the restore of container `id`, where containerd's shim keeps it, as a
     /// finished run.
     pub fn restore_log(&self, id: &str) -> CriuRun {
-        let log = self
-            .dir
-            .join("root/io.containerd.runtime.v2.task/k8s.io")
-            .join(id)
-            .join("restore.log");
+        let log = match &self.criu_work {
+            Some(w) => w.join("restore.log"),
+            None => self
+                .dir
+                .join("root/io.containerd.runtime.v2.task/k8s.io")
+                .join(id)
+                .join("restore.log"),
+        };
         CriuRun {
             what: format!("the restore of container {id} on node {}", self.name),
             code: Some(0),
@@ -306,6 +373,9 @@ impl<'e> KubeNode<'e> {
 
 impl Drop for KubeNode<'_> {
     fn drop(&mut self) {
+        if let Some(pid) = self.device_plugin.take() {
+            stop(pid);
+        }
         if let Some(pid) = self.kubelet.take() {
             stop(pid);
         }

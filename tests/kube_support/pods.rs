@@ -33,36 +33,61 @@ fn quoted(s: &str) -> String {
     out
 }
 
-/// The manifest of pod `name` on node `node` running `workload` from `image`, its `/out` the
-/// host directory `out` (a `hostPath` volume). The restore of a checkpoint is the same
-/// manifest with the checkpoint image as `image`.
-pub fn manifest(name: &str, node: &str, image: &str, workload: Workload, out: &Path) -> String {
-    manifest_with(name, node, image, workload, out, "")
+/// What a pod of the tests has beyond its workload.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// YAML lines at the level of `nodeName`, added to the pod's spec.
+    pub spec: String,
+    /// More of the container's environment, `KEY=VALUE`.
+    pub env: Vec<String>,
+    /// The container's resource limits (an extended resource such as `nvidia.com/gpu`).
+    pub limits: Vec<(String, String)>,
 }
 
-/// [`manifest`] with `spec` (YAML lines at the level of `nodeName`) added to the pod's spec.
-pub fn manifest_with(
+impl Extras {
+    /// `spec` added to the pod's spec.
+    pub fn spec(spec: &str) -> Extras {
+        Extras {
+            spec: spec.to_string(),
+            ..Extras::default()
+        }
+    }
+}
+
+/// The manifest of pod `name` on node `node` running `workload` from `image`, its `/out` the
+/// host directory `out` (a `hostPath` volume), with `extras`. The restore of a checkpoint is
+/// the same manifest with the checkpoint image as `image`.
+pub fn manifest(
     name: &str,
     node: &str,
     image: &str,
     workload: Workload,
     out: &Path,
-    spec: &str,
+    extras: &Extras,
 ) -> String {
     let command: Vec<String> = workload.args().iter().map(|a| quoted(a)).collect();
     let env: String = workload
         .env()
         .iter()
+        .chain(&extras.env)
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| format!("    - name: {k}\n      value: {}\n", quoted(v)))
         .collect();
+    let mut resources = String::new();
+    if !extras.limits.is_empty() {
+        resources.push_str("    resources:\n      limits:\n");
+        for (k, v) in &extras.limits {
+            resources.push_str(&format!("        {k}: {}\n", quoted(v)));
+        }
+    }
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}  \
          nodeName: {node}\n  hostNetwork: true\n  restartPolicy: Never\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n  - name: {CONTAINER}\n    image: \
-         {image}\n    imagePullPolicy: IfNotPresent\n    command: [{command}]\n    env:\n{env}    \
-         volumeMounts:\n    - name: out\n      mountPath: /out\n  volumes:\n  - name: out\n    \
-         hostPath:\n      path: {out}\n      type: Directory\n",
+         {image}\n    imagePullPolicy: IfNotPresent\n    command: [{command}]\n    env:\n{env}\
+         {resources}    volumeMounts:\n    - name: out\n      mountPath: /out\n  volumes:\n  \
+         - name: out\n    hostPath:\n      path: {out}\n      type: Directory\n",
+        spec = extras.spec,
         command = command.join(", "),
         out = out.display(),
     )
@@ -73,6 +98,8 @@ pub struct Pod<'c, 'e> {
     pub cp: &'c ControlPlane<'e>,
     pub name: String,
     pub out: Output,
+    /// What its manifest has beyond the workload (a restore's manifest has it too).
+    pub extras: Extras,
 }
 
 impl<'c, 'e> Pod<'c, 'e> {
@@ -86,10 +113,10 @@ impl<'c, 'e> Pod<'c, 'e> {
         workload: Workload,
         out: &str,
     ) -> Pod<'c, 'e> {
-        Pod::create_with(cp, node, name, image, workload, out, "")
+        Pod::create_with(cp, node, name, image, workload, out, &Extras::default())
     }
 
-    /// [`Pod::create`] with `spec` added to the pod's spec (see [`manifest_with`]). The CUDA
+    /// [`Pod::create`] with `extras` (see [`manifest`]). The CUDA
     /// workload's pid in its container (what its files are named after) is found from what it
     /// writes: 1 unless the pod shares one pid namespace between its containers.
     pub fn create_with(
@@ -99,18 +126,19 @@ impl<'c, 'e> Pod<'c, 'e> {
         image: &str,
         workload: Workload,
         out: &str,
-        spec: &str,
+        extras: &Extras,
     ) -> Pod<'c, 'e> {
         let dir = node.e.dir().join(format!("out-{out}"));
         let out = Output::new(dir.clone(), workload);
         cp.apply(
             name,
-            &manifest_with(name, &node.name, image, workload, &out.dir, spec),
+            &manifest(name, &node.name, image, workload, &out.dir, extras),
         );
         let mut pod = Pod {
             cp,
             name: name.to_string(),
             out,
+            extras: extras.clone(),
         };
         pod.wait_running(node);
         if workload.is_cuda() {
@@ -143,6 +171,17 @@ impl<'c, 'e> Pod<'c, 'e> {
         pod
     }
 
+    /// Pod `name` of the test whose output is `out`, made with `extras` (a pod since deleted,
+    /// whose manifest a restore repeats).
+    pub fn adopt(cp: &'c ControlPlane<'e>, name: &str, out: Output, extras: Extras) -> Pod<'c, 'e> {
+        Pod {
+            cp,
+            name: name.to_string(),
+            out,
+            extras,
+        }
+    }
+
     /// [`Pod::create_restored`] without waiting: for a restore the node refuses.
     pub fn apply_restored(
         cp: &'c ControlPlane<'e>,
@@ -150,15 +189,27 @@ impl<'c, 'e> Pod<'c, 'e> {
         old: &Pod<'_, '_>,
         image: &str,
     ) -> Pod<'c, 'e> {
+        Pod::apply_restored_with(cp, node, old, image, &old.extras)
+    }
+
+    /// [`Pod::apply_restored`] with `extras` instead of `old`'s.
+    pub fn apply_restored_with(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        old: &Pod<'_, '_>,
+        image: &str,
+        extras: &Extras,
+    ) -> Pod<'c, 'e> {
         let out = Output::new(old.out.dir.clone(), old.out.workload);
         cp.apply(
             &format!("{}-restored", old.name),
-            &manifest(&old.name, &node.name, image, out.workload, &out.dir),
+            &manifest(&old.name, &node.name, image, out.workload, &out.dir, extras),
         );
         Pod {
             cp,
             name: old.name.clone(),
             out,
+            extras: extras.clone(),
         }
     }
 

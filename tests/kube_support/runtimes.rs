@@ -16,6 +16,9 @@ pub struct Runtime {
     /// The kubelet's `runtimeRequestTimeout` in seconds (its default: 120): the deadline of
     /// every CRI call, and of a checkpoint unless the API's `?timeout=` is longer.
     pub request_timeout_s: u64,
+    /// Whether runc keeps CRIU's restore log in `<node>/criu-work` (its `CriuWorkPath`):
+    /// containerd deletes a failed restore's work directory, CRIU's log with it.
+    pub keep_criu_logs: bool,
 }
 
 /// Which runc a node's containerd runs.
@@ -37,12 +40,19 @@ impl Runc {
 }
 
 impl Runtime {
+    /// This runtime, runc keeping CRIU's restore logs (see [`Runtime::keep_criu_logs`]).
+    pub fn keeping_criu_logs(mut self) -> Runtime {
+        self.keep_criu_logs = true;
+        self
+    }
+
     /// containerd 2.1.9 (Debian's): restores a checkpoint through CreateContainer.
     pub fn containerd_2_1(runc: Runc) -> Runtime {
         Runtime {
             bins: ContainerdBins::v2026(runc.path()),
             cri_runtime_options: String::new(),
             request_timeout_s: 120,
+            keep_criu_logs: false,
         }
     }
 
@@ -57,6 +67,7 @@ impl Runtime {
                 String::new()
             },
             request_timeout_s: 120,
+            keep_criu_logs: false,
         }
     }
 
@@ -66,6 +77,7 @@ impl Runtime {
             bins: upstream_containerd("containerd-2.4", runc),
             cri_runtime_options: String::new(),
             request_timeout_s: 120,
+            keep_criu_logs: false,
         }
     }
 }

@@ -13,20 +13,26 @@ pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `criu-gpu` of this workspace, built when the test run did not build it.
 pub fn criu_gpu() -> PathBuf {
+    workspace_bin("criu-gpu", "criu-gpu")
+}
+
+/// Program `name` of this workspace's package `package`, built when the test run did not
+/// build it.
+pub fn workspace_bin(package: &str, name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
-    let bin = profile_dir.join("criu-gpu");
+    let bin = profile_dir.join(name);
     if !bin.is_file() {
         let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "--locked", "-p", "criu-gpu"]);
+        cmd.args(["build", "--locked", "-p", package, "--bin", name]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
         let ok = cmd.status().is_ok_and(|s| s.success());
-        assert!(ok && bin.is_file(), "cannot build criu-gpu: {cmd:?}");
+        assert!(ok && bin.is_file(), "cannot build {name}: {cmd:?}");
     }
     bin
 }
