@@ -156,6 +156,60 @@ def build_rootfs(work, busybox):
 
 # ---- the node -------------------------------------------------------------------------------
 
+def start_registry(registry, w, addr, logs):
+    """The registry (program `registry`) on `addr`, its storage in `w`/reg, and containerd's
+    hosts.toml for it in `w`/certs.d (plain HTTP); returns its process."""
+    with open(os.path.join(w, "registry.yml"), "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {w}/reg\n"
+                f"http:\n  addr: {addr}\n")
+    p = subprocess.Popen([registry, "serve", os.path.join(w, "registry.yml")],
+                         stdout=open(os.path.join(logs, "registry.log"), "w"), stderr=subprocess.STDOUT)
+    hd = os.path.join(w, "certs.d", addr)
+    os.makedirs(hd, exist_ok=True)
+    with open(os.path.join(hd, "hosts.toml"), "w") as f:
+        f.write(f'server = "http://{addr}"\n[host."http://{addr}"]\n'
+                '  capabilities = ["pull", "resolve", "push"]\n  skip_verify = true\n')
+    return p
+
+
+def write_containerd_config(path, w, sock, pause, runc, runc_root, runtime_extra=""):
+    """containerd's configuration: its state under `w`, the CRI with `pause` as the sandbox
+    image, registries from `w`/certs.d, runc `runc` with its state in `runc_root`;
+    `runtime_extra` are more lines of the CRI runtime table."""
+    cri = "io.containerd.cri.v1"
+    with open(path, "w") as f:
+        f.write(f'''version = 3
+root = "{w}/root"
+state = "{w}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{sock}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{w}/opt"
+[plugins."{cri}.images"]
+  snapshotter = "overlayfs"
+  [plugins."{cri}.images".pinned_images]
+    sandbox = "{pause}"
+  [plugins."{cri}.images".registry]
+    config_path = "{w}/certs.d"
+[plugins."{cri}.runtime"]
+  restrict_oom_score_adj = true{runtime_extra}
+  [plugins."{cri}.runtime".cni]
+    conf_dir = "{w}/cni"
+    bin_dirs = ["{w}/cni"]
+  [plugins."{cri}.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."{cri}.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."{cri}.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{runc_root}"
+        SystemdCgroup = false
+''')
+
+
 class Node:
     def __init__(self, a, work):
         self.a, self.work = a, work
@@ -169,51 +223,11 @@ class Node:
             os.makedirs(os.path.join(w, d), exist_ok=True)
         port = 5000 + os.getpid() % 1000
         self.registry = f"127.0.0.1:{port}"
-        with open(os.path.join(w, "registry.yml"), "w") as f:
-            f.write(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {w}/reg\n"
-                    f"http:\n  addr: {self.registry}\n")
         logs = os.path.dirname(a.out)
-        self.procs.append(subprocess.Popen([a.registry, "serve", os.path.join(w, "registry.yml")],
-                                           stdout=open(os.path.join(logs, "registry.log"), "w"), stderr=subprocess.STDOUT))
-        hd = os.path.join(w, "certs.d", self.registry)
-        os.makedirs(hd, exist_ok=True)
-        with open(os.path.join(hd, "hosts.toml"), "w") as f:
-            f.write(f'server = "http://{self.registry}"\n[host."http://{self.registry}"]\n'
-                    '  capabilities = ["pull", "resolve", "push"]\n  skip_verify = true\n')
+        self.procs.append(start_registry(a.registry, w, self.registry, logs))
         self.pause = f"{self.registry}/gpu-check/pause:1"
         self.image = f"{self.registry}/gpu-check/cuda:1"
-        cri = "io.containerd.cri.v1"
-        with open(os.path.join(w, "config.toml"), "w") as f:
-            f.write(f'''version = 3
-root = "{w}/root"
-state = "{w}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{self.sock}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{w}/opt"
-[plugins."{cri}.images"]
-  snapshotter = "overlayfs"
-  [plugins."{cri}.images".pinned_images]
-    sandbox = "{self.pause}"
-  [plugins."{cri}.images".registry]
-    config_path = "{w}/certs.d"
-[plugins."{cri}.runtime"]
-  restrict_oom_score_adj = true
-  [plugins."{cri}.runtime".cni]
-    conf_dir = "{w}/cni"
-    bin_dirs = ["{w}/cni"]
-  [plugins."{cri}.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."{cri}.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."{cri}.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{a.runc}"
-        Root = "{self.runc_root}"
-        SystemdCgroup = false
-''')
+        write_containerd_config(os.path.join(w, "config.toml"), w, self.sock, self.pause, a.runc, self.runc_root)
         env = dict(os.environ)
         env["PATH"] = f"{a.containerd_bin}:{w}/bin:" + env["PATH"]
         self.procs.append(subprocess.Popen([os.path.join(a.containerd_bin, "containerd"), "--config",

@@ -134,50 +134,11 @@ class KubeletNode:
         bind(os.path.join(w, "var-lib-kubelet"), "/var/lib/kubelet")
         bind(os.path.join(w, "cdi"), "/var/run/cdi")
         bind(os.path.join(w, "var-log-containers"), "/var/log/containers")
-        with open(os.path.join(w, "registry.yml"), "w") as f:
-            f.write(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {w}/reg\n"
-                    f"http:\n  addr: {self.registry}\n")
-        self.spawn("registry", [os.path.join(self.bin, "registry"), "serve", os.path.join(w, "registry.yml")])
-        hd = os.path.join(w, "certs.d", self.registry)
-        os.makedirs(hd, exist_ok=True)
-        with open(os.path.join(hd, "hosts.toml"), "w") as f:
-            f.write(f'server = "http://{self.registry}"\n[host."http://{self.registry}"]\n'
-                    '  capabilities = ["pull", "resolve", "push"]\n  skip_verify = true\n')
-        cri = "io.containerd.cri.v1"
-        with open(os.path.join(w, "config.toml"), "w") as f:
-            f.write(f'''version = 3
-root = "{w}/root"
-state = "{w}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{self.sock}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{w}/opt"
-[plugins."{cri}.images"]
-  snapshotter = "overlayfs"
-  [plugins."{cri}.images".pinned_images]
-    sandbox = "{self.pause}"
-  [plugins."{cri}.images".registry]
-    config_path = "{w}/certs.d"
-[plugins."{cri}.runtime"]
-  restrict_oom_score_adj = true
-  enable_cdi = true
-  cdi_spec_dirs = ["/var/run/cdi"]
-  enable_experimental_restore_via_create = true
-  [plugins."{cri}.runtime".cni]
-    conf_dir = "{w}/cni"
-    bin_dirs = ["{w}/cni"]
-  [plugins."{cri}.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."{cri}.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."{cri}.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{self.bin}/runc"
-        Root = "{self.runc_root}"
-        SystemdCgroup = false
-''')
+        self.procs.append(cc.start_registry(os.path.join(self.bin, "registry"), w, self.registry, self.logs))
+        cc.write_containerd_config(os.path.join(w, "config.toml"), w, self.sock, self.pause,
+                                   f"{self.bin}/runc", self.runc_root,
+                                   "\n  enable_cdi = true\n  cdi_spec_dirs = [\"/var/run/cdi\"]"
+                                   "\n  enable_experimental_restore_via_create = true")
         env = dict(os.environ)
         env["PATH"] = f"{self.bin}:" + env["PATH"]
         self.spawn("containerd", [os.path.join(self.bin, "containerd"), "--config", os.path.join(w, "config.toml")], env)
