@@ -67,7 +67,8 @@ done
 if [ "${1:-}" = --kubelet ]; then
     shift
     [ -f .gpu-kubelet/bundle.tar.xz ] || { echo "no .gpu-kubelet: run scripts/gpu-carry-kubelet.sh and carry it" >&2; exit 1; }
-    bundle=$(mktemp -d)
+    bundle=/var/tmp/gpu-kubelet-bundle
+    rm -rf "$bundle" && mkdir -p "$bundle"
     xz -dc .gpu-kubelet/bundle.tar.xz | tar -C "$bundle" -xf -
     exec env PYTHONUNBUFFERED=1 python3 tests/gpu/kubelet_check.py --bundle "$bundle" \
         --criu "$bundle/.criu-4.3/bin/criu" --plugin .gpu-kubelet/gpu_plugin.so \

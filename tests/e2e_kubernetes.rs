@@ -54,11 +54,6 @@ fn kubelet_migration_to_node_b_cuda() {
     migration("k8s-migration-cuda", CUDA, &r, &r);
 }
 
-/// The restore pulls the checkpoint's base image (`NAME@DIGEST`, recorded in the archive) with
-/// containerd's own resolver, not with the CRI's registry configuration (`config_path`,
-/// `hosts.toml`): here the registry is one that node b reaches only as configured there
-/// (plain HTTP at a non-local address), though a bystander pod of the same image runs on b.
-/// The restore fails with the reason in the pod's status.
 /// *Another GPU*: a restore on node b, whose device plugin gives the pod a different GPU (a
 /// CDI device), goes onto that GPU with no map written.
 #[test]
@@ -66,13 +61,18 @@ fn kubelet_restore_onto_the_gpu_node_bs_device_plugin_gives() {
     restore_onto_another_gpu("k8s-other-gpu", &containerd_2_1());
 }
 
-/// The same checkpoint restored from a manifest that asks for no GPU: refused, and why is
-/// read through `kubectl`.
+/// The same checkpoint restored from a manifest that asks for no GPU: refused before any task;
+/// `kubectl` shows containerd's error, CRIU's log on the node the reason.
 #[test]
 fn kubelet_restore_without_a_gpu_is_refused() {
     restore_without_a_gpu("k8s-no-gpu", &containerd_2_1().keeping_criu_logs());
 }
 
+/// The restore pulls the checkpoint's base image (`NAME@DIGEST`, recorded in the archive) with
+/// containerd's own resolver, not with the CRI's registry configuration (`config_path`,
+/// `hosts.toml`): here the registry is one that node b reaches only as configured there
+/// (plain HTTP at a non-local address), though a bystander pod of the same image runs on b.
+/// The restore fails with the reason in the pod's status.
 #[test]
 fn kubelet_restore_needs_the_base_image_from_containerds_own_resolver() {
     let r = containerd_2_1();

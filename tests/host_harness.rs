@@ -270,6 +270,13 @@ fn a_cuda_image_without_an_nvidia_driver_fails_init_clearly() {
         check_host_run(fam, &run);
         assert_eq!(run.status, 1, "{run:?}");
         assert!(run.has("Failed in init(2)"), "{run:?}");
+        // The reason on stderr too (a pipe here), where a runtime's container log or the
+        // user's terminal shows it.
+        assert!(
+            run.stderr
+                .starts_with("gpu_plugin: restore failed: the image needs cuda_plugin"),
+            "{run:?}"
+        );
         assert!(
             !run.report.iter().any(|l| l.starts_with("exit ")),
             "CRIU never calls exit after a failed init: {run:?}"

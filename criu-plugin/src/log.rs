@@ -150,24 +150,47 @@ impl CriuLogger {
     }
 }
 
-/// Writes `text` (one short line) to CRIU's standard error, if it can take it now: a runtime
-/// restoring a container hands CRIU the container's stdio (runc, crun), so a restore's failure
-/// written here reaches the container's log, where `kubectl logs` and `podman logs` show it.
-/// Never blocks (a full pipe or a stalled terminal gets nothing) and never raises SIGPIPE (a
-/// reader that is gone must not end CRIU); at most `PIPE_BUF` bytes, written at once.
+/// Writes `text` (one short line) to CRIU's standard error where that is a pipe, a terminal or
+/// a file: run by hand, `criu restore` shows it on the terminal (or in the file its stderr went
+/// to), and a runtime that hands CRIU the restored container's output streams (runc, crun)
+/// gets it there. A socket or nothing gets nothing. Never blocks on a reader: a pipe or
+/// terminal is opened again non-blocking, so a full pipe or a stalled terminal takes nothing
+/// and the caller's file flags are left alone; never raises SIGPIPE; at most `PIPE_BUF` bytes,
+/// in one write. Call it from CRIU's own process only (in a task being restored, fd 2 is the
+/// task's).
 pub fn to_stderr(text: &str) {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::{Mode, SFlag, fstat};
     use std::os::fd::BorrowedFd;
 
-    let bytes = &text.as_bytes()[..text.len().min(libc::PIPE_BUF)];
-    // SAFETY: fd 2 is only borrowed for this call; if CRIU closed it, poll reports POLLNVAL.
+    // SAFETY: fd 2 is only borrowed for this call; fstat of a closed fd fails with EBADF.
     let stderr = unsafe { BorrowedFd::borrow_raw(libc::STDERR_FILENO) };
-    let mut fds = [PollFd::new(stderr, PollFlags::POLLOUT)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(1) if fds[0].revents() == Some(PollFlags::POLLOUT) => {}
-        _ => return,
+    let Ok(st) = fstat(stderr) else {
+        return;
+    };
+    let bytes = &text.as_bytes()[..text.len().min(libc::PIPE_BUF)];
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if kind == SFlag::S_IFREG {
+        write_without_sigpipe(&stderr, bytes);
+        return;
     }
+    if kind != SFlag::S_IFIFO && kind != SFlag::S_IFCHR {
+        return;
+    }
+    let flags = OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    // A pipe with no reader refuses the open (ENXIO): nothing is written.
+    let Ok(fd) = open("/proc/self/fd/2", flags, Mode::empty()) else {
+        return;
+    };
+    write_without_sigpipe(&fd, bytes);
+}
+
+/// One write of `bytes` to `fd` with SIGPIPE blocked: a reader that is gone fails the write
+/// (EPIPE) instead of ending the process; the SIGPIPE it raised is taken before the signal mask
+/// is put back as it was.
+fn write_without_sigpipe(fd: &impl std::os::fd::AsFd, bytes: &[u8]) {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+
     let mut pipe = SigSet::empty();
     pipe.add(Signal::SIGPIPE);
     let mut old = SigSet::empty();
@@ -175,9 +198,8 @@ pub fn to_stderr(text: &str) {
         return;
     }
     let was_pending = sigpipe_pending();
-    let wrote = nix::unistd::write(stderr, bytes);
+    let wrote = nix::unistd::write(fd, bytes);
     if wrote == Err(nix::errno::Errno::EPIPE) && !was_pending {
-        // The SIGPIPE this write raised, taken before the mask comes back.
         let zero = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -244,23 +266,15 @@ mod tests {
     }
 
     #[test]
-    fn stderr_that_is_a_closed_pipe_ends_nothing() {
-        // A pipe whose reader is gone as this process's stderr: the write fails with EPIPE,
-        // the SIGPIPE is taken, nothing is left pending and the mask is as it was.
-        use std::os::fd::AsRawFd;
+    fn a_pipe_whose_reader_is_gone_ends_nothing() {
+        // The write fails with EPIPE, the SIGPIPE it raised is taken, and the mask is as it
+        // was. (Rust ignores SIGPIPE in its own programs; inside CRIU it would be fatal.)
         let (r, w) = nix::unistd::pipe().unwrap();
         drop(r);
-        // SAFETY: dup and dup2 on fds this test owns (2 is put back before the test ends).
-        let saved = unsafe { libc::dup(libc::STDERR_FILENO) };
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::dup2(w.as_raw_fd(), libc::STDERR_FILENO) }, 2);
-        to_stderr("gpu: restore failed: test\n");
-        // SAFETY: as above.
-        unsafe {
-            libc::dup2(saved, libc::STDERR_FILENO);
-            libc::close(saved);
-        }
+        let before = nix::sys::signal::SigSet::thread_get_mask().unwrap();
+        write_without_sigpipe(&w, b"gpu: restore failed: test\n");
         assert!(!sigpipe_pending());
+        assert_eq!(nix::sys::signal::SigSet::thread_get_mask().unwrap(), before);
     }
 
     #[test]

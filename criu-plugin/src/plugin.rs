@@ -38,8 +38,10 @@ fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {
     }
 }
 
-/// `r`, its failure also written to CRIU's standard error where `restore` ([`log::to_stderr`]:
-/// a restored container's log shows it).
+/// `r`, its failure also written to CRIU's standard error where `restore`
+/// ([`log::to_stderr`]: a user running `criu restore` or a runtime that hands CRIU the
+/// container's output streams gets it). Only for `init`, which runs in CRIU's own process:
+/// later restore hooks may run in a task being restored, whose fd 2 is the task's own.
 ///
 /// [`log::to_stderr`]: crate::log::to_stderr
 fn told<P: Plugin, T>(r: HookResult<T>, restore: bool) -> HookResult<T> {
@@ -154,12 +156,9 @@ macro_rules! hook_items {
                     guard::<P>(HookId::$id.label(), || {
                         glue(
                             |$($arg: $ty),*| {
-                                told::<P, _>(
-                                    P::instance()
-                                        .$method($($arg),*)
-                                        .map_err(|e| e.in_phase(Phase::$phase)),
-                                    matches!(Phase::$phase, Phase::Restore),
-                                )
+                                P::instance()
+                                    .$method($($arg),*)
+                                    .map_err(|e| e.in_phase(Phase::$phase))
                             },
                             $glue,
                         )
@@ -197,12 +196,9 @@ macro_rules! hook_items {
                 guard::<P>(HookId::RestoreExtFile.label(), || {
                     let mut retry = false;
                     let rc = ret(
-                        told::<P, _>(
-                            P::instance()
-                                .restore_ext_file(id_u32(id), Some(&mut retry))
-                                .map_err(|e| e.in_phase(Phase::Restore)),
-                            true,
-                        ),
+                        P::instance()
+                            .restore_ext_file(id_u32(id), Some(&mut retry))
+                            .map_err(|e| e.in_phase(Phase::Restore)),
                         |fd| fd,
                     );
                     // The host leaves its flag uninitialised: always write it.

@@ -34,6 +34,7 @@ when a case failed.
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -168,9 +169,16 @@ class KubeletNode:
                                           f"--nvidia-cdi-hook-path={self.bin}/nvidia-ctk", "--fail-on-init-error=true",
                                           # On the host, not in a container: the driver is at /.
                                           "--driver-root=/", "--driver-root-ctr-path=/"], env)
-            kl = os.path.join(self.logs, "kubelet.log")
-            cc.wait_for("the device plugin registered with the kubelet",
-                        lambda: any("nvidia.com/gpu" in l and "egister" in l for l in cc.lines(kl)), 120)
+            # The kubelet records the devices it can allocate in its device manager's checkpoint.
+            ckpt = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+            def registered():
+                try:
+                    data = json.load(open(ckpt)).get("Data", {})
+                except (OSError, ValueError):
+                    return False
+                return bool((data.get("RegisteredDevices") or {}).get("nvidia.com/gpu"))
+            cc.wait_for("the kubelet to list the device plugin's GPUs", registered, 120)
             cc.wait_for("the device plugin's CDI spec", lambda: len(os.listdir("/var/run/cdi")) > 1, 60)
             for f in sorted(os.listdir("/var/run/cdi")):
                 spec = open(os.path.join("/var/run/cdi", f)).read()
@@ -293,8 +301,7 @@ shutdownGracePeriod: 0s
         d = os.path.join(self.w, "ckpt-image")
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(os.path.join(d, "blobs", "sha256"))
-        with open(archive, "rb") as f:
-            ld, ls = cc.blob(d, f.read())
+        ld, ls = blob_file(d, archive)
         cd, cs = cc.blob(d, json.dumps({"architecture": "amd64", "os": "linux", "config": {},
                                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + ld]}}).encode())
         md, ms = cc.blob(d, json.dumps({
@@ -313,7 +320,8 @@ shutdownGracePeriod: 0s
         with tarfile.open(tar, "w") as t:
             for n in ("oci-layout", "index.json", "blobs"):
                 t.add(os.path.join(d, n), arcname=n)
-        self.ctr("image", "import", tar)
+        run([os.path.join(self.bin, "ctr"), "--address", self.sock, "--namespace", "k8s.io",
+             "image", "import", tar], 1800)
         shutil.rmtree(d)
         os.unlink(tar)
 
@@ -327,6 +335,14 @@ shutdownGracePeriod: 0s
             except subprocess.TimeoutExpired:
                 p.kill()
         kill_cgroup(CGROUP)
+        # containerd's shims outlive it: ours go too.
+        shim = os.path.join(self.bin, "containerd-shim-runc-v2")
+        for exe in glob.glob("/proc/[0-9]*/exe"):
+            try:
+                if os.readlink(exe) == shim:
+                    os.kill(int(exe.split("/")[2]), 9)
+            except (OSError, ValueError):
+                pass
 
 
 def manifest(name, image, argv, env, mounts, gpu, pull="IfNotPresent"):
@@ -339,6 +355,21 @@ def manifest(name, image, argv, env, mounts, gpu, pull="IfNotPresent"):
             "spec": {"hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
                      "containers": [c],
                      "volumes": [{"name": f"v{i}", "hostPath": {"path": src}} for i, (src, _) in enumerate(mounts)]}}
+
+
+def blob_file(d, path):
+    """File `path` as a blob of the OCI layout `d` (hashed in pieces, linked where it can be):
+    its digest and size."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 24), b""):
+            h.update(piece)
+    dst = os.path.join(d, "blobs", "sha256", h.hexdigest())
+    try:
+        os.link(path, dst)
+    except OSError:
+        shutil.copyfile(path, dst)
+    return h.hexdigest(), os.path.getsize(path)
 
 
 def archive_member(archive, name):

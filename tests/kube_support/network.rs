@@ -137,27 +137,28 @@ fn ip(e: &E2e, ns: Option<&Path>, args: &[&str]) {
     run_tool(e.dir(), cmd, &format!("ip {}", args.join(" "))).assert_ok();
 }
 
-/// A TCP port of the host seen on 127.0.0.1 inside node networks, as a registry on a node's
-/// own loopback would be: a thread of the test per node, in the node's network namespace
-/// (`setns` on that thread only), accepting on `127.0.0.1:PORT` there and joining each
-/// connection to `10.231.1.1:PORT` (the host, through the node's link). containerd treats a
-/// registry on 127.0.0.1 as local and speaks plain HTTP to it with its own resolver too (the
-/// restore's pull of a checkpoint's base image uses that one, not the CRI's `hosts.toml`).
+/// A TCP port of the host's loopback seen on 127.0.0.1 inside node networks, as a registry on a
+/// node's own loopback would be: per node, a thread of the test in the node's network namespace
+/// (`setns` on that thread only) accepts on `127.0.0.1:PORT` there, and a thread in the host's
+/// joins each connection to the host's `127.0.0.1:PORT`, so the registry listens on the
+/// host's loopback only. containerd treats a registry on 127.0.0.1 as local and speaks plain
+/// HTTP to it with its own resolver too (the restore's pull of a checkpoint's base image uses
+/// that one, not the CRI's `hosts.toml`).
 pub struct LoopbackForward {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl LoopbackForward {
-    /// Forwards `127.0.0.1:port` of `net` to the host's `to:port`.
-    pub fn new(net: &NodeNet, port: u16, to: &str) -> LoopbackForward {
+    /// Forwards `127.0.0.1:port` of `net` to the host's `127.0.0.1:port`.
+    pub fn new(net: &NodeNet, port: u16) -> LoopbackForward {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let ns = std::fs::File::open(net.path()).expect("the node's network namespace");
-        let target = format!("{to}:{port}");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (conn_tx, conn_rx) = std::sync::mpsc::channel::<std::net::TcpStream>();
         let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
+        let listener = std::thread::spawn(move || {
             use std::os::fd::AsRawFd;
             // SAFETY: setns with a namespace file this thread opened; it changes this thread's
             // network namespace only (the test's other threads keep theirs).
@@ -172,18 +173,31 @@ impl LoopbackForward {
             let Some(listener) = listener.filter(|_| ok) else {
                 return;
             };
-            let mut pumps = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((inbound, _)) => {
-                        // Sockets made here are of the node's namespace.
-                        let to = target.parse().expect("an address");
-                        let within = std::time::Duration::from_secs(5);
-                        if let Ok(outbound) = std::net::TcpStream::connect_timeout(&to, within) {
-                            pumps.extend(splice(inbound, outbound, &flag));
+                        let _ = inbound.set_nonblocking(false);
+                        if conn_tx.send(inbound).is_err() {
+                            return;
                         }
                     }
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        });
+        let flag = stop.clone();
+        // In the host's network namespace: its sockets reach the host's loopback.
+        let connector = std::thread::spawn(move || {
+            let mut pumps = Vec::new();
+            let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            while !flag.load(Ordering::Relaxed) {
+                let tick = std::time::Duration::from_millis(100);
+                let Ok(inbound) = conn_rx.recv_timeout(tick) else {
+                    continue;
+                };
+                let within = std::time::Duration::from_secs(5);
+                if let Ok(outbound) = std::net::TcpStream::connect_timeout(&to, within) {
+                    pumps.extend(splice(inbound, outbound, &flag));
                 }
             }
             for p in pumps {
@@ -197,7 +211,7 @@ impl LoopbackForward {
         );
         LoopbackForward {
             stop,
-            thread: Some(thread),
+            threads: vec![listener, connector],
         }
     }
 }
@@ -205,7 +219,7 @@ impl LoopbackForward {
 impl Drop for LoopbackForward {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }

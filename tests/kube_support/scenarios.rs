@@ -44,7 +44,8 @@ pub struct Cluster<'e> {
 
 impl<'e> Cluster<'e> {
     /// Starts the control plane, the registry and one node per `(name, runtime)` of `nodes`.
-    /// The registry is seen at 127.0.0.1 on every node, as a registry local to each.
+    /// The registry listens on the host's 127.0.0.1 only and is seen at 127.0.0.1 on every
+    /// node, as a registry local to each.
     pub fn start(e: &'e E2e, workload: Workload, nodes: &[(&str, &Runtime)]) -> Cluster<'e> {
         Cluster::start_with(e, workload, nodes, true)
     }
@@ -101,13 +102,14 @@ impl<'e> Cluster<'e> {
             .zip(nodes)
             .map(|(i, (n, _))| NodeNet::new(e, i, n))
             .collect();
-        // On the host's addresses: 127.0.0.1 for the test, the cluster network's for the nodes.
+        // Listening on that one address of the host: its loopback (forwarded into each node's),
+        // or node a's link, which the test and every node reach.
         let name = if registry_on_loopback {
             "127.0.0.1".to_string()
         } else {
             gateway_of(1)
         };
-        let registry = Registry::start_at(e, "0.0.0.0", &name);
+        let registry = Registry::start_at(e, &name, &name);
         let port: u16 = registry
             .host
             .rsplit_once(':')
@@ -115,7 +117,7 @@ impl<'e> Cluster<'e> {
             .expect("the registry's port");
         let forwards = if registry_on_loopback {
             nets.iter()
-                .map(|net| LoopbackForward::new(net, port, &gateway_of(1)))
+                .map(|net| LoopbackForward::new(net, port))
                 .collect()
         } else {
             Vec::new()
