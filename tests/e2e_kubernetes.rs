@@ -21,11 +21,12 @@ mod kube_support;
 
 use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
 use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
+use kube_support::gpu_scenarios::{restore_onto_another_gpu, restore_without_a_gpu};
 use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
-    restore_onto_another_gpu, restore_refused, restore_without_a_gpu, start,
+    restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {

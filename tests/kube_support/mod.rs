@@ -8,6 +8,7 @@
 //! (`CRIU_GPU_TEST_UPSTREAM` names another directory of that layout).
 
 pub mod control_plane;
+pub mod gpu_scenarios;
 pub mod network;
 pub mod node;
 pub mod pki;

@@ -1,0 +1,204 @@
+//! The *another GPU* scenarios: nodes with two stand-in GPUs in their CDI specs, each node's
+//! stand-in device plugin ([`KubeNode::start_device_plugin`]) giving pods one of them as NVIDIA's
+//! device plugin does (its CDI name, by UUID); a CUDA pod checkpointed on node a with GPU 0 and
+//! restored on node b, where GPU 1 is given, or no GPU.
+//!
+//! [`KubeNode::start_device_plugin`]: super::node::KubeNode::start_device_plugin
+
+use std::path::PathBuf;
+
+use super::pods::{CONTAINER, Extras, Pod};
+use super::runtimes::Runtime;
+use super::scenarios::{Cluster, start};
+use crate::common::E2e;
+use crate::containers_support::cdi::{
+    NvidiaCdi, StandInGpu, assert_refused_without_gpu, workload_gpus,
+};
+use crate::containers_support::cri::gpu_node::driver_restores;
+use crate::containers_support::cri::{archive_member, calls, push_checkpoint_image};
+use crate::containers_support::{CUDA, Output, etc_criu_settings, fake_cuda, fake_cuda_env};
+
+impl<'e> Cluster<'e> {
+    /// A cluster whose nodes have two stand-in GPUs: each node's CDI spec lists both (as
+    /// `nvidia-ctk cdi generate` would), the plugin's settings name them, and the stand-in CUDA
+    /// driver models them. Pods get a GPU from a node's device plugin
+    /// ([`KubeNode::start_device_plugin`]): [`gpu_extras`] asks for one.
+    pub fn start_with_gpus(e: &'e E2e, nodes: &[(&str, &Runtime)]) -> (Cluster<'e>, NvidiaCdi) {
+        let f = fake_cuda();
+        let cdi = NvidiaCdi::new(
+            &e.dir().join("nvidia"),
+            &f.gpus(e, 2),
+            vec![(f.libcuda.clone(), "/gpu/libcuda.so.1".into())],
+        );
+        let etc = etc_criu_settings(e, CUDA, "runc.conf");
+        cdi.write_plugin_settings(f, &etc.join("gpu-plugin.conf"));
+        let mut env = fake_cuda_env(&calls(e));
+        env.push(("FAKE_CUDA_GPUS", cdi.gpus.len().to_string().into()));
+        let c = Cluster::start_configured(e, nodes, true, &etc, &env);
+        for n in &c.nodes {
+            cdi.write_spec(&n.dir.join("cdi"));
+        }
+        (c, cdi)
+    }
+}
+
+/// What a pod's manifest has to get one GPU from a node's device plugin, and the environment
+/// the stand-in CUDA workload needs on the stand-in GPUs.
+pub fn gpu_extras(cdi: &NvidiaCdi) -> Extras {
+    Extras {
+        env: cdi.workload_env().to_vec(),
+        limits: vec![("nvidia.com/gpu".into(), "1".into())],
+        ..Extras::default()
+    }
+}
+
+/// The device a node's stand-in device plugin offers for `gpu`: NVIDIA's plugin with
+/// `--device-list-strategy=cdi-cri` answers with the GPU's CDI name, by UUID.
+pub fn cdi_device(gpu: &StandInGpu) -> String {
+    format!("gpu{}=cdi:nvidia.com/gpu={}", gpu.index, gpu.uuid)
+}
+
+/// A CUDA pod given GPU 0 by node a's device plugin, checkpointed through the kubelet, its
+/// checkpoint image pushed, and deleted; node b's device plugin offers GPU 1.
+pub struct GpuCheckpoint<'e> {
+    pub c: Cluster<'e>,
+    pub cdi: NvidiaCdi,
+    /// The pod's manifest beyond its workload: the GPU request.
+    pub extras: Extras,
+    /// Its device memory files when it was checkpointed.
+    pub pod_files: Vec<String>,
+    /// Its output marks before and after the checkpoint, and once it was deleted.
+    pub marks: (usize, usize, usize),
+    pub image: String,
+    out_dir: PathBuf,
+}
+
+impl<'e> GpuCheckpoint<'e> {
+    /// Takes it on a cluster of nodes a and b of `runtime`.
+    pub fn take(e: &'e E2e, runtime: &Runtime) -> GpuCheckpoint<'e> {
+        let (mut c, cdi) = Cluster::start_with_gpus(e, &[("a", runtime), ("b", runtime)]);
+        let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
+        for (node, gpu) in c.nodes.iter_mut().zip([gpu0, gpu1]) {
+            node.start_device_plugin(&c.cp, "nvidia.com/gpu", &[cdi_device(gpu)]);
+        }
+        let a = &c.nodes[0];
+        let extras = gpu_extras(&cdi);
+        let pod = Pod::create_with(&c.cp, a, "w", &c.images().workload, CUDA, "w", &extras);
+        let pid = pod.pid(a);
+        assert_eq!(
+            workload_gpus(&pod.out.dir),
+            [(gpu0.uuid.clone(), gpu0.index)],
+            "the GPUs of the pod given GPU 0"
+        );
+        let pod_files = pod.out.device_files();
+        let low = pod.out.mark();
+        let archive = pod
+            .checkpoint(a, None)
+            .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
+        let high = pod.out.mark();
+        let md = archive_member(e, &archive, "checkpoint/gpu-plugin-cuda.img");
+        assert!(
+            md.contains(&gpu0.uuid) && !md.contains(&gpu1.uuid),
+            "the image must record the pod's GPU only: {md}"
+        );
+        let image = push_checkpoint_image(e, &archive, CONTAINER, &c.registry);
+        pod.delete(Some(pid));
+        let killed = pod.out.mark();
+        let out_dir = pod.out.dir.clone();
+        GpuCheckpoint {
+            c,
+            cdi,
+            extras,
+            pod_files,
+            marks: (low, high, killed),
+            image,
+            out_dir,
+        }
+    }
+
+    /// The deleted pod, whose manifest a restore repeats.
+    pub fn pod(&self) -> Pod<'_, 'e> {
+        Pod::adopt(
+            &self.c.cp,
+            "w",
+            Output::new(self.out_dir.clone(), CUDA),
+            self.extras.clone(),
+        )
+    }
+}
+
+/// *Another GPU*: node a's device plugin offers GPU 0, node b's GPU 1. A CUDA pod asking for
+/// one GPU runs on a with GPU 0 and is checkpointed through the kubelet; the same manifest
+/// with the checkpoint image, created on b, is given GPU 1 by b's device plugin (a CDI
+/// device): the plugin restores the checkpoint's GPU onto it with no map written, and the
+/// workload goes on there with its device memory.
+pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
+    let Some(e) = start(test, CUDA) else {
+        return;
+    };
+    let g = GpuCheckpoint::take(&e, runtime);
+    let (gpu0, gpu1) = (&g.cdi.gpus[0], &g.cdi.gpus[1]);
+    let b = &g.c.nodes[1];
+    let restored = Pod::create_restored(&g.c.cp, b, &g.pod(), &g.image);
+    let new_pid = restored.pid(b);
+    let log = b.restore_log(&restored.container_id());
+    let want = format!("GPU {} restores onto {}", gpu0.uuid, gpu1.uuid);
+    assert!(log.has(&want), "no `{want}` in CRIU's log: {log:?}");
+    let (low, high, killed) = g.marks;
+    restored.out.assert_resumes_between(low, high, killed);
+    restored
+        .out
+        .assert_gpu_restored(&g.pod_files, &calls(&e), new_pid);
+    assert_eq!(
+        workload_gpus(&restored.out.dir),
+        [(gpu1.uuid.clone(), gpu1.index)],
+        "the GPUs of the restored pod, given GPU 1"
+    );
+}
+
+/// The checkpoint of [`restore_onto_another_gpu`] restored on node b from a manifest that asks
+/// for no GPU: the plugin refuses at its start, naming the checkpoint's GPU, before CRIU makes
+/// any task; the driver is not asked to restore, the checkpoint's workload does not run, node
+/// b's other pod runs on. What `kubectl` shows is containerd's: runc's error carries CRIU's
+/// errno only, and containerd copies a container's output only once its restore succeeded
+/// (the plugin's line on CRIU's standard error is lost with it); the reason is in CRIU's log on
+/// the node, which runc keeps where `CriuWorkPath` points (`runtime` must keep it).
+pub fn restore_without_a_gpu(test: &str, runtime: &Runtime) {
+    let Some(e) = start(test, CUDA) else {
+        return;
+    };
+    let g = GpuCheckpoint::take(&e, runtime);
+    let b = &g.c.nodes[1];
+    let bystander = g.c.bystander(b);
+    let restores = driver_restores(&e);
+    let no_gpu = Extras {
+        limits: Vec::new(),
+        ..g.extras.clone()
+    };
+    let refused = Pod::apply_restored_with(&g.c.cp, b, &g.pod(), &g.image, &no_gpu);
+    let (state, reason, message) = refused.wait_refused();
+    eprintln!("the restore on node b: {state} {reason}: {message}");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("terminated", "StartError")
+    );
+    assert!(
+        message.contains("OCI runtime restore failed") && message.contains("criu failed"),
+        "the pod's message: {message}"
+    );
+    let log = b.restore_log(&refused.container_id());
+    assert_refused_without_gpu(&log, &g.cdi.gpus[0].uuid);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        refused.out.mark(),
+        g.marks.2,
+        "the workload ran after the refusal"
+    );
+    assert_eq!(
+        driver_restores(&e),
+        restores,
+        "the driver was asked to restore"
+    );
+    bystander.out.wait_counting(3);
+    assert_eq!(bystander.get("{.status.phase}"), "Running");
+}
