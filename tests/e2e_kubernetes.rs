@@ -26,7 +26,7 @@ use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
-    restore_refused, start,
+    restore_on_an_older_driver, restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -67,6 +67,13 @@ fn kubelet_restore_onto_the_gpu_node_bs_device_plugin_gives() {
 #[test]
 fn kubelet_restore_without_a_gpu_is_refused() {
     restore_without_a_gpu("k8s-no-gpu", &containerd_2_1().keeping_criu_logs());
+}
+
+/// A checkpoint of a newer driver than node b's: refused before any task; `kubectl` shows
+/// containerd's error, CRIU's log on the node both driver versions.
+#[test]
+fn kubelet_restore_on_an_older_driver_is_refused() {
+    restore_on_an_older_driver("k8s-older-driver", &containerd_2_1().keeping_criu_logs());
 }
 
 /// The restore pulls the checkpoint's base image (`NAME@DIGEST`, recorded in the archive) with

@@ -156,6 +156,30 @@ def build_rootfs(work, busybox):
 
 # ---- the node -------------------------------------------------------------------------------
 
+def node_namespace(a, flag):
+    """This script again in a private mount namespace of its own (`flag` in the environment
+    says it is there), a child subreaper, with a fresh `a.work` and the plugin `a.plugin`
+    bind-mounted into /usr/lib/criu, CRIU's default plugin directory, in that namespace only;
+    `a.criu` first on PATH as `criu`. Returns the work directory."""
+    if os.environ.get(flag) != "1":
+        os.environ[flag] = "1"
+        os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, *sys.argv])
+    import ctypes
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    w = a.work
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(os.path.join(w, "bin"))
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    lib = os.path.join(w, "usr-lib-criu")
+    os.makedirs(lib)
+    shutil.copy2(a.plugin, os.path.join(lib, "gpu_plugin.so"))
+    os.makedirs("/usr/lib/criu", exist_ok=True)
+    run(["mount", "--bind", lib, "/usr/lib/criu"])
+    os.symlink(a.criu, os.path.join(w, "bin", "criu"))
+    os.environ["PATH"] = os.path.join(w, "bin") + ":" + os.environ["PATH"]
+    return w
+
+
 def start_registry(registry, w, addr, logs):
     """The registry (program `registry`) on `addr`, its storage in `w`/reg, and containerd's
     hosts.toml for it in `w`/certs.d (plain HTTP); returns its process."""
@@ -365,23 +389,7 @@ def main():
     a = ap.parse_args()
     for o in ("criu", "plugin", "containerd_bin", "runc", "registry", "cri_client", "busybox"):
         setattr(a, o, os.path.abspath(getattr(a, o)))
-    if os.environ.get("GPU_CRI_IN_NS") != "1":
-        os.environ["GPU_CRI_IN_NS"] = "1"
-        os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, *sys.argv])
-    import ctypes
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    w = a.work
-    shutil.rmtree(w, ignore_errors=True)
-    os.makedirs(os.path.join(w, "bin"))
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    # CRIU's default plugin directory, in this mount namespace only.
-    lib = os.path.join(w, "usr-lib-criu")
-    os.makedirs(lib)
-    shutil.copy2(a.plugin, os.path.join(lib, "gpu_plugin.so"))
-    os.makedirs("/usr/lib/criu", exist_ok=True)
-    run(["mount", "--bind", lib, "/usr/lib/criu"])
-    os.symlink(a.criu, os.path.join(w, "bin", "criu"))
-    os.environ["PATH"] = os.path.join(w, "bin") + ":" + os.environ["PATH"]
+    w = node_namespace(a, "GPU_CRI_IN_NS")
     log("# " + run([a.criu, "--version"]).splitlines()[0] + "; " + run([a.runc, "--version"]).splitlines()[0])
 
     node = Node(a, w)

@@ -49,7 +49,6 @@ import cri_check as cc
 import gpu_check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PR_SET_CHILD_SUBREAPER = 36
 NODE = "gpu-node"
 CGROUP = "/gpu-kubelet-check"
 CHECKPOINT_ANNOTATIONS = ("io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name")
@@ -483,21 +482,7 @@ def main():
     a = ap.parse_args()
     for o in ("bundle", "criu", "plugin", "busybox", "work", "out"):
         setattr(a, o, os.path.abspath(getattr(a, o)))
-    if os.environ.get("GPU_KUBELET_IN_NS") != "1":
-        os.environ["GPU_KUBELET_IN_NS"] = "1"
-        os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, *sys.argv])
-    import ctypes
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    w = a.work
-    shutil.rmtree(w, ignore_errors=True)
-    os.makedirs(os.path.join(w, "bin"))
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    lib = os.path.join(w, "usr-lib-criu")
-    os.makedirs(lib)
-    shutil.copy2(a.plugin, os.path.join(lib, "gpu_plugin.so"))
-    bind(lib, "/usr/lib/criu")
-    os.symlink(a.criu, os.path.join(w, "bin", "criu"))
-    os.environ["PATH"] = os.path.join(w, "bin") + ":" + os.environ["PATH"]
+    w = cc.node_namespace(a, "GPU_KUBELET_IN_NS")
     log("# " + run([a.criu, "--version"]).splitlines()[0])
     cases = a.cases.split(",")
     node = KubeletNode(a, w)

@@ -34,7 +34,7 @@ impl<'e> Cluster<'e> {
         cdi.write_plugin_settings(f, &etc.join("gpu-plugin.conf"));
         let mut env = fake_cuda_env(&calls(e));
         env.push(("FAKE_CUDA_GPUS", cdi.gpus.len().to_string().into()));
-        let c = Cluster::start_configured(e, nodes, true, &etc, &env);
+        let c = Cluster::start_configured(e, nodes, true, &etc, &vec![env; nodes.len()]);
         for n in &c.nodes {
             cdi.write_spec(&n.dir.join("cdi"));
         }

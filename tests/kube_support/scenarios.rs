@@ -11,11 +11,12 @@ use super::node::KubeNode;
 use super::pods::Pod;
 use super::runtimes::Runtime;
 use crate::common::{self, E2e};
+use crate::containers_support::cri::gpu_node::driver_restores;
 use crate::containers_support::cri::{
     Images, Registry, assert_archive_of, calls, freezer_state, push_checkpoint_image, push_images,
 };
 use crate::containers_support::{
-    self, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
+    self, CUDA, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
     transitions,
 };
 
@@ -55,17 +56,18 @@ impl<'e> Cluster<'e> {
         registry_on_loopback: bool,
     ) -> Cluster<'e> {
         let etc = etc_criu_settings(e, workload, "runc.conf");
-        let env = fake_cuda_env(&calls(e));
-        Cluster::start_configured(e, nodes, registry_on_loopback, &etc, &env)
+        let envs = vec![fake_cuda_env(&calls(e)); nodes.len()];
+        Cluster::start_configured(e, nodes, registry_on_loopback, &etc, &envs)
     }
 
-    /// [`Cluster::start_with`] with CRIU's configuration `etc` and the nodes' environment `env`.
+    /// [`Cluster::start_with`] with CRIU's configuration `etc` and each node's environment
+    /// (`envs`, in the order of `nodes`).
     pub(super) fn start_configured(
         e: &'e E2e,
         nodes: &[(&str, &Runtime)],
         registry_on_loopback: bool,
         etc: &Path,
-        env: &[(&str, OsString)],
+        envs: &[Vec<(&'static str, OsString)>],
     ) -> Cluster<'e> {
         assert!(
             nodes.len() <= usize::from(MAX_NODES),
@@ -99,7 +101,8 @@ impl<'e> Cluster<'e> {
         let nodes: Vec<KubeNode<'e>> = nets
             .into_iter()
             .zip(nodes)
-            .map(|(net, (n, runtime))| {
+            .zip(envs)
+            .map(|((net, (n, runtime)), env)| {
                 KubeNode::start(e, &cp, n, net, etc, env, runtime, &registry)
             })
             .collect();
@@ -357,6 +360,67 @@ pub struct Refusal<'a> {
     pub state: &'a str,
     pub reason: &'a str,
     pub says: &'a [&'a str],
+}
+
+/// A checkpoint of another driver: a CUDA pod checkpointed on node a (the stand-in driver at
+/// CUDA 13.0) and restored on node b, whose driver supports CUDA 12.8 only. The plugin refuses
+/// at its start, naming both, before CRIU makes any task: the driver is not asked to restore,
+/// the workload does not run, node b's other pod runs on. `kubectl` shows containerd's error;
+/// the reason is in CRIU's log on the node (`runtime` must keep it).
+pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime) {
+    let Some(e) = start(test, CUDA) else {
+        return;
+    };
+    let etc = etc_criu_settings(&e, CUDA, "runc.conf");
+    let env = fake_cuda_env(&calls(&e));
+    let mut older = env.clone();
+    older.push(("FAKE_CUDA_DRIVER_VERSION", "12080".into()));
+    let nodes = [("a", runtime), ("b", runtime)];
+    let c = Cluster::start_configured(&e, &nodes, true, &etc, &[env, older]);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let bystander = c.bystander(b);
+    let pod = Pod::create(&c.cp, a, "w", &c.images().workload, CUDA, "w");
+    let pid = pod.pid(a);
+    let archive = pod
+        .checkpoint(a, None)
+        .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
+    let image = push_checkpoint_image(&e, &archive, "w", &c.registry);
+    pod.delete(Some(pid));
+    let killed = pod.out.mark();
+    let restores = driver_restores(&e);
+
+    let refused = Pod::apply_restored(&c.cp, b, &pod, &image);
+    let (state, reason, message) = refused.wait_refused();
+    eprintln!("the restore on node b: {state} {reason}: {message}");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("terminated", "StartError")
+    );
+    assert!(
+        message.contains("OCI runtime restore failed"),
+        "the pod's message: {message}"
+    );
+    let log = b.restore_log(&refused.container_id());
+    for want in [
+        "(CUDA 13.0)",
+        "this machine's driver supports only CUDA 12.8",
+    ] {
+        assert!(log.has(want), "no `{want}` in CRIU's log: {log:?}");
+    }
+    assert!(!log.has("Forking task"), "CRIU forked tasks: {log:?}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        refused.out.mark(),
+        killed,
+        "the workload ran after the refusal"
+    );
+    assert_eq!(
+        driver_restores(&e),
+        restores,
+        "the driver was asked to restore"
+    );
+    bystander.out.wait_counting(3);
+    assert_eq!(bystander.get("{.status.phase}"), "Running");
 }
 
 /// The kubelet's deadline passing during a checkpoint: node a's kubelet gives its CRI calls 5 s
