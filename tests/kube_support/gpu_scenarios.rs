@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::pods::{CONTAINER, Extras, Pod};
 use super::runtimes::Runtime;
-use super::scenarios::{Cluster, start};
+use super::scenarios::{CRIU_FAILED, Cluster, assert_refused, start};
 use crate::common::E2e;
 use crate::containers_support::cdi::{
     NvidiaCdi, StandInGpu, assert_refused_without_gpu, workload_gpus,
@@ -176,29 +176,7 @@ pub fn restore_without_a_gpu(test: &str, runtime: &Runtime) {
         ..g.extras.clone()
     };
     let refused = Pod::apply_restored_with(&g.c.cp, b, &g.pod(), &g.image, &no_gpu);
-    let (state, reason, message) = refused.wait_refused();
-    eprintln!("the restore on node b: {state} {reason}: {message}");
-    assert_eq!(
-        (state.as_str(), reason.as_str()),
-        ("terminated", "StartError")
-    );
-    assert!(
-        message.contains("OCI runtime restore failed") && message.contains("criu failed"),
-        "the pod's message: {message}"
-    );
+    assert_refused(&e, &refused, &CRIU_FAILED, g.marks.2, restores, &bystander);
     let log = b.restore_log(&refused.container_id());
     assert_refused_without_gpu(&log, &g.cdi.gpus[0].uuid);
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    assert_eq!(
-        refused.out.mark(),
-        g.marks.2,
-        "the workload ran after the refusal"
-    );
-    assert_eq!(
-        driver_restores(&e),
-        restores,
-        "the driver was asked to restore"
-    );
-    bystander.out.wait_counting(3);
-    assert_eq!(bystander.get("{.status.phase}"), "Running");
 }
