@@ -117,13 +117,24 @@ def oci_archive(work, rootfs, name, entrypoint=None):
     config = {"Env": ["PATH=/bin:/usr/bin:/usr/local/bin"]}
     if entrypoint:
         config["Entrypoint"] = entrypoint
+    return layout_archive(d, (ld, ls), config, name)
+
+
+def layout_archive(d, layer, config, name, annotations=None):
+    """The OCI layout `d` (its one layer's blob, `layer` = (digest, size), already in it) made
+    an image `name` with image configuration `config` and manifest `annotations`, archived
+    as `d`.tar: the archive's path."""
+    ld, ls = layer
     cd, cs = blob(d, json.dumps({"architecture": "amd64", "os": "linux", "config": config,
                                  "rootfs": {"type": "layers", "diff_ids": ["sha256:" + ld]}}).encode())
-    md, ms = blob(d, json.dumps({
+    manifest = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:" + cd, "size": cs},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:" + ld, "size": ls}],
-    }).encode())
+    }
+    if annotations:
+        manifest["annotations"] = annotations
+    md, ms = blob(d, json.dumps(manifest).encode())
     with open(os.path.join(d, "index.json"), "w") as f:
         json.dump({"schemaVersion": 2, "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + md, "size": ms,

@@ -300,25 +300,8 @@ shutdownGracePeriod: 0s
         d = os.path.join(self.w, "ckpt-image")
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(os.path.join(d, "blobs", "sha256"))
-        ld, ls = blob_file(d, archive)
-        cd, cs = cc.blob(d, json.dumps({"architecture": "amd64", "os": "linux", "config": {},
-                                        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + ld]}}).encode())
-        md, ms = cc.blob(d, json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:" + cd, "size": cs},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:" + ld, "size": ls}],
-            "annotations": {k: "work" for k in CHECKPOINT_ANNOTATIONS},
-        }).encode())
-        with open(os.path.join(d, "index.json"), "w") as f:
-            json.dump({"schemaVersion": 2, "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + md, "size": ms,
-                "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"}}]}, f)
-        with open(os.path.join(d, "oci-layout"), "w") as f:
-            f.write('{"imageLayoutVersion":"1.0.0"}')
-        tar = d + ".tar"
-        with tarfile.open(tar, "w") as t:
-            for n in ("oci-layout", "index.json", "blobs"):
-                t.add(os.path.join(d, n), arcname=n)
+        tar = cc.layout_archive(d, blob_file(d, archive), {}, name,
+                                {k: "work" for k in CHECKPOINT_ANNOTATIONS})
         run([os.path.join(self.bin, "ctr"), "--address", self.sock, "--namespace", "k8s.io",
              "image", "import", tar], 1800)
         shutil.rmtree(d)
