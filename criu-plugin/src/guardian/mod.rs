@@ -322,7 +322,10 @@ mod tests {
                 .iter()
                 .map(|w| format!("{} {}", w.pid, w.action))
                 .collect();
-            let _ = std::fs::write(&self.0, pids.join("\n"));
+            // Written whole, then named: the test reads it as soon as the name exists.
+            let tmp = self.0.with_extension("tmp");
+            let _ = std::fs::write(&tmp, pids.join("\n"));
+            let _ = std::fs::rename(&tmp, &self.0);
         }
     }
 
