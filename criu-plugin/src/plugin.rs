@@ -44,7 +44,7 @@ fn ret<T>(r: HookResult<T>, ok: impl FnOnce(T) -> c_int) -> c_int {
 /// later restore hooks may run in a task being restored, whose fd 2 is the task's own.
 ///
 /// [`log::to_stderr`]: crate::log::to_stderr
-fn told<P: Plugin, T>(r: HookResult<T>, restore: bool) -> HookResult<T> {
+fn told<P: Plugin>(r: HookResult, restore: bool) -> HookResult {
     if let (true, Err(HookError::Failed(f))) = (restore, &r) {
         crate::log::to_stderr(&format!(
             "{}: restore failed: {}\n",
@@ -175,7 +175,7 @@ macro_rules! hook_items {
                         return -libc::EINVAL;
                     };
                     let r = P::instance().init(stage).map_err(|e| e.in_phase(Phase::Init));
-                    ret(told::<P, _>(r, stage == Stage::Restore), |_| 0)
+                    ret(told::<P>(r, stage == Stage::Restore), |_| 0)
                 })
             }
 

@@ -20,6 +20,11 @@ pub fn exists(pid: i32) -> bool {
     signal(pid, 0) || errno() != libc::ESRCH
 }
 
+/// Whether `pid` runs: it exists and has not ended (a zombie has).
+pub fn running(pid: i32) -> bool {
+    exists(pid) && state_of(pid) != Some('Z')
+}
+
 /// Process group of `pid` from `/proc/<pid>/stat`.
 pub fn pgid_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -82,7 +82,7 @@ impl Bystander {
     pub fn assert_alive(&self, step: &str) {
         reap_now();
         assert!(
-            common::exists(self.pid) && common::state_of(self.pid) != Some('Z'),
+            common::running(self.pid),
             "the {step} killed a bystander process (pid {} of the test's pid namespace, not in \
              the container): the runtime signalled processes that are not its container's \
              (docs/crun-restore-kills.md)",

@@ -167,6 +167,13 @@ def build_rootfs(work, busybox):
 
 # ---- the node -------------------------------------------------------------------------------
 
+def bind(src, dst):
+    """Directory `src` (made if missing) bind-mounted on `dst` (made if missing)."""
+    os.makedirs(src, exist_ok=True)
+    os.makedirs(dst, exist_ok=True)
+    run(["mount", "--bind", src, dst])
+
+
 def node_namespace(a, flag):
     """This script again in a private mount namespace of its own (`flag` in the environment
     says it is there), a child subreaper, with a fresh `a.work` and the plugin `a.plugin`
@@ -184,8 +191,7 @@ def node_namespace(a, flag):
     lib = os.path.join(w, "usr-lib-criu")
     os.makedirs(lib)
     shutil.copy2(a.plugin, os.path.join(lib, "gpu_plugin.so"))
-    os.makedirs("/usr/lib/criu", exist_ok=True)
-    run(["mount", "--bind", lib, "/usr/lib/criu"])
+    bind(lib, "/usr/lib/criu")
     os.symlink(a.criu, os.path.join(w, "bin", "criu"))
     os.environ["PATH"] = os.path.join(w, "bin") + ":" + os.environ["PATH"]
     return w
@@ -205,6 +211,16 @@ def start_registry(registry, w, addr, logs):
         f.write(f'server = "http://{addr}"\n[host."http://{addr}"]\n'
                 '  capabilities = ["pull", "resolve", "push"]\n  skip_verify = true\n')
     return p
+
+
+def stop_procs(procs, grace):
+    """Ends `procs` last started first: SIGTERM, SIGKILL after `grace` seconds."""
+    for p in reversed(procs):
+        p.terminate()
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def write_containerd_config(path, w, sock, pause, runc, runc_root, runtime_extra=""):
@@ -290,12 +306,7 @@ class Node:
         return self.cri("run-pod", *spec), spec
 
     def stop(self):
-        for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(self.procs, 10)
 
 
 def container_pid(node, cid):

@@ -57,12 +57,6 @@ log = cc.log
 run = cc.run
 
 
-def bind(src, dst):
-    os.makedirs(src, exist_ok=True)
-    os.makedirs(dst, exist_ok=True)
-    run(["mount", "--bind", src, dst])
-
-
 def make_cgroup(path):
     """The kubelet's cgroup root in every hierarchy, on cgroup v2 with every controller enabled
     from the root down."""
@@ -131,9 +125,9 @@ class KubeletNode:
         for d in ("root", "state", "opt", "cni", "reg", "certs.d", "manifests", "kubelet", "pod-logs"):
             os.makedirs(os.path.join(w, d), exist_ok=True)
         # Where the kubelet, the device plugin and CDI write whatever their flags say.
-        bind(os.path.join(w, "var-lib-kubelet"), "/var/lib/kubelet")
-        bind(os.path.join(w, "cdi"), "/var/run/cdi")
-        bind(os.path.join(w, "var-log-containers"), "/var/log/containers")
+        cc.bind(os.path.join(w, "var-lib-kubelet"), "/var/lib/kubelet")
+        cc.bind(os.path.join(w, "cdi"), "/var/run/cdi")
+        cc.bind(os.path.join(w, "var-log-containers"), "/var/log/containers")
         self.procs.append(cc.start_registry(os.path.join(self.bin, "registry"), w, self.registry, self.logs))
         cc.write_containerd_config(os.path.join(w, "config.toml"), w, self.sock, self.pause,
                                    f"{self.bin}/runc", self.runc_root,
@@ -154,7 +148,7 @@ class KubeletNode:
             self.ctr("image", "import", archive, ns="gpu-check")
             self.ctr("image", "push", "--plain-http", name, ns="gpu-check")
         if want_gpu:
-            # The toolkit's CDI spec of this machine's GPUs, checked by its own validator.
+            # The toolkit's CDI spec of this machine's GPUs, and the devices nvidia-ctk reads in it.
             spec = os.path.join(w, "cdi", "nvidia.yaml")
             t = time.time()
             run([os.path.join(self.bin, "nvidia-ctk"), "cdi", "generate", "--output", spec,
@@ -310,12 +304,7 @@ shutdownGracePeriod: 0s
     def stop(self):
         for f in glob.glob(os.path.join(self.manifests, "*.json")):
             os.unlink(f)
-        for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        cc.stop_procs(self.procs, 15)
         kill_cgroup(CGROUP)
         # containerd's shims outlive it: ours go too.
         shim = os.path.join(self.bin, "containerd-shim-runc-v2")

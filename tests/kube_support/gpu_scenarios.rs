@@ -5,24 +5,23 @@
 //!
 //! [`KubeNode::start_device_plugin`]: super::node::KubeNode::start_device_plugin
 
-use std::path::PathBuf;
-
-use super::pods::{CONTAINER, Extras, Pod};
+use super::pods::{Extras, Pod};
 use super::runtimes::Runtime;
-use super::scenarios::{CRIU_FAILED, Cluster, assert_refused, start};
+use super::scenarios::{CRIU_FAILED, Checkpointed, Cluster, assert_refused, start};
 use crate::common::E2e;
 use crate::containers_support::cdi::{
     NvidiaCdi, StandInGpu, assert_refused_without_gpu, workload_gpus,
 };
 use crate::containers_support::cri::gpu_node::driver_restores;
-use crate::containers_support::cri::{archive_member, calls, push_checkpoint_image};
-use crate::containers_support::{CUDA, Output, etc_criu_settings, fake_cuda, fake_cuda_env};
+use crate::containers_support::cri::{archive_member, calls};
+use crate::containers_support::{CUDA, etc_criu_settings, fake_cuda, fake_cuda_env};
 
 impl<'e> Cluster<'e> {
     /// A cluster whose nodes have two stand-in GPUs: each node's CDI spec lists both (as
     /// `nvidia-ctk cdi generate` would), the plugin's settings name them, and the stand-in CUDA
     /// driver models them. Pods get a GPU from a node's device plugin
-    /// ([`KubeNode::start_device_plugin`]): [`gpu_extras`] asks for one.
+    /// ([`KubeNode::start_device_plugin`]), which on the first node offers GPU 0 and on the
+    /// second GPU 1: [`gpu_extras`] asks for one.
     pub fn start_with_gpus(e: &'e E2e, nodes: &[(&str, &Runtime)]) -> (Cluster<'e>, NvidiaCdi) {
         let f = fake_cuda();
         let cdi = NvidiaCdi::new(
@@ -34,9 +33,10 @@ impl<'e> Cluster<'e> {
         cdi.write_plugin_settings(f, &etc.join("gpu-plugin.conf"));
         let mut env = fake_cuda_env(&calls(e));
         env.push(("FAKE_CUDA_GPUS", cdi.gpus.len().to_string().into()));
-        let c = Cluster::start_configured(e, nodes, true, &etc, &vec![env; nodes.len()]);
-        for n in &c.nodes {
-            cdi.write_spec(&n.dir.join("cdi"));
+        let mut c = Cluster::start_configured(e, nodes, true, &etc, &vec![env; nodes.len()]);
+        for (node, gpu) in c.nodes.iter_mut().zip(&cdi.gpus) {
+            cdi.write_spec(&node.dir.join("cdi"));
+            node.start_device_plugin(&c.cp, "nvidia.com/gpu", &[cdi_device(gpu)]);
         }
         (c, cdi)
     }
@@ -58,73 +58,37 @@ pub fn cdi_device(gpu: &StandInGpu) -> String {
     format!("gpu{}=cdi:nvidia.com/gpu={}", gpu.index, gpu.uuid)
 }
 
-/// A CUDA pod given GPU 0 by node a's device plugin, checkpointed through the kubelet, its
-/// checkpoint image pushed, and deleted; node b's device plugin offers GPU 1.
-pub struct GpuCheckpoint<'e> {
-    pub c: Cluster<'e>,
-    pub cdi: NvidiaCdi,
-    /// The pod's manifest beyond its workload: the GPU request.
-    pub extras: Extras,
-    /// Its device memory files when it was checkpointed.
-    pub pod_files: Vec<String>,
-    /// Its output marks before and after the checkpoint, and once it was deleted.
-    pub marks: (usize, usize, usize),
-    pub image: String,
-    out_dir: PathBuf,
-}
-
-impl<'e> GpuCheckpoint<'e> {
-    /// Takes it on a cluster of nodes a and b of `runtime`.
-    pub fn take(e: &'e E2e, runtime: &Runtime) -> GpuCheckpoint<'e> {
-        let (mut c, cdi) = Cluster::start_with_gpus(e, &[("a", runtime), ("b", runtime)]);
-        let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
-        for (node, gpu) in c.nodes.iter_mut().zip([gpu0, gpu1]) {
-            node.start_device_plugin(&c.cp, "nvidia.com/gpu", &[cdi_device(gpu)]);
-        }
-        let a = &c.nodes[0];
-        let extras = gpu_extras(&cdi);
-        let pod = Pod::create_with(&c.cp, a, "w", &c.images().workload, CUDA, "w", &extras);
-        let pid = pod.pid(a);
-        assert_eq!(
-            workload_gpus(&pod.out.dir),
-            [(gpu0.uuid.clone(), gpu0.index)],
-            "the GPUs of the pod given GPU 0"
-        );
-        let pod_files = pod.out.device_files();
-        let low = pod.out.mark();
-        let archive = pod
-            .checkpoint(a, None)
-            .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
-        let high = pod.out.mark();
-        let md = archive_member(e, &archive, "checkpoint/gpu-plugin-cuda.img");
-        assert!(
-            md.contains(&gpu0.uuid) && !md.contains(&gpu1.uuid),
-            "the image must record the pod's GPU only: {md}"
-        );
-        let image = push_checkpoint_image(e, &archive, CONTAINER, &c.registry);
-        pod.delete(Some(pid));
-        let killed = pod.out.mark();
-        let out_dir = pod.out.dir.clone();
-        GpuCheckpoint {
-            c,
-            cdi,
-            extras,
-            pod_files,
-            marks: (low, high, killed),
-            image,
-            out_dir,
-        }
-    }
-
-    /// The deleted pod, whose manifest a restore repeats.
-    pub fn pod(&self) -> Pod<'_, 'e> {
-        Pod::adopt(
-            &self.c.cp,
-            "w",
-            Output::new(self.out_dir.clone(), CUDA),
-            self.extras.clone(),
-        )
-    }
+/// On a cluster of nodes a and b of `runtime` with the stand-in GPUs: a CUDA pod asking for
+/// one GPU on node a, given GPU 0 by a's device plugin, checkpointed through the kubelet (the
+/// image records GPU 0 only), its checkpoint image pushed, and deleted.
+fn checkpoint_on_gpu0<'c, 'e>(
+    e: &E2e,
+    c: &'c Cluster<'e>,
+    cdi: &NvidiaCdi,
+) -> (Pod<'c, 'e>, Checkpointed) {
+    let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
+    let a = &c.nodes[0];
+    let pod = Pod::create_with(
+        &c.cp,
+        a,
+        "w",
+        &c.images().workload,
+        CUDA,
+        "w",
+        &gpu_extras(cdi),
+    );
+    assert_eq!(
+        workload_gpus(&pod.out.dir),
+        [(gpu0.uuid.clone(), gpu0.index)],
+        "the GPUs of the pod given GPU 0"
+    );
+    let k = c.checkpoint_and_delete(&pod);
+    let md = archive_member(e, &k.archive, "checkpoint/gpu-plugin-cuda.img");
+    assert!(
+        md.contains(&gpu0.uuid) && !md.contains(&gpu1.uuid),
+        "the image must record the pod's GPU only: {md}"
+    );
+    (pod, k)
 }
 
 /// *Another GPU*: node a's device plugin offers GPU 0, node b's GPU 1. A CUDA pod asking for
@@ -136,19 +100,21 @@ pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
-    let g = GpuCheckpoint::take(&e, runtime);
-    let (gpu0, gpu1) = (&g.cdi.gpus[0], &g.cdi.gpus[1]);
-    let b = &g.c.nodes[1];
-    let restored = Pod::create_restored(&g.c.cp, b, &g.pod(), &g.image);
+    let (c, cdi) = Cluster::start_with_gpus(&e, &[("a", runtime), ("b", runtime)]);
+    let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
+    let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
+    let b = &c.nodes[1];
+    let restored = Pod::create_restored(&c.cp, b, &pod, &k.image);
     let new_pid = restored.pid(b);
     let log = b.restore_log(&restored.container_id());
     let want = format!("GPU {} restores onto {}", gpu0.uuid, gpu1.uuid);
     assert!(log.has(&want), "no `{want}` in CRIU's log: {log:?}");
-    let (low, high, killed) = g.marks;
+    let (low, high, killed) = k.marks;
     restored.out.assert_resumes_between(low, high, killed);
+    let files = k.files.expect("a CUDA pod's device memory");
     restored
         .out
-        .assert_gpu_restored(&g.pod_files, &calls(&e), new_pid);
+        .assert_gpu_restored(&files, &calls(&e), new_pid);
     assert_eq!(
         workload_gpus(&restored.out.dir),
         [(gpu1.uuid.clone(), gpu1.index)],
@@ -167,16 +133,17 @@ pub fn restore_without_a_gpu(test: &str, runtime: &Runtime) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
-    let g = GpuCheckpoint::take(&e, runtime);
-    let b = &g.c.nodes[1];
-    let bystander = g.c.bystander(b);
+    let (c, cdi) = Cluster::start_with_gpus(&e, &[("a", runtime), ("b", runtime)]);
+    let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
+    let b = &c.nodes[1];
+    let bystander = c.bystander(b);
     let restores = driver_restores(&e);
     let no_gpu = Extras {
         limits: Vec::new(),
-        ..g.extras.clone()
+        ..pod.extras.clone()
     };
-    let refused = Pod::apply_restored_with(&g.c.cp, b, &g.pod(), &g.image, &no_gpu);
-    assert_refused(&e, &refused, &CRIU_FAILED, g.marks.2, restores, &bystander);
+    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &no_gpu);
+    assert_refused(&e, &refused, &CRIU_FAILED, k.marks.2, restores, &bystander);
     let log = b.restore_log(&refused.container_id());
-    assert_refused_without_gpu(&log, &g.cdi.gpus[0].uuid);
+    assert_refused_without_gpu(&log, &cdi.gpus[0].uuid);
 }

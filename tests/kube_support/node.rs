@@ -178,7 +178,7 @@ impl<'e> KubeNode<'e> {
         let t0 = Instant::now();
         let mut restarts = 0;
         while !cp.kubectl_quiet(&["get", "node", name]).ok() {
-            if !node.kubelet.is_some_and(running) {
+            if !node.kubelet.is_some_and(common::running) {
                 // As its service manager would (kubeadm's unit: `Restart=always`): a kubelet
                 // ends on some start-up races (cAdvisor's first look at the root file system
                 // not yet taken) and comes up on the next try.
@@ -247,7 +247,7 @@ impl<'e> KubeNode<'e> {
             != want
         {
             assert!(
-                running(pid) && t0.elapsed() < REGISTERED,
+                common::running(pid) && t0.elapsed() < REGISTERED,
                 "node {}'s allocatable {resource} is not {want}:\n{}\n{}",
                 self.name,
                 tail(&log, 20),
@@ -390,11 +390,6 @@ impl Drop for KubeNode<'_> {
 fn is_fatal(line: &str) -> bool {
     let mut chars = line.chars();
     chars.next() == Some('F') && chars.take(4).filter(char::is_ascii_digit).count() == 4
-}
-
-/// Whether process `pid` runs (a zombie has ended).
-fn running(pid: i32) -> bool {
-    common::exists(pid) && common::state_of(pid) != Some('Z')
 }
 
 /// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist, and on

@@ -171,17 +171,6 @@ impl<'c, 'e> Pod<'c, 'e> {
         pod
     }
 
-    /// Pod `name` of the test whose output is `out`, made with `extras` (a pod since deleted,
-    /// whose manifest a restore repeats).
-    pub fn adopt(cp: &'c ControlPlane<'e>, name: &str, out: Output, extras: Extras) -> Pod<'c, 'e> {
-        Pod {
-            cp,
-            name: name.to_string(),
-            out,
-            extras,
-        }
-    }
-
     /// [`Pod::create_restored`] without waiting: for a restore the node refuses.
     pub fn apply_restored(
         cp: &'c ControlPlane<'e>,

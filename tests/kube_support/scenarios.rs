@@ -3,12 +3,12 @@
 //! workload (a counter, or the stand-in CUDA program whose device memory is verified).
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::control_plane::{ControlPlane, MAX_NODES};
 use super::network::{LoopbackForward, NodeNet, gateway_of};
 use super::node::KubeNode;
-use super::pods::Pod;
+use super::pods::{CONTAINER, Pod};
 use super::runtimes::Runtime;
 use crate::common::{self, E2e};
 use crate::containers_support::cri::gpu_node::driver_restores;
@@ -19,6 +19,20 @@ use crate::containers_support::{
     self, CUDA, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
     transitions,
 };
+
+/// What [`Cluster::checkpoint_and_delete`] leaves of a pod.
+pub struct Checkpointed {
+    /// The pod's host pid, now gone.
+    pub pid: i32,
+    /// Its device memory files at the checkpoint (a CUDA workload's), to verify a restore by.
+    pub files: Option<Vec<String>>,
+    /// Its output's marks before and after the checkpoint, and once it was deleted.
+    pub marks: (usize, usize, usize),
+    /// The kubelet's archive.
+    pub archive: PathBuf,
+    /// The checkpoint image, pushed to the cluster's registry.
+    pub image: String,
+}
 
 /// The test, or `None` (and a SKIPPED line) where it cannot run.
 pub fn start(test: &str, workload: Workload) -> Option<E2e> {
@@ -156,19 +170,28 @@ impl<'e> Cluster<'e> {
         (pod, pid, files)
     }
 
-    /// Pod `w` of `workload` on node a, checkpointed through the kubelet, its checkpoint image
-    /// pushed, and deleted: the pod, the image, its output's mark once it was deleted.
-    pub fn checkpoint_image_of_a_pod(&self, workload: Workload) -> (Pod<'_, 'e>, String, usize) {
+    /// Pod `pod` of node a checkpointed through the kubelet, the archive pushed as a checkpoint
+    /// image, and the pod deleted.
+    pub fn checkpoint_and_delete(&self, pod: &Pod<'_, '_>) -> Checkpointed {
         let a = &self.nodes[0];
-        let pod = Pod::create(&self.cp, a, "w", &self.images().workload, workload, "w");
         let pid = pod.pid(a);
+        let files = pod.out.workload.is_cuda().then(|| pod.out.device_files());
+        let low = pod.out.mark();
         let archive = pod
             .checkpoint(a, None)
             .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
-        let image = push_checkpoint_image(self.nodes[0].e, &archive, "w", &self.registry);
+        let high = pod.out.mark();
+        let image = push_checkpoint_image(a.e, &archive, CONTAINER, &self.registry);
+        eprintln!("checkpoint image: {image}");
         pod.delete(Some(pid));
         let killed = pod.out.mark();
-        (pod, image, killed)
+        Checkpointed {
+            pid,
+            files,
+            marks: (low, high, killed),
+            archive,
+            image,
+        }
     }
 
     /// A counter pod of the workload image on `node`, a bystander of a test.
@@ -227,20 +250,10 @@ pub fn migration(test: &str, workload: Workload, on_a: &Runtime, on_b: &Runtime)
     let c = Cluster::start(&e, workload, &[("a", on_a), ("b", on_b)]);
     let (a, b) = (&c.nodes[0], &c.nodes[1]);
     let pod = Pod::create(&c.cp, a, "w", &c.images().workload, workload, "w");
-    let pid = pod.pid(a);
-    let files = workload.is_cuda().then(|| pod.out.device_files());
-    let low = pod.out.mark();
-    let archive = pod
-        .checkpoint(a, None)
-        .unwrap_or_else(|err| panic!("kubelet checkpoint: {err:?}\n{}", a.kubelet_log_tail()));
-    let high = pod.out.mark();
-    let image = push_checkpoint_image(&e, &archive, "w", &c.registry);
-    eprintln!("checkpoint image: {image}");
-    pod.delete(Some(pid));
-    let killed = pod.out.mark();
-
-    let new_pid = c.assert_restores(b, &pod, &image, (low, high), killed, files.as_ref());
-    assert_ne!(new_pid, pid);
+    let k = c.checkpoint_and_delete(&pod);
+    let (low, high, killed) = k.marks;
+    let new_pid = c.assert_restores(b, &pod, &k.image, (low, high), killed, k.files.as_ref());
+    assert_ne!(new_pid, k.pid);
 }
 
 /// Fault tolerance: a long job checkpointed through the kubelet at an interval, each
@@ -339,10 +352,11 @@ pub fn restore_refused(
     );
     let b = &c.nodes[1];
     let bystander = c.bystander(b);
-    let (pod, image, killed) = c.checkpoint_image_of_a_pod(workload);
+    let pod = Pod::create(&c.cp, &c.nodes[0], "w", &c.images().workload, workload, "w");
+    let k = c.checkpoint_and_delete(&pod);
     let restores = driver_restores(&e);
-    let refused = Pod::apply_restored(&c.cp, b, &pod, &image);
-    assert_refused(&e, &refused, &expected, killed, restores, &bystander);
+    let refused = Pod::apply_restored(&c.cp, b, &pod, &k.image);
+    assert_refused(&e, &refused, &expected, k.marks.2, restores, &bystander);
 }
 
 /// What a restore that node b refuses must show and leave: through `kubectl`, the pod's
@@ -415,10 +429,11 @@ pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime) {
     let c = Cluster::start_configured(&e, &nodes, true, &etc, &[env, older]);
     let b = &c.nodes[1];
     let bystander = c.bystander(b);
-    let (pod, image, killed) = c.checkpoint_image_of_a_pod(CUDA);
+    let pod = Pod::create(&c.cp, &c.nodes[0], "w", &c.images().workload, CUDA, "w");
+    let k = c.checkpoint_and_delete(&pod);
     let restores = driver_restores(&e);
-    let refused = Pod::apply_restored(&c.cp, b, &pod, &image);
-    assert_refused(&e, &refused, &CRIU_FAILED, killed, restores, &bystander);
+    let refused = Pod::apply_restored(&c.cp, b, &pod, &k.image);
+    assert_refused(&e, &refused, &CRIU_FAILED, k.marks.2, restores, &bystander);
     let log = b.restore_log(&refused.container_id());
     for want in [
         "(CUDA 13.0)",
