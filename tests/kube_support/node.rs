@@ -44,6 +44,10 @@ const KERNEL_DEFAULTS: [(&str, &str); 6] = [
 /// How many times a kubelet that ends while starting is started again.
 const KUBELET_RESTARTS: u32 = 2;
 
+/// The kubelet's state directory, its default, in the node's mount namespace (the node's
+/// `kubelet` folder is mounted there).
+const KUBELET_ROOT: &str = "/var/lib/kubelet";
+
 /// How long a kubelet may take to register its node.
 const REGISTERED: Duration = Duration::from_secs(120);
 
@@ -85,10 +89,11 @@ impl<'e> KubeNode<'e> {
     ) -> KubeNode<'e> {
         let dir = e.dir().join(name);
         let sys = dir.join("proc-sys");
-        // The places the kubelet writes whatever its flags say (its device-plugin and
-        // pod-resources sockets, the containers' log links) are the node's, not the host's.
+        // The kubelet's state is the node's, at its usual place in the node's mount namespace:
+        // its sockets (pod resources, device plugins) then have short paths, as a Unix socket
+        // must (108 bytes), wherever the checkout is; the containers' log links too.
         let [var_lib_kubelet, var_log_containers] =
-            ["var-lib-kubelet", "var-log-containers"].map(|d| dir.join(d));
+            ["kubelet", "var-log-containers"].map(|d| dir.join(d));
         for d in [&var_lib_kubelet, &var_log_containers] {
             std::fs::create_dir_all(d).expect("node directory");
         }
@@ -96,7 +101,7 @@ impl<'e> KubeNode<'e> {
             .in_net_ns(net.path())
             .bind(etc_criu, "/etc/criu")
             .bind(common::plugin_libdir(), "/usr/lib/criu")
-            .bind(&var_lib_kubelet, "/var/lib/kubelet")
+            .bind(&var_lib_kubelet, KUBELET_ROOT)
             .bind(&var_log_containers, "/var/log/containers");
         for (key, value) in KERNEL_DEFAULTS {
             let f = sys.join(key.replace('/', "."));
@@ -157,7 +162,7 @@ impl<'e> KubeNode<'e> {
             format!("--kubeconfig={}", kubeconfig.display()).into(),
             format!("--hostname-override={name}").into(),
             format!("--node-ip={}", net.ip).into(),
-            format!("--root-dir={}", dir.join("kubelet").display()).into(),
+            format!("--root-dir={KUBELET_ROOT}").into(),
             format!("--cert-dir={}", dir.join("kubelet-pki").display()).into(),
             "--v=2".into(),
         ];
@@ -321,9 +326,17 @@ impl<'e> KubeNode<'e> {
         }
     }
 
-    /// Where the kubelet writes the archives of its checkpoint API.
+    /// Where the kubelet writes the archives of its checkpoint API, as the host sees it.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.dir.join("kubelet/checkpoints")
+    }
+
+    /// Where the host sees `path`, a path in the kubelet's state as the kubelet names it.
+    pub fn host_path(&self, path: &Path) -> PathBuf {
+        match path.strip_prefix(KUBELET_ROOT) {
+            Ok(rest) => self.dir.join("kubelet").join(rest),
+            Err(_) => path.to_path_buf(),
+        }
     }
 
     /// `curl` to the kubelet's API as the cluster's administrator: `method` on `path`; the

@@ -323,9 +323,8 @@ impl<'c, 'e> Pod<'c, 'e> {
         let archive = body
             .split('"')
             .find(|s| s.starts_with('/') && s.ends_with(".tar"))
-            .map(PathBuf::from)
             .ok_or((code, body.clone()))?;
-        Ok(archive)
+        Ok(node.host_path(Path::new(archive)))
     }
 
     /// `kubectl delete pod`, waiting until it is gone and its container's init with it.
