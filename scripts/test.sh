@@ -128,6 +128,11 @@ else
         GUEST_SUITE=$suite KFD_STANDIN_KO="$ko_dir/kfd_standin.ko" GUEST_ENV=KFD_STANDIN_KO \
             guest_test 4.3 --test kfd_module
     done
+    # An AMD pod through a kubelet (docs/kubernetes.md), on the module: the kubelet's checkpoint
+    # API on node a, the restore on node b from its checkpoint image.
+    echo "[test] an AMD pod through the kubelet, in the trixie guest"
+    GUEST_SUITE=trixie KFD_STANDIN_KO="$REPO/target/kfd-module/trixie/kfd_standin.ko" GUEST_ENV=KFD_STANDIN_KO \
+        guest_test 4.3 --test e2e_kubernetes kubelet_amd_forensic_checkpoint_and_migration
     echo "[test] the cgroup-v2-only guest block took $(( $(date +%s) - guest_t0 )) s"
 fi
 echo "[test] Debian package: build, install, container test with the installed plugin, purge"

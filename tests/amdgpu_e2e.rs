@@ -148,6 +148,24 @@ fn one_gpu_restores_onto_a_gpu_with_another_id() {
     assert_eq!((doorbell.4 >> 46) & 0xffff, 4242);
 }
 
+/// A restored task opens its files in its container's mount namespace, where the topology's
+/// path (a setting) need not exist: the plugin maps the GPUs with the topology CRIU's main
+/// process read at `init`, before the tasks were forked.
+#[test]
+fn tasks_that_cannot_see_the_topology_restore_with_the_one_read_at_init() {
+    let (topo, sim, p) = fixture_process("2gpu", 510, &[53109, 1266], 20, 1 << 20);
+    let (images, dumped) = dump_new(&topo, &sim, &[&p], "hidden-topology");
+    let copy = edited_fixture("2gpu", &[]);
+    let restored = SimKfd::from_sysfs(copy.path()).unwrap();
+    let cfg = config(copy.path(), "");
+    let gone = copy.path().with_extension("hidden");
+    restore_with(&restored, &dumped, images.path(), &cfg, false, || {
+        std::fs::rename(copy.path(), &gone).unwrap();
+    });
+    std::fs::rename(&gone, copy.path()).unwrap();
+    assert_same_process(&sim, &restored, p.pid);
+}
+
 #[test]
 fn two_gpus_restore_swapped() {
     // The two GPUs differ (device ids); the restore machine has them the other way round

@@ -181,18 +181,18 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
     let Some(e) = E2e::start(test) else {
         return;
     };
-    let (workload, extra) = match workload {
-        Workload::Counter => (workload, ""),
-        Workload::Cuda { .. } => (Workload::Cuda { hold_ms: 8000 }, "timeout 2\n"),
+    let (workload, extra) = if workload.is_cuda() {
+        (Workload::Cuda { hold_ms: 8000 }, "timeout 2\n")
+    } else {
+        (workload, "")
     };
     let s = setup(&e, own_reach(kind), workload, extra);
     let rt = oci_runtime(&e, kind, &s);
-    let (peer, ours) = match workload {
-        Workload::Counter => {
-            let (a, b) = UnixStream::pair().expect("socketpair");
-            (Some(a), Some(b))
-        }
-        Workload::Cuda { .. } => (None, None),
+    let (peer, ours) = if workload.is_cuda() {
+        (None, None)
+    } else {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        (Some(a), Some(b))
     };
     let c = rt.start("c", workload, &s.annotations, peer.map(Into::into));
     let pid = c.pid();
@@ -206,22 +206,19 @@ fn oci_failed_checkpoint(test: &str, kind: Oci, workload: Workload) {
     dump.assert_failed();
     e.assert_plugin_loaded(&dump, "Dump");
     let first = dump.first_error().unwrap_or_default();
-    match workload {
-        Workload::Counter => {
-            assert!(
-                first.contains("External socket"),
-                "CRIU should have refused the external unix socket first: {dump:?}"
-            );
-            dump.assert_no_plugin_errors();
-        }
-        Workload::Cuda { .. } => {
-            dump.assert_lock_timed_out(Duration::from_secs(6));
-            let t = transitions(&calls(&e), pid);
-            assert!(
-                t.len() == 1 && t[0].starts_with("lock=") && t[0] != "lock=0",
-                "expected one failed lock: {t:?}"
-            );
-        }
+    if workload.is_cuda() {
+        dump.assert_lock_timed_out(Duration::from_secs(6));
+        let t = transitions(&calls(&e), pid);
+        assert!(
+            t.len() == 1 && t[0].starts_with("lock=") && t[0] != "lock=0",
+            "expected one failed lock: {t:?}"
+        );
+    } else {
+        assert!(
+            first.contains("External socket"),
+            "CRIU should have refused the external unix socket first: {dump:?}"
+        );
+        dump.assert_no_plugin_errors();
     }
     assert_eq!(c.pid(), pid, "the container after the failed checkpoint");
     if let Some(files) = files {

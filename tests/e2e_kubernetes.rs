@@ -21,6 +21,7 @@ mod kube_support;
 
 use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
 use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
+use kube_support::amd_scenarios::amd_forensic_and_migration;
 use kube_support::gpu_scenarios::{restore_onto_another_gpu, restore_without_a_gpu};
 use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
@@ -53,6 +54,14 @@ fn kubelet_migration_to_node_b_counter() {
 fn kubelet_migration_to_node_b_cuda() {
     let r = containerd_2_1();
     migration("k8s-migration-cuda", CUDA, &r, &r);
+}
+
+/// *AMD*: the stand-in KFD module's workload in a pod given `/dev/kfd` and the render nodes by
+/// a device plugin, checkpointed through the kubelet's API and restored on node b from its
+/// checkpoint image (in the test guest, where the module loads; elsewhere SKIPPED).
+#[test]
+fn kubelet_amd_forensic_checkpoint_and_migration() {
+    amd_forensic_and_migration("k8s-amd", &containerd_2_1().keeping_criu_logs());
 }
 
 /// *Another GPU*: a restore on node b, whose device plugin gives the pod a different GPU (a

@@ -22,7 +22,7 @@ use criu_gpu_test_support as common;
 #[path = "kfd_module_support/kills.rs"]
 mod kills;
 
-use bench::{GPU0, GPU1, Module, check_restored, fd_kinds, kill_both, wait_gone};
+use bench::{GPU0, GPU1, StandInKfd, check_restored, fd_kinds, kill_both, wait_gone};
 
 #[test]
 fn stand_in_kfd_module_under_real_criu() {
@@ -32,7 +32,7 @@ fn stand_in_kfd_module_under_real_criu() {
     let (b, ko) = (&setup.bench, &setup.ko);
     let img = |n: &str| b.dir.path().join(n);
 
-    let module = Module::load(ko, [GPU0, GPU1]);
+    let module = StandInKfd::load(ko, [GPU0, GPU1]);
     // 1. Dump and restore.
     let pids = b.start();
     let kid_before = b.status(pids.1); // the child writes its first marker
@@ -86,7 +86,7 @@ fn stand_in_kfd_module_under_real_criu() {
     kill_both(pids);
     wait_gone(&[pids.0, pids.1]);
     drop(module);
-    let _module = Module::load(ko, [0x1111, 0x2222]);
+    let _module = StandInKfd::load(ko, [0x1111, 0x2222]);
     let rest_topo = setup.restore_topology.path().to_str().unwrap().to_string();
     b.restore(
         &img("two"),

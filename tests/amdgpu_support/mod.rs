@@ -415,6 +415,19 @@ pub fn restore(
     cfg: &Config,
     render_first: bool,
 ) -> Vec<CopyRecord> {
+    restore_with(sim, dumped, images, cfg, render_first, || {})
+}
+
+/// [`restore`], calling `after_init` once the plugin's `init` returned (in CRIU's main
+/// process, before any task is forked).
+pub fn restore_with(
+    sim: &SimKfd,
+    dumped: &[Dumped],
+    images: &Path,
+    cfg: &Config,
+    render_first: bool,
+    after_init: impl FnOnce(),
+) -> Vec<CopyRecord> {
     let copies = Arc::new(CopyLog::default());
     let mut b = backend_observed(sim, images, None, Some(copies.clone()));
     assert_eq!(
@@ -424,6 +437,7 @@ pub fn restore(
         ),
         Ok(true)
     );
+    after_init();
     b.restore_init().expect("RESTORE_INIT");
     for d in dumped {
         sim.set_current_task(d.pid);

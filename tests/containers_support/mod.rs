@@ -404,10 +404,18 @@ pub fn write_settings(e: &E2e, workload: Workload, path: &Path) {
             f.nvml.display()
         )
     } else {
-        format!(
+        let mut text = format!(
             "cuda.nvidia-proc = {}\n",
             e.dir().join("no-nvidia-driver").display()
-        )
+        );
+        if workload.is_kfd() {
+            // The stand-in KFD module makes no topology in sysfs: the fixture of its two GPUs.
+            text += &format!(
+                "amdgpu.topology = {}/tests/fixtures/kfd-topology/2gpu\n",
+                common::REPO
+            );
+        }
+        text
     };
     std::fs::create_dir_all(path.parent().expect("parent")).expect("settings directory");
     std::fs::write(path, text).expect("settings file");
@@ -470,6 +478,14 @@ pub fn assert_plugin_dumped(e: &E2e, run: &common::CriuRun, workload: Workload, 
             "{run:?}"
         );
     }
+    if workload.is_kfd() {
+        assert!(
+            run.log
+                .lines()
+                .any(|l| l.contains("gpu_plugin: amdgpu: file") && l.contains("GPU queues paused")),
+            "the plugin paused no KFD process: {run:?}"
+        );
+    }
 }
 
 /// A restore that succeeded with the plugin (on CUDA: the workload restored by it).
@@ -482,6 +498,16 @@ pub fn assert_plugin_restored(e: &E2e, run: &common::CriuRun, workload: Workload
             run.has("gpu_plugin: cuda: restore phase: 1 process(es)"),
             "{run:?}"
         );
+    }
+    if workload.is_kfd() {
+        for want in ["BO(s) restored", "GPU resumed"] {
+            assert!(
+                run.log
+                    .lines()
+                    .any(|l| l.contains("gpu_plugin: amdgpu: ") && l.contains(want)),
+                "no `{want}` from the plugin: {run:?}"
+            );
+        }
     }
 }
 

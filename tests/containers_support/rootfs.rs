@@ -1,5 +1,5 @@
 //! The containers' root file system: busybox, the stand-in CUDA driver and the workload linked
-//! against it, built once per test process.
+//! against it, the stand-in KFD module's workload, built once per test process.
 
 use super::*;
 
@@ -101,6 +101,15 @@ pub fn rootfs() -> &'static Path {
                 if lib.parent() != f.libcuda.parent() {
                     copy_into(&root, &lib, lib.to_str().expect("UTF-8 path"));
                 }
+            }
+        }
+        // The stand-in KFD module's workload where it builds (the KFD and DRM headers are
+        // not everywhere): only pods where the module is loaded run it.
+        let kfd = build_dir().join("kfd-workload");
+        if crate::common::kfd_standin::build_workload(&kfd).is_ok() {
+            copy_into(&root, &kfd, "/kfd/workload");
+            for lib in libraries_of(&kfd) {
+                copy_into(&root, &lib, lib.to_str().expect("UTF-8 path"));
             }
         }
         for d in ["proc", "dev", "out", "tmp", "etc"] {

@@ -1,5 +1,5 @@
-//! The two workloads a container runs (a busybox counter, the stand-in CUDA program) and what
-//! they write.
+//! The workloads a container runs (a busybox counter, the stand-in CUDA program, the stand-in
+//! KFD module's program) and what they write.
 
 use super::*;
 
@@ -15,6 +15,10 @@ pub enum Workload {
     /// `workload.c` on the stand-in CUDA driver (8 MiB of patterned device memory, one busy
     /// thread), counting into `/out/w.1`; `hold_ms` is how long SIGUSR2 holds it busy.
     Cuda { hold_ms: u64 },
+    /// The stand-in KFD module's workload (`tests/kfd_module/workload.c`) on the node's
+    /// `/dev/kfd` and render nodes, counting into `/out/counter` as the counter does; it writes
+    /// its GPU state to `/out/status-<pid>` at SIGUSR1. Only where the module is loaded.
+    Kfd,
 }
 
 pub const CUDA: Workload = Workload::Cuda { hold_ms: 3000 };
@@ -36,6 +40,9 @@ impl Workload {
             ]
             .map(String::from)
             .to_vec(),
+            Workload::Kfd => ["/kfd/workload", "/out", "count"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 
@@ -45,6 +52,10 @@ impl Workload {
 
     pub fn is_cuda(self) -> bool {
         matches!(self, Workload::Cuda { .. })
+    }
+
+    pub fn is_kfd(self) -> bool {
+        self == Workload::Kfd
     }
 }
 
@@ -73,7 +84,7 @@ impl Output {
 
     fn file(&self) -> PathBuf {
         self.dir.join(match self.workload {
-            Workload::Counter => "counter".to_string(),
+            Workload::Counter | Workload::Kfd => "counter".to_string(),
             Workload::Cuda { .. } => format!("w.{}", self.pid_inside),
         })
     }
@@ -90,7 +101,7 @@ impl Output {
         lines
             .iter()
             .filter_map(|l| match self.workload {
-                Workload::Counter => l.parse().ok(),
+                Workload::Counter | Workload::Kfd => l.parse().ok(),
                 Workload::Cuda { .. } => l.strip_prefix("counter ")?.parse().ok(),
             })
             .collect()

@@ -263,6 +263,17 @@ shutdownGracePeriod: 0s
             json.dump(manifest, f)
         os.rename(tmp, os.path.join(self.manifests, f"{name}.json"))
 
+    def assert_manifest_taken(self, name):
+        """Raises if the kubelet refused static pod `name`'s manifest (it says so in its log
+        only, every second, and never makes the pod)."""
+        try:
+            with open(os.path.join(self.logs, "kubelet.log"), errors="replace") as f:
+                refused = [l for l in f if "Could not process manifest file" in l and f"/{name}.json" in l]
+        except OSError:
+            return
+        if refused:
+            raise RuntimeError(f"the kubelet refused {name}'s manifest: {refused[-1].strip()}")
+
     def remove(self, name):
         os.unlink(os.path.join(self.manifests, f"{name}.json"))
 
@@ -363,6 +374,7 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
     node.apply(manifest(name, node.image, argv, env, mounts, gpu))
 
     def running():
+        node.assert_manifest_taken(name)
         c = node.container(name)
         if c is None and '"terminated"' in node.state(name):
             raise RuntimeError(f"{name} ended: {node.state(name)} {cc.lines(out)[-5:]}")
@@ -401,6 +413,7 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
     node.apply(manifest(f"{name}-b", ref, argv, env, mounts, gpu, pull="Never"))
 
     def restored():
+        node.assert_manifest_taken(f"{name}-b")
         c = node.container(f"{name}-b")
         state = node.state(f"{name}-b")
         if c is None and ('"terminated"' in state or "Error" in state):
@@ -477,7 +490,10 @@ def main():
                 # The host's programs and libraries, as cri_check.py mounts them (the driver's
                 # own come by CDI too).
                 usr = ["/usr/bin", "/usr/lib64", "/usr/lib/x86_64-linux-gnu"] + sorted(glob.glob("/usr/lib/python3*"))
-                libdirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and os.path.isdir(d)]
+                # Each once: the kubelet refuses a pod that mounts a path twice (and a static
+                # pod it refuses is only named in its log).
+                libdirs = list(dict.fromkeys(
+                    d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and os.path.isdir(d)))
                 usr += [d for d in libdirs if not any(d == u or d.startswith(u + "/") for u in usr)]
                 mounts += [(d, d) for d in usr if os.path.isdir(d)] + [(HERE, "/repo")]
                 if libdirs:

@@ -2,7 +2,7 @@
  * A KFD workload for the stand-in module (tests/kfd_module): what a ROCm process holds, made
  * with the ioctls libhsakmt issues, so that real CRIU and the plugin dump and restore it.
  *
- *   workload DIR [share]
+ *   workload DIR [share] [count]
  *
  * Per GPU of /dev/kfd (GET_PROCESS_APERTURES_NEW): ACQUIRE_VM with its render node, a 4 MiB
  * VRAM BO and a 1 MiB GTT BO mapped for the CPU at their GPU addresses (MAP_FIXED through the
@@ -15,6 +15,10 @@
  *
  * With "share", a child process (forked before any of that) gets a dma-buf of GPU 0's VRAM
  * BO (EXPORT_DMABUF) over a socket and keeps it open, as a process sharing GPU memory does.
+ *
+ * With "count", the parent appends one more number to DIR/counter every 20 ms (1, 2, ...), as a
+ * shell loop in a container does: how a test sees that a restored process goes on from where
+ * it was.
  *
  * At SIGUSR1 each process writes DIR/status-<pid> (atomically), one "key value" per line:
  * the BOs' checksums and whether the pattern holds, each doorbell and MMIO page's GPU id as
@@ -274,6 +278,19 @@ static void child_status(int buf, uint32_t *marker)
 	status_close(f, tmp);
 }
 
+static void count_one_more(unsigned long n)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/counter", dir);
+	f = fopen(path, "a");
+	if (!f)
+		die("counter");
+	fprintf(f, "%lu\n", n);
+	fclose(f);
+}
+
 static void on_usr1(int s)
 {
 	(void)s;
@@ -319,14 +336,25 @@ int main(int argc, char **argv)
 	struct kfd_ioctl_get_process_apertures_new_args ap = { 0 };
 	struct kfd_process_device_apertures apd[MAX_GPUS];
 	struct sigaction sa = { 0 };
-	int share = argc > 2 && strcmp(argv[2], "share") == 0, sv[2], i;
+	int share = 0, count = 0, sv[2], i;
+	unsigned long counted = 0;
 	pid_t kid = 0;
 
 	if (argc < 2) {
-		fprintf(stderr, "usage: workload DIR [share]\n");
+		fprintf(stderr, "usage: workload DIR [share] [count]\n");
 		return 2;
 	}
 	dir = argv[1];
+	for (i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "share") == 0) {
+			share = 1;
+		} else if (strcmp(argv[i], "count") == 0) {
+			count = 1;
+		} else {
+			fprintf(stderr, "workload: unknown argument %s\n", argv[i]);
+			return 2;
+		}
+	}
 	sa.sa_handler = on_usr1;
 	sigaction(SIGUSR1, &sa, NULL);
 	sa.sa_handler = on_term;
@@ -395,6 +423,8 @@ int main(int argc, char **argv)
 			want_status = 0;
 			parent_status(kid);
 		}
+		if (count)
+			count_one_more(++counted);
 		usleep(20000);
 	}
 	if (kid > 0) {

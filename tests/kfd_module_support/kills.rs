@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::bench::{
-    Bench, GPU0, GPU1, Module, Status, check_restored, kill_both, reap, setup, wait_gone,
+    Bench, GPU0, GPU1, StandInKfd, Status, check_restored, kill_both, reap, setup, wait_gone,
 };
 use super::common::rng::{Rng, env_number, seed_from_env};
 
@@ -238,7 +238,7 @@ fn criu_killed_in_the_middle_of_amd_dumps() {
     };
     let b = &setup.bench;
     let img = |n: &str| b.dir.path().join(n);
-    let _module = Module::load(&setup.ko, [GPU0, GPU1]);
+    let _module = StandInKfd::load(&setup.ko, [GPU0, GPU1]);
     let mut pids = b.start();
     let t = Instant::now();
     let log = b.criu(
@@ -453,7 +453,7 @@ fn criu_killed_in_the_middle_of_amd_restores() {
     };
     let b = &setup.bench;
     let img = |n: &str| b.dir.path().join(n);
-    let _module = Module::load(&setup.ko, [GPU0, GPU1]);
+    let _module = StandInKfd::load(&setup.ko, [GPU0, GPU1]);
     let pids = b.start();
     let before = b.status(pids.0);
     b.dump(pids.0, &img("base"), false);

@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,116 +14,12 @@ use super::amdgpu_support::{TempDir, swapped_gpu_topologies};
 use super::common;
 
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
-pub const GPU0: u32 = 53109;
-pub const GPU1: u32 = 1266;
 
-pub type Status = HashMap<String, String>;
+pub use common::kfd_standin::Status;
 
-pub fn sh(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The module, loaded with `ids`; unloaded again on drop.
-pub struct Module;
-
-impl Module {
-    pub fn load(ko: &Path, ids: [u32; 2]) -> Module {
-        let _ = sh("rmmod kfd_standin 2>/dev/null");
-        assert!(sh("modprobe drm"), "modprobe drm failed");
-        let arg = format!("gpu_ids={},{}", ids[0], ids[1]);
-        let out = Command::new("insmod").arg(ko).arg(&arg).output().unwrap();
-        assert!(
-            out.status.success(),
-            "insmod {} {arg}: {}",
-            ko.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !Path::new("/dev/kfd").exists() || !Path::new("/dev/dri/renderD129").exists() {
-            assert!(Instant::now() < deadline, "no /dev/kfd after insmod");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Module
-    }
-}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        // A test that failed left its workload running: end whatever holds the module's
-        // files, so that the next test finds it unloaded.
-        if std::thread::panicking() {
-            kill_kfd_users();
-        }
-        // The module stays busy until the last of its files is closed: a killed process's
-        // are closed once it is reaped.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !sh("rmmod kfd_standin 2>/dev/null") && Instant::now() < deadline {
-            reap();
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-/// What `/proc` says of `pid`: its state, tracer and where it sleeps.
-pub fn task_state(pid: i32) -> String {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return "gone".into();
-    };
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map_or("?", str::trim)
-            .to_string()
-    };
-    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-    format!(
-        "state {}, tracer {}, waiting in {wchan:?}",
-        field("State:"),
-        field("TracerPid:")
-    )
-}
-
-/// SIGKILLs every process with a file of the module open (`/dev/kfd`, its render nodes).
-fn kill_kfd_users() {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for pid in procs
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-    {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        let uses = fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|t| {
-                t.to_str().is_some_and(|t| {
-                    t.starts_with("/dev/kfd") || t.starts_with("/dev/dri/") || t.contains("dmabuf")
-                })
-            })
-        });
-        if uses && pid != std::process::id() as i32 {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
-}
-
-/// Reaps every exited child (the test is the subreaper of what CRIU restores).
-pub fn reap() {
-    loop {
-        // SAFETY: waitpid with a null status pointer has no memory-safety preconditions.
-        let r = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
-        if r <= 0 {
-            return;
-        }
-    }
-}
+pub use common::kfd_standin::{
+    GPU0, GPU1, StandInKfd, assert_bos_and_pages, reap, workload_status,
+};
 
 pub fn wait_gone(pids: &[i32]) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -149,26 +44,7 @@ pub struct Bench {
 impl Bench {
     /// Asks the workload `pid` for its status and waits for it.
     pub fn status(&self, pid: i32) -> Status {
-        let file = self.dir.path().join(format!("status-{pid}"));
-        let _ = std::fs::remove_file(&file);
-        // SAFETY: kill has no memory-safety preconditions.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0, "signal {pid}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&file) {
-                return text
-                    .lines()
-                    .filter_map(|l| l.split_once(' '))
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no status from {pid} within 30 s ({})",
-                task_state(pid)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        workload_status(pid, &self.dir.path().join(format!("status-{pid}")))
     }
 
     pub fn start(&self) -> (i32, i32) {
@@ -267,19 +143,7 @@ impl Bench {
 /// the queues running, and the child's dma-buf the parent's GPU 0 BO, shared both ways.
 pub fn check_restored(b: &Bench, pids: (i32, i32), before: &Status, actual: [u32; 2], what: &str) {
     let after = b.status(pids.0);
-    for g in 0..2 {
-        for k in ["id", "vram_addr", "gtt_addr", "vram_sum", "gtt_sum"] {
-            let key = format!("gpu{g}_{k}");
-            assert_eq!(after.get(&key), before.get(&key), "{what}: {key}");
-        }
-        for k in ["vram_pattern", "gtt_pattern"] {
-            assert_eq!(after[&format!("gpu{g}_{k}")], "1", "{what}: gpu{g}_{k}");
-        }
-        for k in ["doorbell", "mmio"] {
-            let want = format!("4b464453 {}", actual[g]);
-            assert_eq!(after[&format!("gpu{g}_{k}")], want, "{what}: gpu{g}_{k}");
-        }
-    }
+    assert_bos_and_pages(&after, before, actual, what);
     let c0: u64 = after["gpu0_counter"].parse().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let later = b.status(pids.0);
@@ -342,30 +206,6 @@ pub fn fd_kinds(pid: i32) -> std::collections::BTreeMap<&'static str, usize> {
     out
 }
 
-/// Where `<drm/drm.h>` (which `<linux/kfd_ioctl.h>` includes) is not among the system
-/// headers (Debian 12's linux-libc-dev lacks it), the kernel headers' uapi folder, searched
-/// after the system's (unsanitised: `__user` is defined away, as `make headers` does).
-pub fn uapi_fallback() -> Vec<String> {
-    if Path::new("/usr/include/drm/drm.h").exists() {
-        return Vec::new();
-    }
-    let Ok(dirs) = std::fs::read_dir("/usr/src") else {
-        return Vec::new();
-    };
-    dirs.flatten()
-        .map(|d| d.path().join("include/uapi"))
-        .filter(|u| u.join("drm/drm.h").exists())
-        .take(1)
-        .flat_map(|u| {
-            [
-                "-D__user=".to_string(),
-                "-idirafter".to_string(),
-                u.display().to_string(),
-            ]
-        })
-        .collect()
-}
-
 /// One test's bench: the module's path, the workload built, the plugin in place, the
 /// checkpoint machine's topology (and the restore machine's, the GPUs swapped); the tests
 /// take turns (one module at a time).
@@ -403,14 +243,9 @@ pub fn setup(tag: &str) -> Option<Setup> {
     )
     .unwrap();
     let workload = dir.path().join("workload");
-    let cc = Command::new("cc")
-        .args(uapi_fallback())
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&workload)
-        .arg(Path::new(REPO).join("tests/kfd_module/workload.c"))
-        .status()
-        .unwrap();
-    assert!(cc.success(), "cannot build the workload");
+    if let Err(e) = common::kfd_standin::build_workload(&workload) {
+        panic!("cannot build the workload: {e}");
+    }
     let (ckpt_topo, rest_topo) = swapped_gpu_topologies();
     Some(Setup {
         bench: Bench {

@@ -7,6 +7,7 @@
 //! `scripts/build-upstream.sh` into `<repo>/.upstream/<component>/bin/`
 //! (`CRIU_GPU_TEST_UPSTREAM` names another directory of that layout).
 
+pub mod amd_scenarios;
 pub mod control_plane;
 pub mod gpu_scenarios;
 pub mod network;

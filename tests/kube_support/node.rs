@@ -326,6 +326,24 @@ impl<'e> KubeNode<'e> {
         }
     }
 
+    /// What the newest restore's CRIU log kept in `<node>/criu-work` says of failures (its
+    /// errors and the plugin's lines), where the runtime keeps it; else nothing.
+    pub fn failed_restore(&self) -> String {
+        let Some(w) = &self.criu_work else {
+            return String::new();
+        };
+        let log = std::fs::read_to_string(w.join("restore.log")).unwrap_or_default();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("Error") || l.contains("gpu_plugin"))
+            .collect();
+        format!(
+            "CRIU's restore log on node {}:\n{}",
+            self.name,
+            said.join("\n")
+        )
+    }
+
     /// Where the kubelet writes the archives of its checkpoint API, as the host sees it.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.dir.join("kubelet/checkpoints")

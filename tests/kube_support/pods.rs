@@ -269,12 +269,13 @@ impl<'c, 'e> Pod<'c, 'e> {
             }
             assert!(
                 phase != "Failed" && phase != "Succeeded" && t0.elapsed() < RUNNING,
-                "pod {} is {phase:?} after {:?}:\n{}\n{}\n{}",
+                "pod {} is {phase:?} after {:?}:\n{}\n{}\n{}\n{}",
                 self.name,
                 t0.elapsed(),
                 self.describe(),
                 node.kubelet_log_tail(),
-                node.containerd_log_tail()
+                node.containerd_log_tail(),
+                node.failed_restore()
             );
             std::thread::sleep(Duration::from_millis(300));
         }

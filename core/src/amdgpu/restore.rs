@@ -19,6 +19,7 @@ use super::device;
 use super::error::{Error, device_error};
 use super::parallel::{Handover, QueueOutcome};
 use super::run::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
+use super::topology::Topology;
 use crate::restore_guardian::{RestoreGuardian, Watch};
 use files::{RestoreCtx, TaskState};
 
@@ -48,6 +49,10 @@ pub(super) struct RestoreRun {
     /// The first task `RESUME_DEVICES_LATE` came for: the root (CRIU calls it for the root
     /// first: [`criu_plugin::criu_internals::RESUME_DEVICES_LATE_ROOT_FIRST`]).
     root: Option<i32>,
+    /// This machine's KFD topology, read in CRIU's main process before it forks the tasks
+    /// (when the images hold KFD files and it was readable): a task restoring its files
+    /// sees its container's file system, where the topology's path need not exist.
+    local: Option<Topology>,
 }
 
 impl RestoreRun {
@@ -57,7 +62,16 @@ impl RestoreRun {
         publish_dmabufs: bool,
         want_guardian: bool,
     ) -> RestoreRun {
+        let has_kfd = base
+            .images
+            .kfd_ids(MAX_KFD_IMAGES)
+            .is_ok_and(|ids| !ids.is_empty());
+        // Unreadable: the preflight and the tasks read it again and say why.
+        let local = has_kfd
+            .then(|| files::read_local_topology(&base.settings).ok())
+            .flatten();
         RestoreRun {
+            local,
             base,
             handover,
             publish_dmabufs,
@@ -80,6 +94,7 @@ impl RestoreRun {
             limits: self.base.limits,
             handover: self.handover.as_ref(),
             publish_dmabufs: self.publish_dmabufs,
+            local: self.local.as_ref(),
         }
     }
 

@@ -99,6 +99,8 @@ pub fn assert_archive_of(e: &E2e, engine: &str, archive: &Path, workload: Worklo
     inspect.assert_ok();
     let want = if workload.is_cuda() {
         "1 CUDA process(es)"
+    } else if workload.is_kfd() {
+        "2 GPU(s)"
     } else {
         "no GPU state: CRIU restores this checkpoint without the GPU plugin"
     };

@@ -94,6 +94,8 @@ pub struct RestoreCtx<'a> {
     pub handover: Option<&'a Handover>,
     /// Whether the image has dma-buf files (restored BOs are then published by key).
     pub publish_dmabufs: bool,
+    /// This machine's KFD topology as CRIU's main process read it, if it did.
+    pub local: Option<&'a Topology>,
 }
 
 /// Checks a KFD image for what the kernel and the copy rely on, before anything is created.
@@ -132,10 +134,10 @@ pub fn check_image(image: &KfdCheckpoint, limits: &CriuLimits) -> Result<()> {
     Ok(())
 }
 
-/// Computes the GPU map of `image` onto this machine.
-pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
-    let root = &ctx.settings.topology_root;
-    let mut local = Topology::from_sysfs(root).map_err(|e| {
+/// Reads this machine's KFD topology from where the settings say.
+pub fn read_local_topology(settings: &AmdgpuSettings) -> Result<Topology> {
+    let root = &settings.topology_root;
+    Topology::from_sysfs(root).map_err(|e| {
         device_error(
             libc::ENODEV,
             format!(
@@ -143,7 +145,20 @@ pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap
                 root.display()
             ),
         )
-    })?;
+    })
+}
+
+/// This machine's KFD topology: as CRIU's main process read it, else read now.
+fn local_topology(ctx: &RestoreCtx<'_>) -> Result<Topology> {
+    match ctx.local {
+        Some(t) => Ok(t.clone()),
+        None => read_local_topology(ctx.settings),
+    }
+}
+
+/// Computes the GPU map of `image` onto this machine.
+pub fn compute_map(ctx: &RestoreCtx<'_>, image: &KfdCheckpoint) -> Result<GpuMap> {
+    let mut local = local_topology(ctx)?;
     let hidden = local.retain_accessible(|g| ctx.dev.render_node_present(g.drm_render_minor));
     for g in hidden {
         log::info!("amdgpu: GPU {g:#x} has no render node here; not a restore candidate");
@@ -351,13 +366,7 @@ pub fn restore_render(
             }
             let Some(k) = found else {
                 // A process with a render node but no KFD state: the same GPU, if present.
-                let root = &ctx.settings.topology_root;
-                let local = Topology::from_sysfs(root).map_err(|e| {
-                    device_error(
-                        libc::ENODEV,
-                        format!("cannot read the KFD topology at {}: {e}", root.display()),
-                    )
-                })?;
+                let local = local_topology(ctx)?;
                 let g = local.gpu_by_id(image.gpu_id).ok_or_else(|| {
                     device_error(
                         libc::ENODEV,
