@@ -27,7 +27,7 @@ use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
-    restore_on_an_older_driver, restore_refused, start,
+    not_a_checkpoint, restore_on_an_older_driver, restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -54,6 +54,20 @@ fn kubelet_migration_to_node_b_counter() {
 fn kubelet_migration_to_node_b_cuda() {
     let r = containerd_2_1();
     migration("k8s-migration-cuda", CUDA, &r, &r);
+}
+
+/// An image that says it is a checkpoint and is not: the pod waits, refused with a reason
+/// `kubectl` shows (containerd 2.1: the archive has no `spec.dump`), and the node's other pod
+/// runs on.
+#[test]
+fn kubelet_refuses_an_image_that_is_not_a_checkpoint() {
+    // containerd reads the archive's files before anything runs.
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &["failed to read \"spec.dump\"", "no such file or directory"],
+    };
+    not_a_checkpoint("k8s-not-a-checkpoint", &containerd_2_1(), expected);
 }
 
 /// *AMD*: the stand-in KFD module's workload in a pod given `/dev/kfd` and the render nodes by

@@ -88,6 +88,16 @@ pub enum NotRunnable {
         /// The process.
         pid: i32,
     },
+    /// Stopped by its tracer: a CRIU dump that holds it, or a debugger.
+    #[error(
+        "it is stopped by pid {tracer} ({by}), which traces it (a CRIU dump, or a debugger); CUDA can only act on a running process: try again once pid {tracer} has let it go"
+    )]
+    Traced {
+        /// The tracer.
+        tracer: i32,
+        /// The tracer's command name.
+        by: String,
+    },
     /// In a frozen cgroup.
     #[error(
         "it is in frozen cgroup {0}; CUDA can only act on a running process: thaw the cgroup and try again"
@@ -370,6 +380,12 @@ impl Session {
 /// Refuses a process the driver could not answer for: stopped, or in a frozen cgroup.
 fn runnable(pid: i32, tid: i32) -> Result<(), NotRunnable> {
     if let Some(state @ ('T' | 't')) = procfs::thread_state(pid, tid) {
+        if let Some(tracer) = procfs::tracer(pid).filter(|&t| t > 0 && state == 't') {
+            return Err(NotRunnable::Traced {
+                tracer,
+                by: comm(tracer),
+            });
+        }
         let how = if state == 't' {
             "stopped by a debugger"
         } else {

@@ -52,8 +52,9 @@ EXIT STATUS
     3  failed, and some processes could not be put back (or the driver found one neither
        done nor as it was): the message names them
     4  suspend/resume refused, nothing changed: another CRIU or criu-gpu is acting on one of
-       the processes (each holds a claim in /run/criu-gpu-plugin/ while it works); the
-       message names the holder, and what to do when it is stopped
+       the processes (each holds a claim in /run/criu-gpu-plugin/ while it works), or its
+       tracer (a CRIU dump, a debugger) has it stopped; the message names the holder, and
+       what to do when it is stopped
 
 SEE ALSO
     criu-gpu help suspend, criu(8), criu-gpu-plugin(7), docs/criu-gpu.md

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criu_gpu_core::session::{
-    self, Claim, ClaimError, Found, GpuMemory, HeldBy, Probe, Session, Timed,
+    self, Claim, ClaimError, Found, GpuMemory, HeldBy, NotRunnable, Probe, ProbeError, Session,
+    Timed,
 };
 use cuda_ckpt_sys::{GpuUuid, ProcessState};
 
@@ -21,9 +22,12 @@ type Touched = Vec<(i32, i32, bool)>;
 /// answer for or in a state the command cannot start from.
 fn blockers(probes: &[Probe], ok: &[ProcessState], what: &str) -> Result<(), Failed> {
     let mut why = Vec::new();
+    // A process its tracer stops (a CRIU dump under way) is held, as a claimed one is.
+    let mut held = false;
     for p in probes {
         match &p.found {
             Found::Cuda { state: Err(e), .. } => {
+                held |= matches!(e, ProbeError::NotRunnable(NotRunnable::Traced { .. }));
                 why.push(format!("pid {} ({}): {e}", p.pid, p.comm))
             }
             Found::Cuda { state: Ok(s), .. } if !ok.contains(s) => why.push(format!(
@@ -36,10 +40,12 @@ fn blockers(probes: &[Probe], ok: &[ProcessState], what: &str) -> Result<(), Fai
     if why.is_empty() {
         return Ok(());
     }
-    Err(Failed::new(format!(
-        "nothing was changed: {}",
-        why.join("; ")
-    )))
+    let message = format!("nothing was changed: {}", why.join("; "));
+    Err(if held {
+        Failed::busy(message)
+    } else {
+        Failed::new(message)
+    })
 }
 
 fn skipped(probes: &[Probe]) -> Vec<Skipped> {

@@ -116,6 +116,30 @@ impl<'c, 'e> Pod<'c, 'e> {
         Pod::create_with(cp, node, name, image, workload, out, &Extras::default())
     }
 
+    /// Applies pod `name`'s manifest (see [`Pod::create_with`]) without waiting: for a pod its
+    /// node refuses.
+    pub fn apply_with(
+        cp: &'c ControlPlane<'e>,
+        node: &KubeNode<'_>,
+        name: &str,
+        image: &str,
+        workload: Workload,
+        out: &str,
+        extras: &Extras,
+    ) -> Pod<'c, 'e> {
+        let out = Output::new(node.e.dir().join(format!("out-{out}")), workload);
+        cp.apply(
+            name,
+            &manifest(name, &node.name, image, workload, &out.dir, extras),
+        );
+        Pod {
+            cp,
+            name: name.to_string(),
+            out,
+            extras: extras.clone(),
+        }
+    }
+
     /// [`Pod::create`] with `extras` (see [`manifest`]). The CUDA
     /// workload's pid in its container (what its files are named after) is found from what it
     /// writes: 1 unless the pod shares one pid namespace between its containers.
@@ -128,18 +152,8 @@ impl<'c, 'e> Pod<'c, 'e> {
         out: &str,
         extras: &Extras,
     ) -> Pod<'c, 'e> {
-        let dir = node.e.dir().join(format!("out-{out}"));
-        let out = Output::new(dir.clone(), workload);
-        cp.apply(
-            name,
-            &manifest(name, &node.name, image, workload, &out.dir, extras),
-        );
-        let mut pod = Pod {
-            cp,
-            name: name.to_string(),
-            out,
-            extras: extras.clone(),
-        };
+        let mut pod = Pod::apply_with(cp, node, name, image, workload, out, extras);
+        let dir = pod.out.dir.clone();
         pod.wait_running(node);
         if workload.is_cuda() {
             let mut inside = None;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::control_plane::{ControlPlane, MAX_NODES};
 use super::network::{LoopbackForward, NodeNet, gateway_of};
 use super::node::KubeNode;
-use super::pods::{CONTAINER, Pod};
+use super::pods::{CONTAINER, Extras, Pod};
 use super::runtimes::Runtime;
 use crate::common::{self, E2e};
 use crate::containers_support::cri::gpu_node::driver_restores;
@@ -359,10 +359,46 @@ pub fn restore_refused(
     assert_refused(&e, &refused, &expected, k.marks.2, restores, &bystander);
 }
 
-/// What a restore that node b refuses must show and leave: through `kubectl`, the pod's
+/// An image that says it is a checkpoint and is not: the checkpoint annotation on a layer of
+/// one ordinary file, pushed as buildah pushes a checkpoint, and a pod of it on node a (of
+/// `runtime`), where a bystander runs. The pod is refused as `expected` shows through
+/// `kubectl`; nothing of it runs, and the bystander counts on.
+pub fn not_a_checkpoint(test: &str, runtime: &Runtime, expected: Refusal<'_>) {
+    let Some(e) = start(test, Workload::Counter) else {
+        return;
+    };
+    let c = Cluster::start(&e, Workload::Counter, &[("a", runtime)]);
+    let a = &c.nodes[0];
+    let bystander = c.bystander(a);
+    let files = e.dir().join("not-a-checkpoint");
+    std::fs::create_dir_all(&files).expect("the layer's folder");
+    std::fs::write(files.join("notes.txt"), "not a checkpoint\n").expect("the layer's file");
+    let archive = e.dir().join("not-a-checkpoint.tar");
+    let mut tar = e.command(Path::new("tar"));
+    tar.arg("-C")
+        .arg(&files)
+        .arg("-cf")
+        .arg(&archive)
+        .arg("notes.txt");
+    containers_support::run_tool(e.dir(), tar, "tar").assert_ok();
+    let image = push_checkpoint_image(&e, &archive, CONTAINER, &c.registry);
+    let restores = driver_restores(&e);
+    let refused = Pod::apply_with(
+        &c.cp,
+        a,
+        "w",
+        &image,
+        Workload::Counter,
+        "w",
+        &Extras::default(),
+    );
+    assert_refused(&e, &refused, &expected, 0, restores, &bystander);
+}
+
+/// What a pod its node refuses must show and leave: through `kubectl`, the pod's
 /// container in `expected`'s state with its reason and message; the checkpoint's workload
-/// silent since it was deleted (`killed`), the driver asked to restore no more than before
-/// (`restores`), node b's `bystander` counting on.
+/// silent since it was deleted (`killed` lines; 0 for a pod that never ran), the driver asked
+/// to restore no more than before (`restores`), the node's `bystander` counting on.
 pub fn assert_refused(
     e: &E2e,
     refused: &Pod<'_, '_>,
@@ -372,7 +408,7 @@ pub fn assert_refused(
     bystander: &Pod<'_, '_>,
 ) {
     let (state, reason, message) = refused.wait_refused();
-    eprintln!("the restore on node b: {state} {reason}: {message}");
+    eprintln!("the refused pod: {state} {reason}: {message}");
     assert_eq!(
         (state.as_str(), reason.as_str()),
         (expected.state, expected.reason)
