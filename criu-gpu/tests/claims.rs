@@ -91,12 +91,20 @@ impl HeldDump {
             script: 0,
         };
         let actions = dir.join("actions");
-        wait_until("the dump's post-dump script", || {
+        // A dump on a loaded 2-core machine has taken over 20 s to get there: a minute, and
+        // CRIU's log if even that passes.
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&actions).is_ok_and(|a| a.contains("post-dump ")) {
             if let Ok(Some(st)) = held.criu.try_wait() {
                 panic!("criu ended ({st}) before its post-dump:\n{}", held.log());
             }
-            std::fs::read_to_string(&actions).is_ok_and(|a| a.contains("post-dump "))
-        });
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "CRIU did not reach its post-dump script in 60 s; its log so far:\n{}",
+                held.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         held.script = std::fs::read_to_string(&actions)
             .unwrap()
             .lines()
