@@ -223,10 +223,10 @@ def stop_procs(procs, grace):
             p.kill()
 
 
-def write_containerd_config(path, w, sock, pause, runc, runc_root, runtime_extra=""):
+def write_containerd_config(path, w, sock, pause, runc, runc_root, runtime_extra="", runc_extra=""):
     """containerd's configuration: its state under `w`, the CRI with `pause` as the sandbox
     image, registries from `w`/certs.d, runc `runc` with its state in `runc_root`;
-    `runtime_extra` are more lines of the CRI runtime table."""
+    `runtime_extra` are more lines of the CRI runtime table, `runc_extra` of runc's options."""
     cri = "io.containerd.cri.v1"
     with open(path, "w") as f:
         f.write(f'''version = 3
@@ -257,7 +257,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."{cri}.runtime".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         Root = "{runc_root}"
-        SystemdCgroup = false
+        SystemdCgroup = false{runc_extra}
 ''')
 
 

@@ -105,6 +105,9 @@ class KubeletNode:
         self.runc_root = os.path.join(w, "runc")
         self.manifests = os.path.join(w, "manifests")
         self.logs = os.path.dirname(a.out)
+        self.cdi_dirs = set()
+        self.criu_work = os.path.join(w, "criu-work")
+        os.makedirs(self.criu_work, exist_ok=True)
         self.procs = []
         self.port = 5000 + os.getpid() % 1000
         self.registry = f"127.0.0.1:{self.port}"
@@ -132,7 +135,10 @@ class KubeletNode:
         cc.write_containerd_config(os.path.join(w, "config.toml"), w, self.sock, self.pause,
                                    f"{self.bin}/runc", self.runc_root,
                                    "\n  enable_cdi = true\n  cdi_spec_dirs = [\"/var/run/cdi\"]"
-                                   "\n  enable_experimental_restore_via_create = true")
+                                   "\n  enable_experimental_restore_via_create = true",
+                                   # runc keeps CRIU's work folder (its restore.log) there:
+                                   # containerd deletes a failed restore's own.
+                                   f"\n        CriuWorkPath = \"{self.criu_work}\"")
         env = dict(os.environ)
         env["PATH"] = f"{self.bin}:" + env["PATH"]
         self.spawn("containerd", [os.path.join(self.bin, "containerd"), "--config", os.path.join(w, "config.toml")], env)
@@ -175,6 +181,13 @@ class KubeletNode:
             cc.wait_for("the device plugin's CDI spec", lambda: len(os.listdir("/var/run/cdi")) > 1, 60)
             for f in sorted(os.listdir("/var/run/cdi")):
                 spec = open(os.path.join("/var/run/cdi", f)).read()
+                if f.endswith(".json"):
+                    # The folders the device plugin's spec mounts driver files into: a pod
+                    # must not mount them itself (the spec's hooks make links there).
+                    edits = [json.loads(spec).get("containerEdits") or {}]
+                    edits += [d.get("containerEdits") or {} for d in json.loads(spec).get("devices") or []]
+                    self.cdi_dirs |= {os.path.dirname(m["containerPath"]) for e in edits
+                                      for m in e.get("mounts") or [] if m.get("containerPath")}
                 log(f"# CDI spec {f}: {len(spec)} bytes, hooks: "
                     + " ".join(sorted(set(h for h in ("create-symlinks", "update-ldcache", "chmod", "enable-cuda-compat",
                                                       "disable-device-node-modification") if h in spec))))
@@ -417,12 +430,18 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
         c = node.container(f"{name}-b")
         state = node.state(f"{name}-b")
         if c is None and ('"terminated"' in state or "Error" in state):
-            raise RuntimeError(f"{name}-b did not restore: {state}")
+            kept = os.path.join(node.criu_work, "restore.log")
+            said = ""
+            if os.path.exists(kept):
+                shutil.copy2(kept, os.path.join(node.logs, f"{name}-restore.log"))
+                said = "\n".join(l for l in open(kept, errors="replace").read().splitlines()
+                                  if "Error" in l or "gpu_plugin" in l)
+            raise RuntimeError(f"{name}-b did not restore: {state}\nCRIU's restore log:\n{said}")
         return c
     cc.wait_for(f"{name}-b running", restored, 600)
     res["kubelet_restore_s"] = round(time.time() - t, 2)
     rid, rpid = node.container(f"{name}-b")
-    logs = glob.glob(os.path.join(node.w, "*", "io.containerd.runtime.v2.task", "k8s.io", rid, "restore.log"))
+    logs = [p for p in [os.path.join(node.criu_work, "restore.log")] if os.path.exists(p)]
     if logs:
         shutil.copy2(logs[0], os.path.join(node.logs, f"{name}-restore.log"))
         res["plugin_restore"] = share(gpu_check.plugin_figures(logs[0]), "restore")
@@ -494,10 +513,14 @@ def main():
                 # pod it refuses is only named in its log).
                 libdirs = list(dict.fromkeys(
                     d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and os.path.isdir(d)))
+                env_libdirs = libdirs
+                # The driver's folders come by CDI, whose hooks write into them (links): a
+                # mount of the host's folder there is read-only to them.
+                libdirs = [d for d in libdirs if d not in node.cdi_dirs]
                 usr += [d for d in libdirs if not any(d == u or d.startswith(u + "/") for u in usr)]
                 mounts += [(d, d) for d in usr if os.path.isdir(d)] + [(HERE, "/repo")]
-                if libdirs:
-                    env["LD_LIBRARY_PATH"] = ":".join(libdirs)
+                if env_libdirs:
+                    env["LD_LIBRARY_PATH"] = ":".join(env_libdirs)
                 if case == "cuda1g":
                     shutil.copy2(workload, os.path.join(out_dir, "cuda_workload"))
                     argv = ["/out/cuda_workload", "--gib", "1", "--out", "/out/w"]
