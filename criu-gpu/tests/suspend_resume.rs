@@ -273,6 +273,71 @@ fn a_stopped_process_is_refused_before_anything_changes() {
     w.assert_running();
 }
 
+/// A process its tracer has stopped (as a CRIU dump's seize does, before its plugin takes the
+/// claim) is refused as held, exit 4, naming the tracer; nothing changes, and it runs on once
+/// let go.
+#[test]
+fn a_process_its_tracer_stopped_is_refused_as_held() {
+    let t = T::start("traced");
+    let w = t.workload("w", 1, 4);
+    let pid = w.pids[1];
+    let (seized, tracer_ready) = std::sync::mpsc::channel();
+    let (let_go, told) = std::sync::mpsc::channel::<()>();
+    // Ptrace stops belong to the tracer thread: it seizes, stops, waits and detaches.
+    let tracer = std::thread::spawn(move || {
+        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the workload's threads")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for &tid in &tids {
+            // SAFETY: ptrace and waitpid on threads of a workload this test started; the
+            // status pointer is a local.
+            unsafe {
+                assert_eq!(
+                    libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+                    0,
+                    "seize {tid}"
+                );
+                assert_eq!(
+                    libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0),
+                    0,
+                    "stop {tid}"
+                );
+                let mut status = 0;
+                assert_eq!(
+                    libc::waitpid(tid, &mut status, libc::__WALL),
+                    tid,
+                    "wait {tid}"
+                );
+            }
+        }
+        // SAFETY: gettid has no preconditions.
+        seized.send(unsafe { libc::gettid() }).unwrap();
+        let _ = told.recv();
+        for &tid in &tids {
+            // SAFETY: as above; detaching lets the thread run on.
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+        }
+    });
+    let tracer_tid = tracer_ready
+        .recv()
+        .expect("the tracer stopped the workload");
+    let s = t.tool(&["suspend", &w.root().to_string()], &[]);
+    let_go.send(()).unwrap();
+    tracer.join().expect("the tracer thread");
+    assert_eq!(s.code, Some(4), "{s:?}");
+    for want in [
+        "nothing was changed".to_string(),
+        format!("it is stopped by pid {tracer_tid} ("),
+        format!("try again once pid {tracer_tid} has let it go"),
+    ] {
+        assert!(s.stderr.contains(&want), "{want}: {}", s.stderr);
+    }
+    assert!(t.transitions(w.pids[0]).is_empty());
+    w.assert_running();
+}
+
 #[test]
 fn usage_errors_and_missing_targets_say_what_to_do() {
     let t = T::start("usage");
