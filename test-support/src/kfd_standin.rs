@@ -3,7 +3,7 @@
 //! again, and its workload (`tests/kfd_module/workload.c`) built.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,12 @@ use std::time::{Duration, Instant};
 /// (`tests/fixtures/kfd-topology/2gpu`, render nodes 128 and 129).
 pub const GPU0: u32 = 53109;
 pub const GPU1: u32 = 1266;
+
+/// The module built for the running kernel (`KFD_STANDIN_KO`, which `scripts/test.sh` sets
+/// in the test guest), where one is given.
+pub fn module_ko() -> Option<PathBuf> {
+    std::env::var_os("KFD_STANDIN_KO").map(PathBuf::from)
+}
 
 fn sh(cmd: &str) -> bool {
     Command::new("sh")
@@ -205,5 +211,15 @@ pub fn assert_bos_and_pages(now: &Status, before: &Status, actual: [u32; 2], wha
             let want = format!("4b464453 {id}");
             assert_eq!(now[&format!("gpu{g}_{k}")], want, "{what}: gpu{g}_{k}");
         }
+    }
+}
+
+/// Both GPUs' queues ran between the workload's statuses `now` and `later` (its counters
+/// went up).
+pub fn assert_queues_run(now: &Status, later: &Status, what: &str) {
+    for g in 0..2 {
+        let key = format!("gpu{g}_counter");
+        let (a, l): (u64, u64) = (now[&key].parse().unwrap(), later[&key].parse().unwrap());
+        assert!(l > a, "{what}: GPU {g}'s queue does not run ({a} -> {l})");
     }
 }

@@ -2,6 +2,7 @@
 //! against it, the stand-in KFD module's workload, built once per test process.
 
 use super::*;
+use crate::common::kfd_standin;
 
 /// The stand-in CUDA driver, its NVML and the workload linked against it, built once.
 pub struct FakeCuda {
@@ -103,10 +104,13 @@ pub fn rootfs() -> &'static Path {
                 }
             }
         }
-        // The stand-in KFD module's workload where it builds (the KFD and DRM headers are
-        // not everywhere): only pods where the module is loaded run it.
-        let kfd = build_dir().join("kfd-workload");
-        if crate::common::kfd_standin::build_workload(&kfd).is_ok() {
+        // The stand-in KFD module's workload, where the module is given: only pods there run
+        // it (and the KFD and DRM headers it needs are not everywhere).
+        if kfd_standin::module_ko().is_some() {
+            let kfd = build_dir().join("kfd-workload");
+            if let Err(e) = kfd_standin::build_workload(&kfd) {
+                panic!("cannot build the stand-in KFD module's workload: {e}");
+            }
             copy_into(&root, &kfd, "/kfd/workload");
             for lib in libraries_of(&kfd) {
                 copy_into(&root, &lib, lib.to_str().expect("UTF-8 path"));

@@ -15,10 +15,9 @@ use super::common;
 
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-pub use common::kfd_standin::Status;
-
 pub use common::kfd_standin::{
-    GPU0, GPU1, StandInKfd, assert_bos_and_pages, reap, workload_status,
+    GPU0, GPU1, StandInKfd, Status, assert_bos_and_pages, assert_queues_run, module_ko, reap,
+    workload_status,
 };
 
 pub fn wait_gone(pids: &[i32]) {
@@ -147,16 +146,7 @@ pub fn check_restored(b: &Bench, pids: (i32, i32), before: &Status, actual: [u32
     let c0: u64 = after["gpu0_counter"].parse().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let later = b.status(pids.0);
-    for g in 0..2 {
-        let (a, l): (u64, u64) = (
-            after[&format!("gpu{g}_counter")].parse().unwrap(),
-            later[&format!("gpu{g}_counter")].parse().unwrap(),
-        );
-        assert!(
-            l > a,
-            "{what}: GPU {g}'s queue does not run after the restore ({a} -> {l})"
-        );
-    }
+    assert_queues_run(&after, &later, what);
     assert!(c0 > 0);
     let kid = b.status(pids.1);
     assert_eq!(kid["dmabuf_pattern"], "1", "{what}: the child's dma-buf");
@@ -220,7 +210,7 @@ pub struct Setup {
 /// The bench, or `None` (after saying SKIPPED) where the test cannot run.
 pub fn setup(tag: &str) -> Option<Setup> {
     static TURN: Mutex<()> = Mutex::new(());
-    let ko = std::env::var_os("KFD_STANDIN_KO").map(PathBuf::from);
+    let ko = module_ko();
     let criu = std::env::var_os("CRIU_BIN").map(PathBuf::from);
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;

@@ -10,7 +10,8 @@ use super::pods::{CONTAINER, Extras, Pod};
 use super::runtimes::Runtime;
 use super::scenarios::{Cluster, start};
 use crate::common::kfd_standin::{
-    GPU0, GPU1, StandInKfd, Status, assert_bos_and_pages, workload_status,
+    GPU0, GPU1, StandInKfd, Status, assert_bos_and_pages, assert_queues_run, module_ko,
+    workload_status,
 };
 use crate::containers_support::Workload;
 use crate::containers_support::cri::{assert_archive_of, push_checkpoint_image};
@@ -21,7 +22,7 @@ const AMD_GPU: &str = "gpu=dev:/dev/kfd,dev:/dev/dri/renderD128,dev:/dev/dri/ren
 
 /// The module built for the running kernel (`KFD_STANDIN_KO`), or `None` after a SKIPPED line.
 fn stand_in_module(test: &str) -> Option<PathBuf> {
-    let ko = std::env::var_os("KFD_STANDIN_KO").map(PathBuf::from);
+    let ko = module_ko();
     if ko.is_none() {
         eprintln!(
             "SKIPPED {test}: needs KFD_STANDIN_KO, the stand-in KFD module built for this \
@@ -50,12 +51,7 @@ fn assert_gpu_state_kept(pod: &Pod<'_, '_>, pid: i32, before: &Status, what: &st
     );
     assert_bos_and_pages(&now, before, [GPU0, GPU1], what);
     std::thread::sleep(Duration::from_millis(500));
-    let later = state(pid);
-    for g in 0..2 {
-        let key = format!("gpu{g}_counter");
-        let (a, l): (u64, u64) = (now[&key].parse().unwrap(), later[&key].parse().unwrap());
-        assert!(l > a, "{what}: GPU {g}'s queue does not run ({a} -> {l})");
-    }
+    assert_queues_run(&now, &state(pid), what);
 }
 
 /// Forensic checkpoint and migration of an AMD pod: the pod asks for one `amd.com/gpu` on node

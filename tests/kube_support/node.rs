@@ -316,32 +316,27 @@ impl<'e> KubeNode<'e> {
                 .join(id)
                 .join("restore.log"),
         };
+        let text = std::fs::read_to_string(&log)
+            .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display()));
+        self.restore_run(format!("the restore of container {id}"), Some(0), text)
+    }
+
+    /// The newest restore's CRIU log where the runtime keeps it (`<node>/criu-work`), as a
+    /// finished run: what a pod that did not run can be told by; else nothing.
+    pub fn kept_restore_log(&self) -> Option<CriuRun> {
+        let log = std::fs::read_to_string(self.criu_work.as_ref()?.join("restore.log")).ok()?;
+        // Its exit status is not kept with it.
+        Some(self.restore_run("the newest restore".into(), None, log))
+    }
+
+    fn restore_run(&self, what: String, code: Option<i32>, log: String) -> CriuRun {
         CriuRun {
-            what: format!("the restore of container {id} on node {}", self.name),
-            code: Some(0),
-            log: std::fs::read_to_string(&log)
-                .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display())),
+            what: format!("{what} on node {}", self.name),
+            code,
+            log,
             output: String::new(),
             took: Duration::ZERO,
         }
-    }
-
-    /// What the newest restore's CRIU log kept in `<node>/criu-work` says of failures (its
-    /// errors and the plugin's lines), where the runtime keeps it; else nothing.
-    pub fn failed_restore(&self) -> String {
-        let Some(w) = &self.criu_work else {
-            return String::new();
-        };
-        let log = std::fs::read_to_string(w.join("restore.log")).unwrap_or_default();
-        let said: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("Error") || l.contains("gpu_plugin"))
-            .collect();
-        format!(
-            "CRIU's restore log on node {}:\n{}",
-            self.name,
-            said.join("\n")
-        )
     }
 
     /// Where the kubelet writes the archives of its checkpoint API, as the host sees it.

@@ -289,7 +289,9 @@ impl<'c, 'e> Pod<'c, 'e> {
                 self.describe(),
                 node.kubelet_log_tail(),
                 node.containerd_log_tail(),
-                node.failed_restore()
+                node.kept_restore_log()
+                    .map(|run| format!("{run:?}"))
+                    .unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(300));
         }

@@ -194,6 +194,29 @@ impl<'e> Cluster<'e> {
         }
     }
 
+    /// A pod of `workload` on node a, checkpointed through the kubelet, its checkpoint image
+    /// pushed and the pod deleted; the same manifest with that image applied on node b, where
+    /// a bystander runs: it must be refused as `expected` ([`assert_refused`]). The refused
+    /// pod.
+    pub fn assert_refused_on_b(&self, workload: Workload, expected: &Refusal<'_>) -> Pod<'_, 'e> {
+        let b = &self.nodes[1];
+        let bystander = self.bystander(b);
+        let images = self.images();
+        let pod = Pod::create(
+            &self.cp,
+            &self.nodes[0],
+            "w",
+            &images.workload,
+            workload,
+            "w",
+        );
+        let k = self.checkpoint_and_delete(&pod);
+        let restores = driver_restores(b.e);
+        let refused = Pod::apply_restored(&self.cp, b, &pod, &k.image);
+        assert_refused(b.e, &refused, expected, k.marks.2, restores, &bystander);
+        refused
+    }
+
     /// A counter pod of the workload image on `node`, a bystander of a test.
     pub fn bystander(&self, node: &KubeNode<'_>) -> Pod<'_, 'e> {
         let name = format!("bystander-{}", node.name);
@@ -350,13 +373,7 @@ pub fn restore_refused(
         &[("a", on_a), ("b", on_b)],
         registry_on_loopback,
     );
-    let b = &c.nodes[1];
-    let bystander = c.bystander(b);
-    let pod = Pod::create(&c.cp, &c.nodes[0], "w", &c.images().workload, workload, "w");
-    let k = c.checkpoint_and_delete(&pod);
-    let restores = driver_restores(&e);
-    let refused = Pod::apply_restored(&c.cp, b, &pod, &k.image);
-    assert_refused(&e, &refused, &expected, k.marks.2, restores, &bystander);
+    c.assert_refused_on_b(workload, &expected);
 }
 
 /// An image that says it is a checkpoint and is not: the checkpoint annotation on a layer of
@@ -463,14 +480,8 @@ pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime) {
     older.push(("FAKE_CUDA_DRIVER_VERSION", "12080".into()));
     let nodes = [("a", runtime), ("b", runtime)];
     let c = Cluster::start_configured(&e, &nodes, true, &etc, &[env, older]);
-    let b = &c.nodes[1];
-    let bystander = c.bystander(b);
-    let pod = Pod::create(&c.cp, &c.nodes[0], "w", &c.images().workload, CUDA, "w");
-    let k = c.checkpoint_and_delete(&pod);
-    let restores = driver_restores(&e);
-    let refused = Pod::apply_restored(&c.cp, b, &pod, &k.image);
-    assert_refused(&e, &refused, &CRIU_FAILED, k.marks.2, restores, &bystander);
-    let log = b.restore_log(&refused.container_id());
+    let refused = c.assert_refused_on_b(CUDA, &CRIU_FAILED);
+    let log = c.nodes[1].restore_log(&refused.container_id());
     for want in [
         "(CUDA 13.0)",
         "this machine's driver supports only CUDA 12.8",
