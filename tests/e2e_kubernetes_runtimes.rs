@@ -4,7 +4,8 @@
 //!
 //! - containerd 2.3 restores a checkpoint image through CreateContainer only where the node
 //!   opts in (`enable_experimental_restore_via_create`); without it the pod is refused with
-//!   containerd's reason, which `kubectl` shows.
+//!   containerd's reason, which `kubectl` shows. Opted in, it refuses a checkpoint the node
+//!   cannot give a GPU or driver for as 2.1 does.
 //! - containerd 2.4 no longer restores through CreateContainer: the kubelet's checkpoint still
 //!   works; a pod made from a checkpoint image is created as an ordinary container of the
 //!   image's files, which has no program to run.
@@ -19,9 +20,11 @@ mod containers_support;
 mod kube_support;
 
 use containers_support::{CUDA, Workload};
+use kube_support::gpu_scenarios::restore_without_a_gpu;
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
-    Refusal, checkpoint_past_deadline, forensic, migration, restore_refused,
+    Refusal, checkpoint_past_deadline, forensic, migration, restore_on_an_older_driver,
+    restore_refused,
 };
 
 #[test]
@@ -47,6 +50,23 @@ fn containerd_2_3_refuses_restore_without_opt_in() {
         says: &["checkpoint restore via CreateContainer is disabled by configuration"],
     };
     restore_refused("k8s-cd23-refused", CUDA, &r, &r, true, expected);
+}
+
+/// Bad input on the opted-in path: a checkpoint restored from a manifest that asks for no GPU
+/// is refused before any task, as with containerd 2.1 (`kubectl` shows runc's error, CRIU's
+/// log on the node the GPU the checkpoint needs), and node b's other pod runs on.
+#[test]
+fn containerd_2_3_runc_1_5_restore_without_a_gpu_is_refused() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, true).keeping_criu_logs();
+    restore_without_a_gpu("k8s-cd23-no-gpu", &r);
+}
+
+/// A checkpoint of a newer driver than node b's, on the opted-in path: refused before any
+/// task, as with containerd 2.1.
+#[test]
+fn containerd_2_3_runc_1_5_restore_on_an_older_driver_is_refused() {
+    let r = Runtime::containerd_2_3(Runc::V1_5, true).keeping_criu_logs();
+    restore_on_an_older_driver("k8s-cd23-older-driver", &r);
 }
 
 /// containerd 2.4: the kubelet's checkpoint works.
