@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the cluster's upstream programs (Kubernetes, etcd, containerd, runc, crictl, nvidia-ctk,
-# NVIDIA's device plugin)
+# NVIDIA's device plugin, CRI-O)
 # from their published Go modules into <repo>/.upstream/<component>/bin/.
 #
 # Each component is a small Go module of ours under tools/upstream/<component>/ whose go.mod pins
@@ -22,16 +22,21 @@
 #   etcd-3.7         etcd                               (go.etcd.io/etcd/server/v3 v3.7.3)
 #   containerd-2.3   containerd, containerd-shim-runc-v2, ctr   (v2.3.7, static: no btrfs)
 #   containerd-2.4   the same from v2.4.2
+#   cri-o-1.36       crio (github.com/cri-o/cri-o v1.36.3, cgo: SQLite from go-sqlite3's module;
+#                    no seccomp, SELinux, AppArmor or btrfs), pinns (C, static, CRI-O's Makefile
+#                    in the module's source) and Debian 12's conmon: the prefix
+#                    tests/e2e_crio.rs takes as CRIU_GPU_TEST_CRIO (not built by scripts/test.sh)
 #   kubernetes-1.37  kubelet, kube-apiserver, kubectl   (k8s.io/kubernetes v1.37.2, static)
 #
 # runc's seccomp support needs libseccomp's headers and library: Debian's libseccomp-dev when it
 # is installed, otherwise the same package of Debian 12 fetched with a private apt setup
 # (scripts/lib/private-apt.sh) and unpacked with `dpkg -x` into .upstream/libseccomp/; nothing
-# is installed into the system.
+# is installed into the system. CRI-O's conmon is Debian 12's package, fetched the same way into
+# .upstream/conmon/.
 #
 # Needs Go 1.26.8 or later (containerd 2.3.7 asks for it; `go` on PATH or /usr/local/go/bin/go,
-# where CI machines have it), and gcc and pkg-config for runc and nvidia-ctk. Builds run under
-# `nice -n 10`.
+# where CI machines have it), gcc and pkg-config for runc and nvidia-ctk, and gcc, make and
+# glibc's static libc (libc6-dev) for CRI-O. Builds run under `nice -n 10`.
 #
 # Usage: scripts/build-upstream.sh [--force] [--drop-build-cache] [--list] [COMPONENT...]
 #   --force             rebuild even where the stamp says the binaries are up to date
@@ -49,7 +54,7 @@ OUT=${UPSTREAM_DIR:-$REPO/.upstream}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 GO_MIN=go1.26.8
-ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 nvidia-device-plugin-0.17 etcd-3.7 containerd-2.3 containerd-2.4 kubernetes-1.37"
+ALL="runc-1.5 crictl-1.37 nvidia-ctk-1.20 nvidia-device-plugin-0.17 etcd-3.7 containerd-2.3 containerd-2.4 cri-o-1.36 kubernetes-1.37"
 
 say() { printf '[build-upstream] %s\n' "$*"; }
 die() { printf '[build-upstream] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -91,6 +96,27 @@ export GOMODCACHE=$OUT/go/mod GOCACHE=$OUT/go/cache GOPATH=$OUT/go GOTMPDIR=$OUT
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" GOWORK=off GO111MODULE=on
 unset GOBIN GOOS GOARCH
 
+# --- Debian 12's packages, privately ---------------------------------------------------------
+# debian12_unpack PACKAGE PREFIX: Debian 12's PACKAGE downloaded with a private apt setup
+# (scripts/lib/private-apt.sh) and unpacked into PREFIX with `dpkg -x`, its version in
+# PREFIX/VERSION; nothing is installed into the system.
+debian12_unpack() {
+    local package=$1 prefix=$2 work
+    # shellcheck source=lib/private-apt.sh
+    . "$REPO/scripts/lib/private-apt.sh"
+    private_apt_preflight "$prefix" "$KEYRING" " to fetch $package"
+    work=$(mktemp -d "$prefix.work.XXXXXX")
+    private_apt "$work" bookworm "$MIRROR" "$KEYRING"
+    apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 \
+        || { cat "$work/update.log" >&2; die "apt-get update for bookworm failed"; }
+    (cd "$work" && apt_ apt-get -q download "$package" >"$work/download.log" 2>&1) \
+        || { cat "$work/download.log" >&2; die "downloading $package failed"; }
+    rm -rf "$prefix"
+    dpkg -x "$work/${package}"_*.deb "$prefix"
+    dpkg-deb -f "$work/${package}"_*.deb Version >"$prefix/VERSION"
+    rm -rf "$work"
+}
+
 # --- libseccomp for runc ----------------------------------------------------------------------
 # Sets PKG_CONFIG_PATH so that libseccomp-golang's `#cgo pkg-config: libseccomp` finds it.
 libseccomp_ready=0
@@ -106,20 +132,7 @@ ensure_libseccomp() {
     local prefix=$OUT/libseccomp
     if [ ! -f "$prefix/VERSION" ]; then
         say "libseccomp-dev is not installed: fetching Debian 12's into $prefix (private apt, dpkg -x)"
-        # shellcheck source=lib/private-apt.sh
-        . "$REPO/scripts/lib/private-apt.sh"
-        private_apt_preflight "$prefix" "$KEYRING" " to fetch libseccomp-dev"
-        local work
-        work=$(mktemp -d "$OUT/libseccomp.work.XXXXXX")
-        private_apt "$work" bookworm "$MIRROR" "$KEYRING"
-        apt_ apt-get -q --error-on=any update >"$work/update.log" 2>&1 \
-            || { cat "$work/update.log" >&2; die "apt-get update for bookworm failed"; }
-        (cd "$work" && apt_ apt-get -q download libseccomp-dev >"$work/download.log" 2>&1) \
-            || { cat "$work/download.log" >&2; die "downloading libseccomp-dev failed"; }
-        rm -rf "$prefix"
-        dpkg -x "$work"/libseccomp-dev_*.deb "$prefix"
-        dpkg-deb -f "$work"/libseccomp-dev_*.deb Version >"$prefix/VERSION"
-        rm -rf "$work"
+        debian12_unpack libseccomp-dev "$prefix"
     fi
     local libdir=$prefix/usr/lib/x86_64-linux-gnu
     [ -f "$libdir/libseccomp.a" ] && [ -f "$prefix/usr/include/seccomp.h" ] \
@@ -139,13 +152,41 @@ PC
     libseccomp_ready=1
 }
 
+# --- CRI-O's pinns and conmon -----------------------------------------------------------------
+# crio_helpers COMPONENT DEST puts beside crio what it runs: pinns, built
+# from the pinned module's source (a copy: the module cache stays untouched) with CRI-O's own
+# Makefile (static, stripped), and Debian 12's conmon, fetched once into .upstream/conmon/.
+crio_helpers() {
+    local c=$1 dest=$2 src work prefix=$OUT/conmon
+    command -v make >/dev/null 2>&1 || die "$c needs make (Debian: make)"
+    src=$(cd "$MODULES/$c" && "$GO" list -m -f '{{.Dir}}' "$main")
+    [ -f "$src/pinns/Makefile" ] || die "$c: $main has no pinns/Makefile (in $src)"
+    work=$OUT/$c.pinns
+    rm -rf "$work"
+    mkdir -p "$work"
+    cp -R "$src/pinns" "$work/"
+    chmod -R u+w "$work"
+    say "$c: building pinns ($version)"
+    nice -n 10 make -s -C "$work/pinns" || die "$c: building pinns failed (a static glibc is needed: Debian's libc6-dev)"
+    install -m 755 "$work/bin/pinns" "$dest/pinns"
+    rm -rf "$work"
+    if [ ! -f "$prefix/VERSION" ]; then
+        say "$c: fetching Debian 12's conmon into $prefix (private apt, dpkg -x)"
+        debian12_unpack conmon "$prefix"
+    fi
+    [ -x "$prefix/usr/bin/conmon" ] || die "$prefix lacks usr/bin/conmon; remove it and run again"
+    install -m 755 "$prefix/usr/bin/conmon" "$dest/conmon"
+    say "$c: conmon $(cat "$prefix/VERSION") (Debian 12)"
+}
+
 # --- recipes ----------------------------------------------------------------------------------
 # recipe COMPONENT sets: main (the upstream module whose version is stamped), version and time
-# (its version and release time), bins ("name=package" ...), tags, cgo, cflags (CGO_CFLAGS) and
-# ldflags (the -X stamps; -s -w are added for all).
+# (its version and release time), bins ("name=package" ...), tags, cgo, cflags (CGO_CFLAGS),
+# ldflags (the -X stamps; -s -w are added for all) and helpers (what else goes into bin/, built
+# by the component's own function: CRI-O's pinns and conmon).
 recipe() {
     local c=$1
-    main="" bins="" tags="" cgo=0 ldflags="" cflags="-O2 -g"
+    main="" bins="" tags="" cgo=0 ldflags="" cflags="-O2 -g" helpers=""
     case $c in
         kubernetes-*) main=k8s.io/kubernetes ;;
         etcd-*) main=go.etcd.io/etcd/server/v3 ;;
@@ -154,6 +195,7 @@ recipe() {
         crictl-*) main=sigs.k8s.io/cri-tools ;;
         nvidia-ctk-*) main=github.com/NVIDIA/nvidia-container-toolkit ;;
         nvidia-device-plugin-*) main=github.com/NVIDIA/k8s-device-plugin ;;
+        cri-o-*) main=github.com/cri-o/cri-o ;;
     esac
     # Version and release time of the pinned module, from go.mod and the proxy's .info.
     read -r version time < <(cd "$MODULES/$c" && "$GO" list -m -f '{{.Version}} {{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$main")
@@ -210,6 +252,25 @@ recipe() {
             ldflags="-X $main/internal/info.version=${version#v}"
             ldflags+=" '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
             ;;
+        cri-o-*)
+            # The tags CRI-O's Makefile picks on a machine without the btrfs, gpgme, libseccomp,
+            # SELinux, AppArmor and libsubid headers.
+            # cgo on, as in its Makefile: go-sqlite3 compiles the SQLite amalgamation its module
+            # carries, so no system libsqlite3 is needed.
+            bins="crio=$main/cmd/crio"
+            helpers="pinns conmon"
+            tags="containers_image_ostree_stub exclude_graphdriver_btrfs btrfs_noversion containers_image_openpgp"
+            cgo=1
+            # What its Makefile stamps besides the version (a constant in the source): the build
+            # date (the release time here, as for Kubernetes) and the commit, where the proxy's
+            # .info of the release records it (its Origin; not covered by go.sum). The module
+            # path has no capitals, so it is its own path in the module cache.
+            ldflags="-X $main/internal/version.buildDate=$time"
+            local commit
+            commit=$(sed -n 's/.*"Origin":{[^}]*"Hash":"\([0-9a-f]\{40\}\)".*/\1/p' \
+                "$GOMODCACHE/cache/download/$main/@v/$version.info" 2>/dev/null || true)
+            [ -z "$commit" ] || ldflags+=" -X $main/internal/version.buildCommit=$commit"
+            ;;
     esac
 }
 
@@ -234,9 +295,10 @@ build_component() {
         cd "$dir"
         sha256sum go.mod go.sum
         echo "$go_version"
-        echo "bins=$bins tags=$tags cgo=$cgo cflags=$cflags ldflags=$ldflags"
+        echo "bins=$bins tags=$tags cgo=$cgo cflags=$cflags ldflags=$ldflags${helpers:+ helpers=$helpers}"
     )
     for b in $bins; do [ -x "$bindir/${b%%=*}" ] || missing=1; done
+    for b in $helpers; do [ -x "$bindir/$b" ] || missing=1; done
     if [ "$force" = 0 ] && [ "$missing" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         say "$c: up to date ($version)"
         report+=$(printf '%-16s %-9s %8s %8s  up to date' "$c" "$version" - -)$'\n'
@@ -267,6 +329,7 @@ build_component() {
             -ldflags "-s -w $ldflags" -o "$OUT/$c.new/${b%%=*}" "${b#*=}") \
             || die "$c: building ${b%%=*} failed"
     done
+    case $c in cri-o-*) crio_helpers "$c" "$OUT/$c.new" ;; esac
     rm -rf "$bindir"
     mkdir -p "$OUT/$c"
     mv "$OUT/$c.new" "$bindir"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the build, the main job and the tests need on a fresh Debian 12 machine:
-# the C toolchain and headers (gcc, linux-libc-dev, libdrm-dev for the kfd-sys layout checks),
+# the C toolchain and headers (gcc, make, libc6-dev, linux-libc-dev, libdrm-dev for the kfd-sys
+# layout checks),
 # gzip, zstd, xz and tar (criu-gpu's archive tests),
 # CRIU 4.1.1 in <repo>/.criu and 4.2.1 and 4.3 in <repo>/.criu-<release> (scripts/install-criu.sh),
 # and the runtimes of the container tests: runc, Podman and containerd from Debian 12, crun,
@@ -12,6 +13,9 @@ REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd -P)
 
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
+# CRI-O's pinns (scripts/build-upstream.sh cri-o-1.36): make, and glibc's static libc.
+command -v make >/dev/null 2>&1 || need="$need make"
+[ -f "/usr/lib/$(uname -m)-linux-gnu/libc.a" ] || need="$need libc6-dev"
 [ -f /usr/include/linux/kfd_ioctl.h ] || need="$need linux-libc-dev"
 [ -f /usr/include/libdrm/amdgpu_drm.h ] || need="$need libdrm-dev"
 # criu-gpu unpacks gzip, zstd and xz checkpoint archives with the system's tools.

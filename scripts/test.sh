@@ -31,11 +31,11 @@ cargo build --release --locked -p criu-gpu
 cmp "$so" "$tested" || { echo "[test] building criu-gpu as the package does changed $so" >&2; exit 1; }
 if [ "${GPU_PLUGIN_SKIP_E2E:-0}" != 1 ]; then
     # The Kubernetes suites' cluster (kubelet, kube-apiserver, kubectl, etcd) and the runtimes
-    # Debian lacks (containerd 2.3 and 2.4, runc 1.5), from their Go modules (docs/upstream.md);
-    # about 12 minutes cold on 2 cores, seconds once built. crictl and nvidia-ctk are for the
-    # GPU machine only.
+    # Debian lacks (containerd 2.3 and 2.4, runc 1.5, CRI-O 1.36), from their Go modules
+    # (docs/upstream.md); about 14 minutes cold on 2 cores, seconds once built. crictl and
+    # nvidia-ctk are for the GPU machine only.
     echo "[test] upstream programs from their Go modules"
-    scripts/build-upstream.sh kubernetes-1.37 etcd-3.7 containerd-2.3 containerd-2.4 runc-1.5
+    scripts/build-upstream.sh kubernetes-1.37 etcd-3.7 containerd-2.3 containerd-2.4 runc-1.5 cri-o-1.36
 fi
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
@@ -48,7 +48,7 @@ for release in 4.2.1 4.3; do
         --test e2e_criu --test e2e_cuda_fake --test e2e_cuda_fake_failures \
         --test e2e_cuda_settings --test e2e_cuda_restore_state --test e2e_cut_short \
         --test e2e_guardian --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
-        --test e2e_cri --test e2e_gpu_containers
+        --test e2e_cri --test e2e_crio --test e2e_gpu_containers
     # Kubernetes (a kubelet and API server of the test's own) with the newest CRIU only: the
     # workspace run above has them with 4.1.1 (its CUDA cases skip, as containerd's freeze needs
     # 4.2), and the kubelet adds nothing of its own that a CRIU release changes.

@@ -1,11 +1,9 @@
 //! The Kubernetes checkpoint path on a CRI-O node: the CRI calls the kubelet makes, to CRI-O
-//! (1.37, built by `scripts/build-crio.sh`) with runc 1.4, which runs the real CRIU, which runs
-//! the plugin. The same calls and checks as `tests/e2e_cri.rs` makes of containerd
-//! (`containers_support::cri`), on a node of `containers_support::crio`.
-//!
-//! **Skipped where CRI-O is not built**: CRI-O is not in Debian, and its source comes from
-//! GitHub, which CI machines cannot reach, so CI never has `<repo>/.cri-o/bin/crio`; each test
-//! then prints a SKIPPED line saying how to build it, and passes.
+//! (1.36, built from its Go module by `scripts/build-upstream.sh cri-o-1.36`) with runc 1.4,
+//! which runs the real CRIU, which runs the plugin. The same calls and checks as
+//! `tests/e2e_cri.rs` makes of containerd (`containers_support::cri`), on a node of
+//! `containers_support::crio`. Where CRI-O is not built, each test prints a SKIPPED line saying
+//! how to build it, and passes.
 //!
 //! CRI-O's checkpoint: `CheckpointContainer` pauses the container (cgroup freezer), runs `runc
 //! checkpoint --leave-running`, unpauses it, and writes the archive (CRIU's images, `dump.log`,
@@ -206,7 +204,7 @@ fn crio_runc14_cuda_from_checkpoint_image() {
 /// The kubelet's timeout: a CheckpointContainer whose timeout ends before the dump can (the
 /// stand-in workload holds a busy section for 8 s, so the plugin's lock waits for it).
 ///
-/// What CRI-O 1.37 does, seen here: the call fails when its deadline passes (CRI-O does not
+/// What CRI-O does, seen here (1.36 and 1.37): the call fails when its deadline passes (CRI-O does not
 /// read the request's `timeout` field), but CRI-O goes on without its caller. The dump runs to
 /// its end, the plugin gives the GPU back as after any `--leave-running` dump, CRI-O thaws the
 /// container and writes the archive to the location anyway. Unlike containerd 2.1 (see

@@ -1,10 +1,10 @@
 //! A Kubernetes node run by CRI-O: `crio` with runc, driven through the CRI by the node, pod
 //! and container helpers of `containers_support::cri` ([`CriNode`] over a [`CriO`]).
 //!
-//! CRI-O is not packaged by Debian: `scripts/build-crio.sh` builds it from a copy of its
-//! GitHub repository into `<repo>/.cri-o` (crio, pinns, Debian 12's conmon). CI machines cannot
-//! reach GitHub, so CI never has it: the CRI-O tests print a SKIPPED line and pass when
-//! `<repo>/.cri-o/bin/crio` (or `$CRIU_GPU_TEST_CRIO/bin/crio`) is absent ([`crio_prefix`]).
+//! CRI-O is not packaged by Debian: `scripts/build-upstream.sh cri-o-1.36` builds it from its
+//! Go module into `<repo>/.upstream/cri-o-1.36` (crio, pinns, Debian 12's conmon), as
+//! `scripts/test.sh` does. Where it is not built the CRI-O tests print a SKIPPED line and pass
+//! ([`crio_prefix`]).
 //!
 //! The daemon runs in a private mount namespace (`PrivateMounts`: the test's `/etc/criu`, its
 //! own `/etc/containers/policy.json` and `/var/lib/containers`), with every path of its state
@@ -31,17 +31,19 @@ use super::{Cgroup, PrivateMounts, reap_now, run_tool, tool_2026};
 use crate::common::{self, E2e, REPO, TempDir};
 
 /// CRI-O's prefix (`bin/crio`, `bin/conmon`, `bin/pinns`): `$CRIU_GPU_TEST_CRIO`, else
-/// `<repo>/.cri-o`; `None`, with a SKIPPED line for `test`, when it has no `bin/crio`.
+/// `<repo>/.upstream/cri-o-1.36`; `None`, with a SKIPPED line for `test`, when it has no
+/// `bin/crio`.
 pub fn crio_prefix(test: &str) -> Option<PathBuf> {
-    let prefix = std::env::var_os("CRIU_GPU_TEST_CRIO")
-        .map_or_else(|| Path::new(REPO).join(".cri-o"), PathBuf::from);
+    let prefix = std::env::var_os("CRIU_GPU_TEST_CRIO").map_or_else(
+        || Path::new(REPO).join(".upstream/cri-o-1.36"),
+        PathBuf::from,
+    );
     if prefix.join("bin/crio").is_file() {
         return Some(prefix);
     }
     eprintln!(
-        "SKIPPED {test}: no CRI-O at {} (CRI-O is not in Debian; scripts/build-crio.sh --src \
-         <copy of github.com/cri-o/cri-o> builds it there, which CI machines, without GitHub, \
-         cannot do; CRIU_GPU_TEST_CRIO names another prefix)",
+        "SKIPPED {test}: no CRI-O at {} (CRI-O is not in Debian; scripts/build-upstream.sh \
+         cri-o-1.36 builds it there from its Go module; CRIU_GPU_TEST_CRIO names another prefix)",
         prefix.join("bin/crio").display()
     );
     None
@@ -189,13 +191,12 @@ default_mounts_file = ""
 decryption_keys_path = "{keys}"
 irqbalance_config_file = ""
 irqbalance_config_restore_file = "disable"
+enable_criu_support = true
 [crio.runtime.runtimes.runc]
 runtime_path = "{runc}"
 runtime_root = "{runc_root}"
 monitor_path = "{conmon}"
 monitor_env = [{env_list}]
-[crio.checkpoint_restore]
-container_level_enabled = "checkpoint_restore"
 [crio.image]
 pause_image = "{pause}"
 pause_command = ""
