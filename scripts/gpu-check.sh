@@ -35,9 +35,12 @@
 #                                   and runc 1.5, the GPU handed out by NVIDIA's device plugin as
 #                                   a CDI device, `nvidia-ctk cdi generate` run and checked: the
 #                                   kubelet's checkpoint API, a new pod from the checkpoint image,
-#                                   `runc checkpoint` beside it (tests/gpu/kubelet_check.py); needs
-#                                   .gpu-kubelet (scripts/gpu-carry-kubelet.sh), which brings CRIU
-#                                   4.3 along
+#                                   `runc checkpoint` beside it (tests/gpu/kubelet_check.py); where
+#                                   the device plugin's CDI spec mounts host paths that are
+#                                   symlinks, the restores run with CRIU's mntns-compat-mode
+#                                   (GPU_KUBELET_RESTORE_CRIU_CONF=none: without; docs/kubernetes.md);
+#                                   needs .gpu-kubelet (scripts/gpu-carry-kubelet.sh), which brings
+#                                   CRIU 4.3 along
 #   scripts/gpu-check.sh --cases LIST   the named cases of tests/gpu/gpu_check.py (e.g. the CRIU 4.3
 #                                   ones: postfail,mapopt,mapmissing)
 #   scripts/gpu-check.sh --two-gpus [ARGS]

@@ -28,7 +28,9 @@ GPU and needs no GPU machine: a rehearsal of the rest), then
      training step, not restarted) and its device memory verifies bit for bit,
   3. `runc checkpoint --leave-running` of the restored container: the dump alone;
 the plugin's own share of the checkpoint and the restore from CRIU's logs (dump.log in the
-archive, containerd's restore.log). Prints one JSON line per case, writes --out, exits non-zero
+archive, containerd's restore.log). Where the device plugin's CDI spec mounts host paths that
+are symlinks, the restores run with CRIU's mntns-compat-mode (see RESTORE_CRIU_CONF): CRIU's
+default mount engine cannot restore such a bind mount. Prints one JSON line per case, writes --out, exits non-zero
 when a case failed.
 """
 
@@ -51,6 +53,11 @@ import gpu_check
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = "gpu-node"
 CGROUP = "/gpu-kubelet-check"
+# CRIU options for the restores only, ";" between lines of CRIU's configuration file (e.g.
+# "mntns-compat-mode"), or "none". Unset: "mntns-compat-mode" where a CDI spec of the node
+# mounts a host path that is a symlink (CRIU 4.3's mount engine cannot restore that bind mount:
+# docs/kubernetes.md), none otherwise.
+RESTORE_CRIU_CONF = os.environ.get("GPU_KUBELET_RESTORE_CRIU_CONF")
 CHECKPOINT_ANNOTATIONS = ("io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name")
 
 log = cc.log
@@ -107,6 +114,8 @@ class KubeletNode:
         self.logs = os.path.dirname(a.out)
         self.cdi_dirs = set()
         self.criu_work = os.path.join(w, "criu-work")
+        self.restore_criu_conf = os.path.join(w, "criu-restore.conf")
+        self.restore_criu_options = "" if RESTORE_CRIU_CONF in (None, "none") else RESTORE_CRIU_CONF
         os.makedirs(self.criu_work, exist_ok=True)
         self.procs = []
         self.port = 5000 + os.getpid() % 1000
@@ -141,6 +150,8 @@ class KubeletNode:
                                    f"\n        CriuWorkPath = \"{self.criu_work}\"")
         env = dict(os.environ)
         env["PATH"] = f"{self.bin}:" + env["PATH"]
+        # CRIU reads it at its start where it exists: only during a restore (see run_case).
+        env["CRIU_CONFIG_FILE"] = self.restore_criu_conf
         self.spawn("containerd", [os.path.join(self.bin, "containerd"), "--config", os.path.join(w, "config.toml")], env)
         cc.wait_for("containerd", lambda: subprocess.run(
             [os.path.join(self.bin, "ctr"), "--address", self.sock, "version"], capture_output=True).returncode == 0, 60)
@@ -182,12 +193,17 @@ class KubeletNode:
             for f in sorted(os.listdir("/var/run/cdi")):
                 spec = open(os.path.join("/var/run/cdi", f)).read()
                 if f.endswith(".json"):
+                    edits = cdi_edits(spec)
                     # The folders the device plugin's spec mounts driver files into: a pod
                     # must not mount them itself (the spec's hooks make links there).
-                    edits = [json.loads(spec).get("containerEdits") or {}]
-                    edits += [d.get("containerEdits") or {} for d in json.loads(spec).get("devices") or []]
                     self.cdi_dirs |= {os.path.dirname(m["containerPath"]) for e in edits
                                       for m in e.get("mounts") or [] if m.get("containerPath")}
+                    links = sorted({m["hostPath"] for e in edits for m in e.get("mounts") or []
+                                    if os.path.islink(m.get("hostPath", ""))})
+                    if links:
+                        log(f"# CDI spec {f} mounts host paths that are symlinks: {' '.join(links)}")
+                        if RESTORE_CRIU_CONF is None:
+                            self.restore_criu_options = "mntns-compat-mode"
                 log(f"# CDI spec {f}: {len(spec)} bytes, hooks: "
                     + " ".join(sorted(set(h for h in ("create-symlinks", "update-ldcache", "chmod", "enable-cuda-compat",
                                                       "disable-device-node-modification") if h in spec))))
@@ -340,6 +356,12 @@ shutdownGracePeriod: 0s
                 pass
 
 
+def cdi_edits(text):
+    """The container edits of JSON CDI spec `text` and of its devices."""
+    spec = json.loads(text)
+    return [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices") or []]
+
+
 def manifest(name, image, argv, env, mounts, gpu, pull="IfNotPresent"):
     c = {"name": "work", "image": image, "imagePullPolicy": pull, "command": argv,
          "env": [{"name": k, "value": v} for k, v in env.items()],
@@ -396,6 +418,8 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
     cc.wait_for(f"{name} counting", lambda: cc.last_count(out) >= 5, 120)
     cid, pid = node.container(name)
     res["gpu_in_container"] = sorted(os.path.basename(d) for d in glob.glob(f"/proc/{pid}/root/dev/nvidia[0-9]*"))
+    # The container's mounts as CRIU will find them (the restore rebuilds each).
+    shutil.copy2(f"/proc/{pid}/mountinfo", os.path.join(node.logs, f"{name}-mountinfo.txt"))
     log(f"# {name}: running, pid {pid}, GPU devices {res['gpu_in_container']}")
 
     start_count = cc.last_count(out)
@@ -409,6 +433,8 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
     with tarfile.open(archive) as tf:
         res["gpu_image_in_archive"] = any(n.endswith("gpu-plugin-cuda.img") for n in tf.getnames())
     dump_log = archive_member(archive, "dump.log")
+    with open(os.path.join(node.logs, f"{name}-spec.dump.json"), "w") as f:
+        f.write(archive_member(archive, "spec.dump"))
     with open(os.path.join(node.logs, f"{name}-dump.log"), "w") as f:
         f.write(dump_log)
     res["plugin_checkpoint"] = share(gpu_check.plugin_figures(os.path.join(node.logs, f"{name}-dump.log")), "checkpoint")
@@ -422,6 +448,12 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
     ref = f"{node.registry}/gpu-check/checkpoint-{name}:1"
     node.import_checkpoint_image(archive, ref)
     mark = len(cc.lines(out))
+    res["restore_criu_options"] = node.restore_criu_options
+    if node.restore_criu_options:
+        # CRIU reads it at its start (CRIU_CONFIG_FILE in containerd's environment): written
+        # for the restore only, as CRIU refuses a dump given mntns-compat-mode.
+        with open(node.restore_criu_conf, "w") as f:
+            f.write(node.restore_criu_options.replace(";", "\n") + "\n")
     t = time.time()
     node.apply(manifest(f"{name}-b", ref, argv, env, mounts, gpu, pull="Never"))
 
@@ -438,7 +470,11 @@ def run_case(node, a, name, argv, env, mounts, gpu, out):
                                   if "Error" in l or "gpu_plugin" in l)
             raise RuntimeError(f"{name}-b did not restore: {state}\nCRIU's restore log:\n{said}")
         return c
-    cc.wait_for(f"{name}-b running", restored, 600)
+    try:
+        cc.wait_for(f"{name}-b running", restored, 600)
+    finally:
+        if node.restore_criu_options:
+            os.unlink(node.restore_criu_conf)
     res["kubelet_restore_s"] = round(time.time() - t, 2)
     rid, rpid = node.container(f"{name}-b")
     logs = [p for p in [os.path.join(node.criu_work, "restore.log")] if os.path.exists(p)]
