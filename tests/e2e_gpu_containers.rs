@@ -17,7 +17,14 @@
 //! - restored into a container given GPU 1 while the plugin cannot tie GPUs to device nodes (a
 //!   listing without device minors): every GPU then counts as reachable, GPU 0 restores onto
 //!   itself, and the driver's restore fails inside the container (its device cgroup refuses
-//!   195:0, as it did the field reports' restores), so the restored tree is ended.
+//!   195:0, as it did the field reports' restores), so the restored tree is ended;
+//! - restored from a CDI spec whose library mount has a host path that is a symlink (as NVIDIA's
+//!   specs can have: `docs/kubernetes.md`): CRIU's default mount engine fails while it rebuilds
+//!   the mounts, the driver not asked (runc hands CRIU the link, CRIU binds the link itself), on
+//!   every CRIU release; restored
+//!   with `mntns-compat-mode` given to CRIU for that restore, it goes on with its GPU state;
+//!   a dump given that option is refused by CRIU and the container runs on. Pinned here as the
+//!   behaviour of runc and CRIU the docs describe: if a release changes it, the docs must too.
 
 use criu_gpu_test_support as common;
 #[allow(dead_code)]
@@ -44,6 +51,8 @@ enum Target {
     NoGpu,
     /// Given `nvidia.com/gpu=1`, with a GPU listing that has no device minors.
     OtherGpuUnknownMinors,
+    /// Given `nvidia.com/gpu=0` again, from a spec that mounts a library by a symlinked path.
+    SymlinkedHostPath,
 }
 
 fn gpu_container_cycle(test: &str, target: Target) {
@@ -51,10 +60,16 @@ fn gpu_container_cycle(test: &str, target: Target) {
         return;
     };
     let f = fake_cuda();
+    let mut libcuda = f.libcuda.clone();
+    if target == Target::SymlinkedHostPath {
+        let link = e.dir().join("libcuda-link.so.1");
+        std::os::unix::fs::symlink(&f.libcuda, &link).expect("symlink to libcuda");
+        libcuda = link;
+    }
     let cdi = NvidiaCdi::new(
         &e.dir().join("nvidia"),
         &f.gpus(&e, 2),
-        vec![(f.libcuda.clone(), "/gpu/libcuda.so.1".into())],
+        vec![(libcuda, "/gpu/libcuda.so.1".into())],
     );
     let spec = cdi.write_spec(&e.dir().join("etc-cdi"));
     let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
@@ -70,6 +85,11 @@ fn gpu_container_cycle(test: &str, target: Target) {
     )
     .unset("CRIU_GPU_PLUGIN_CONFIG")
     .env("FAKE_CUDA_GPUS", "2");
+    // CRIU reads the file CRIU_CONFIG_FILE names where it exists: written for one restore.
+    let criu_conf = e.dir().join("criu-restore.conf");
+    if target == Target::SymlinkedHostPath {
+        rt = rt.env("CRIU_CONFIG_FILE", &criu_conf);
+    }
     for (k, v) in fake_cuda_env(&calls) {
         rt = rt.env(k, v);
     }
@@ -161,6 +181,44 @@ fn gpu_container_cycle(test: &str, target: Target) {
             );
             c.out.verify(restored);
         }
+        Target::SymlinkedHostPath => {
+            let restore = c.restore(&images, &work);
+            restore.assert_failed();
+            assert!(
+                restore.has("with MS_PRIVATE: Invalid argument"),
+                "CRIU's default mount engine restored a bind mount of a symlinked host path; \
+                 docs/kubernetes.md and README say it cannot: {restore:?}"
+            );
+            assert_eq!(c.state(), None, "runc kept a container after the failure");
+            assert!(
+                !std::fs::read_to_string(&calls)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.starts_with("restore ")),
+                "the driver was asked to restore"
+            );
+            assert_eq!(c.out.mark(), mark, "the workload ran after the failure");
+
+            std::fs::write(&criu_conf, "mntns-compat-mode\n").expect("CRIU configuration");
+            let restore = c.restore(&images, &e.dir().join("gpu-restore-compat"));
+            assert_plugin_restored(&e, &restore, CUDA);
+            let restored = c.pid();
+            c.out.assert_continues(mark);
+            c.out.verify(restored);
+
+            let dump = c.checkpoint(
+                &e.images("gpu-img-compat"),
+                &e.dir().join("gpu-dump-compat"),
+                true,
+            );
+            dump.assert_failed();
+            assert!(
+                dump.has("Option --mntns-compat-mode is only valid on restore"),
+                "{dump:?}"
+            );
+            assert_eq!(c.pid(), restored, "the container after the refused dump");
+            c.out.verify(restored);
+        }
         Target::NoGpu => {
             let mut no_gpu = OciEdits::no_devices();
             no_gpu.env.extend(cdi.workload_env());
@@ -197,4 +255,9 @@ fn runc14_cuda_container_restored_onto_an_unmapped_gpu_fails_in_the_driver() {
 #[test]
 fn runc14_cuda_container_restored_without_a_gpu_is_refused_before_any_task() {
     gpu_container_cycle("gpu-container-no-gpu", Target::NoGpu);
+}
+
+#[test]
+fn runc14_cuda_container_with_a_symlinked_cdi_host_path_restores_only_in_compat_mode() {
+    gpu_container_cycle("gpu-container-symlink", Target::SymlinkedHostPath);
 }

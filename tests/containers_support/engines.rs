@@ -275,6 +275,11 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
             cmd.env("PATH", std::env::join_paths(dirs).expect("PATH"));
         }
         cmd.env_remove("CRIU_GPU_PLUGIN_CONFIG");
+        // containerd's temporary folders in the node's: a restore from a checkpoint image
+        // leaves its (empty) mount folder behind otherwise, in the host's /tmp.
+        let tmp = d.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("containerd's TMPDIR");
+        cmd.env("TMPDIR", tmp);
         for (k, v) in env {
             cmd.env(k, v);
         }
