@@ -1,6 +1,8 @@
 //! `check`: would the checkpoint restore on this machine? The plugin's own restore preflight
 //! (`criu_gpu_core::images::cuda_check`, `criu_gpu_core::images::amd_check`) run against this
-//! machine's driver, GPUs and free memory, listing the GPU map and every reason it would not.
+//! machine's driver, GPUs and free memory, listing the GPU map and every reason it would not;
+//! for a runtime's archive also the container's bind mounts that CRIU could not rebuild here
+//! ([`crate::mounts`]).
 
 use std::path::Path;
 
@@ -12,6 +14,7 @@ use criu_gpu_core::images::cuda_check::{self as preflight, CudaSettings};
 use criu_gpu_core::images::metadata::{self, CudaMetadata};
 
 use crate::inspect::Contents;
+use crate::mounts;
 
 /// The verdict: the GPU map lines and every reason it would not restore.
 #[derive(Default)]
@@ -39,6 +42,12 @@ pub fn check(c: &Contents, cfg: &Config, device_map: Option<&str>) -> Verdict {
     }
     if !c.kfd.is_empty() {
         check_amd(c, cfg, &mut v);
+    }
+    if let Some(spec) = &c.spec {
+        match mounts::symlinked_bind_sources(spec) {
+            Ok(reasons) => v.reasons.extend(reasons),
+            Err(e) => v.notes.push(e),
+        }
     }
     if c.cuda.is_none() && !c.lists_cuda && c.kfd.is_empty() && c.render.is_empty() {
         v.notes

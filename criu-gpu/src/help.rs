@@ -188,7 +188,9 @@ DESCRIPTION
     map needs driver 580, and that every CUDA process recorded is in the image's process tree.
     AMD: each KFD image's limits, this machine's KFD topology (/sys/class/kfd, GPUs without a
     render node left out) mapped from the image's (XGMI hives, the KFD_*_CHECK properties), and
-    the pages files.
+    the pages files. A runtime's archive (containerd, CRI-O, Podman): each bind mount of the
+    container's spec (spec.dump) whose host path is a symlink here, which CRIU's default mount
+    engine cannot restore.
 
     Prints the GPU map it would use and every reason it would not restore.
     Exit 0: it would restore; 1: it would not (each reason is listed); 2: usage error.

@@ -59,6 +59,9 @@ pub fn limit_for(name: &str) -> Option<u64> {
         Some(message)
     } else if name.starts_with(DMABUF_FILE_PREFIX) {
         Some(4096)
+    } else if name == crate::mounts::SPEC_FILE {
+        // The container's OCI spec in a runtime's archive (`check` reads its bind mounts).
+        Some(1 << 20)
     } else {
         None
     }

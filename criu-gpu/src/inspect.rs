@@ -26,6 +26,8 @@ pub struct Contents {
     pub render: Vec<(String, Result<RenderNodeImage, ImageError>)>,
     /// Problems of the image as a whole (files too large, pages files of the wrong size).
     pub errors: Vec<String>,
+    /// The container's OCI spec, where a runtime's archive holds one (`spec.dump`).
+    pub spec: Option<Vec<u8>>,
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -50,6 +52,7 @@ pub fn read(set: &ImageSet) -> Contents {
         kfd: Vec::new(),
         render: Vec::new(),
         errors: Vec::new(),
+        spec: set.files.get(crate::mounts::SPEC_FILE).cloned(),
     };
     c.errors.extend(set.refused.iter().cloned());
     if !set.has_inventory() && !set.refused.iter().any(|r| r.contains("inventory.img")) {

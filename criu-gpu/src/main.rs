@@ -9,6 +9,7 @@ mod check;
 mod help;
 mod images;
 mod inspect;
+mod mounts;
 mod pods;
 mod report;
 mod suspend;

@@ -568,3 +568,55 @@ fn a_decompression_bomb_is_refused_quickly() {
     assert!(r.stderr.contains("decompression bomb"), "{}", r.stderr);
     assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
 }
+
+/// A runtime's archive (`spec.dump` beside `checkpoint/`): `check` names each bind mount whose
+/// host path is a symlink here, which CRIU's default mount engine cannot restore; a mount of
+/// the file itself is not named, and a spec that is not JSON is a note, not a failure.
+#[test]
+fn check_names_bind_mounts_whose_host_path_is_a_symlink() {
+    let t = T::start("img-spec");
+    let real = t.dir.join("10_nvidia.json");
+    std::fs::write(&real, "{}").unwrap();
+    let link = t.dir.join("link.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let spec = |source: &Path| {
+        format!(
+            r#"{{"ociVersion": "1.2.0", "mounts": [
+  {{"destination": "/proc", "type": "proc", "source": "proc"}},
+  {{"destination": "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "type": "bind",
+    "source": "{}", "options": ["ro", "rbind"]}}]}}"#,
+            source.display()
+        )
+    };
+    let archive = |name: &str, spec: &[u8]| {
+        let mut tar = entry("spec.dump", spec);
+        tar.extend(entry("checkpoint/inventory.img", b""));
+        tar.extend([0u8; 1024]);
+        let p = t.dir.join(name);
+        std::fs::write(&p, tar).unwrap();
+        p.display().to_string()
+    };
+
+    let r = t.tool(
+        &["check", &archive("link.tar", spec(&link).as_bytes())],
+        &[],
+    );
+    assert_eq!(r.code, Some(1), "{r:?}");
+    let said = format!(
+        "bind mount /usr/share/glvnd/egl_vendor.d/10_nvidia.json: its host path {} is a \
+         symlink here (to {})",
+        link.display(),
+        std::fs::canonicalize(&real).unwrap().display()
+    );
+    assert!(r.stdout.contains(&said), "{}", r.stdout);
+    assert!(r.stdout.contains("mntns-compat-mode"), "{}", r.stdout);
+
+    let r = t.tool(
+        &["check", &archive("file.tar", spec(&real).as_bytes())],
+        &[],
+    );
+    assert!(!r.stdout.contains("is a symlink here"), "{}", r.stdout);
+
+    let r = t.tool(&["check", &archive("junk.tar", b"{not json")], &[]);
+    assert!(r.stdout.contains("spec.dump is not JSON"), "{}", r.stdout);
+}

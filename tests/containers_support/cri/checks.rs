@@ -108,6 +108,14 @@ pub fn assert_archive_of(e: &E2e, engine: &str, archive: &Path, workload: Worklo
         inspect.stdout.contains(want),
         "criu-gpu inspect: no `{want}`: {inspect:?}"
     );
+    // The runtime's spec in the archive: read, and none of its bind mounts refused.
+    let mut cmd = e.command(&criu_gpu());
+    cmd.arg("check").arg(archive);
+    let check = run_tool(e.dir(), cmd, "criu-gpu check");
+    assert!(
+        !check.stdout.contains("is a symlink here") && !check.stdout.contains("spec.dump is not"),
+        "criu-gpu check: {check:?}"
+    );
 }
 
 /// The checkpointed container removed, a new one created from `archive` in `pod` and started:
