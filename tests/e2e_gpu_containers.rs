@@ -36,7 +36,7 @@ use common::E2e;
 use containers_support::cdi::{
     NvidiaCdi, OciEdits, assert_refused_without_gpu, rdev_of, workload_gpus,
 };
-use containers_support::oci::{Oci, OciRuntime};
+use containers_support::oci::{Oci, OciContainer, OciRuntime};
 use containers_support::{
     CUDA, PrivateMounts, assert_plugin_dumped, assert_plugin_restored, etc_criu_loading_plugin,
     fake_cuda, fake_cuda_env, tool_2026, transitions,
@@ -189,15 +189,7 @@ fn gpu_container_cycle(test: &str, target: Target) {
                 "CRIU's default mount engine restored a bind mount of a symlinked host path; \
                  docs/kubernetes.md and README say it cannot: {restore:?}"
             );
-            assert_eq!(c.state(), None, "runc kept a container after the failure");
-            assert!(
-                !std::fs::read_to_string(&calls)
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|l| l.starts_with("restore ")),
-                "the driver was asked to restore"
-            );
-            assert_eq!(c.out.mark(), mark, "the workload ran after the failure");
+            assert_restored_nothing(&c, &calls, mark, "failure");
 
             std::fs::write(&criu_conf, "mntns-compat-mode\n").expect("CRIU configuration");
             let restore = c.restore(&images, &e.dir().join("gpu-restore-compat"));
@@ -226,17 +218,24 @@ fn gpu_container_cycle(test: &str, target: Target) {
             let restore = c.restore(&images, &work);
             restore.assert_failed();
             assert_refused_without_gpu(&restore, &gpu0.uuid);
-            assert_eq!(c.state(), None, "runc kept a container after the refusal");
-            assert!(
-                !std::fs::read_to_string(&calls)
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|l| l.starts_with("restore ")),
-                "the driver was asked to restore"
-            );
-            assert_eq!(c.out.mark(), mark, "the workload ran after the refusal");
+            assert_restored_nothing(&c, &calls, mark, "refusal");
         }
     }
+}
+
+/// After a restore that ended in a `what` before the workload ran again: runc keeps no
+/// container, the driver was never asked to restore, and the workload wrote nothing since
+/// `mark`.
+fn assert_restored_nothing(c: &OciContainer<'_>, calls: &Path, mark: usize, what: &str) {
+    assert_eq!(c.state(), None, "runc kept a container after the {what}");
+    assert!(
+        !std::fs::read_to_string(calls)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("restore ")),
+        "the driver was asked to restore"
+    );
+    assert_eq!(c.out.mark(), mark, "the workload ran after the {what}");
 }
 
 #[test]
