@@ -432,9 +432,14 @@ fn kill_child_mid_dump(
             break st;
         }
         if t.elapsed() > limit {
+            // What each task is waiting in, before CRIU goes: the next look's starting point.
+            let tasks = tasks_waiting(&[criu.id() as i32, root, child]);
             let _ = criu.kill();
             let log = std::fs::read_to_string(images.join("cut.log")).unwrap_or_default();
-            panic!("criu still runs {limit:?} after a task of the tree died:\n{log}");
+            panic!(
+                "criu still runs {limit:?} after a task of the tree died (seed: see above):\n\
+                 {tasks}\n{log}"
+            );
         }
         std::thread::sleep(Duration::from_millis(1));
     };
@@ -450,6 +455,39 @@ fn kill_child_mid_dump(
     let what = format!("round {round}: criu {status:?}\n{log}");
     assert_back(f, &survivor, files, ended, &what);
     f.e.kill_and_reap(&w.pids);
+}
+
+/// Each thread of `pids`: its state, tracer, kernel wait channel and system call, one per line.
+fn tasks_waiting(pids: &[i32]) -> String {
+    let mut out = String::new();
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            out.push_str(&format!("{pid}: gone\n"));
+            continue;
+        };
+        for t in tasks.flatten() {
+            let dir = t.path();
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let status = read("status");
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .unwrap_or("?")
+                    .trim()
+                    .to_string()
+            };
+            out.push_str(&format!(
+                "{pid}/{}: {} tracer {} wchan {} syscall {}\n",
+                t.file_name().to_string_lossy(),
+                field("State:"),
+                field("TracerPid:"),
+                read("wchan"),
+                read("syscall").split_whitespace().next().unwrap_or("?")
+            ));
+        }
+    }
+    out
 }
 
 /// A child of the tree killed in the middle of a `--leave-running` dump: CRIU fails the dump
