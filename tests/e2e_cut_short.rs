@@ -23,7 +23,9 @@ use common::fake_cuda::*;
 use common::rng::{Rng, env_number};
 use common::run_leftovers::{GONE_WITHIN, Run, Tally};
 use common::scenario::*;
-use common::{children_of, reap_until_gone, sid_of, signal, state_of, wait_until};
+use common::{
+    children_of, reap_until_gone, sid_of, signal, state_of, status_field, task_state_at, wait_until,
+};
 
 /// How long a process may stay frozen after CRIU's end.
 const BACK_WITHIN: Duration = Duration::from_secs(2);
@@ -482,15 +484,9 @@ fn criu_waits_for_its_dead_tracee(criu: i32, child: i32) -> bool {
     let mut threads = 0;
     for t in tasks.flatten() {
         let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        let field = |k: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(str::trim)
-                .unwrap_or("")
-                .to_string()
-        };
-        if !field("State:").starts_with('Z') || field("TracerPid:") != criu.to_string() {
+        let zombie = status_field(&status, "State:").is_some_and(|s| s.starts_with('Z'));
+        let traced_by_criu = status_field(&status, "TracerPid:") == Some(&criu.to_string());
+        if !zombie || !traced_by_criu {
             return false;
         }
         threads += 1;
@@ -498,7 +494,7 @@ fn criu_waits_for_its_dead_tracee(criu: i32, child: i32) -> bool {
     waits == "do_wait" && threads > 1
 }
 
-/// Each thread of `pids`: its state, tracer, kernel wait channel and system call, one per line.
+/// Each thread of `pids` as `/proc` says it is ([`task_state_at`]), one per line.
 fn tasks_waiting(pids: &[i32]) -> String {
     let mut out = String::new();
     for pid in pids {
@@ -507,25 +503,9 @@ fn tasks_waiting(pids: &[i32]) -> String {
             continue;
         };
         for t in tasks.flatten() {
-            let dir = t.path();
-            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-            let status = read("status");
-            let field = |k: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(k))
-                    .unwrap_or("?")
-                    .trim()
-                    .to_string()
-            };
-            out.push_str(&format!(
-                "{pid}/{}: {} tracer {} wchan {} syscall {}\n",
-                t.file_name().to_string_lossy(),
-                field("State:"),
-                field("TracerPid:"),
-                read("wchan"),
-                read("syscall").split_whitespace().next().unwrap_or("?")
-            ));
+            let tid = t.file_name();
+            let state = task_state_at(&t.path());
+            out.push_str(&format!("{pid}/{}: {state}\n", tid.to_string_lossy()));
         }
     }
     out

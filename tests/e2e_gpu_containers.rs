@@ -21,10 +21,10 @@
 //! - restored from a CDI spec whose library mount has a host path that is a symlink (as NVIDIA's
 //!   specs can have: `docs/kubernetes.md`): CRIU's default mount engine fails while it rebuilds
 //!   the mounts, the driver not asked (runc hands CRIU the link, CRIU binds the link itself), on
-//!   every CRIU release; restored
-//!   with `mntns-compat-mode` given to CRIU for that restore, it goes on with its GPU state;
-//!   a dump given that option is refused by CRIU and the container runs on. Pinned here as the
-//!   behaviour of runc and CRIU the docs describe: if a release changes it, the docs must too.
+//!   every CRIU release; restored with `mntns-compat-mode` given to CRIU for that restore, it
+//!   goes on with its GPU state; a dump given that option is refused by CRIU and the container
+//!   runs on. Pinned here as the behaviour of runc and CRIU the docs describe: if a release
+//!   changes it, the docs must too.
 
 use criu_gpu_test_support as common;
 #[allow(dead_code)]

@@ -177,22 +177,7 @@ pub fn workload_status(pid: i32, file: &Path) -> Status {
 
 /// What `/proc` says of `pid`: its state, tracer and where it sleeps.
 pub fn task_state(pid: i32) -> String {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return "gone".into();
-    };
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map_or("?", str::trim)
-            .to_string()
-    };
-    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-    format!(
-        "state {}, tracer {}, waiting in {wchan:?}",
-        field("State:"),
-        field("TracerPid:")
-    )
+    crate::task_state_at(Path::new(&format!("/proc/{pid}")))
 }
 
 /// The workload's status `now` against `before` (an earlier one, or the one at its dump): on

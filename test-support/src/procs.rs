@@ -33,6 +33,31 @@ pub fn pgid_of(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// Field `name` (with its colon, e.g. `"TracerPid:"`) of a `/proc/.../status` text, trimmed.
+pub fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
+}
+
+/// What `/proc` says of the task at `dir` (`/proc/PID` or `/proc/PID/task/TID`): its state,
+/// tracer, where it sleeps and the system call it is in; "gone" when it is.
+pub fn task_state_at(dir: &Path) -> String {
+    let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+        return "gone".into();
+    };
+    let field = |name: &str| status_field(&status, name).unwrap_or("?");
+    let wchan = std::fs::read_to_string(dir.join("wchan")).unwrap_or_default();
+    let syscall = std::fs::read_to_string(dir.join("syscall")).unwrap_or_default();
+    format!(
+        "state {}, tracer {}, waiting in {wchan:?}, system call {}",
+        field("State:"),
+        field("TracerPid:"),
+        syscall.split_whitespace().next().unwrap_or("?")
+    )
+}
+
 /// Scheduler state letter of `pid` (`R`, `S`, `T`, `t`, `Z`, ...).
 pub fn state_of(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

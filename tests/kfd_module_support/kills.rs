@@ -14,6 +14,7 @@ use super::bench::{
     Bench, GPU0, GPU1, StandInKfd, Status, check_restored, kill_both, reap, setup, wait_gone,
 };
 use super::common::rng::{Rng, env_number, seed_from_env};
+use super::common::status_field as field;
 
 /// How many kills each test makes.
 fn kills() -> usize {
@@ -94,13 +95,6 @@ fn kill_criu(criu: &mut Child) {
 
 fn status_of(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
-}
-
-fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .map(str::trim)
 }
 
 /// Processes named `criu` that are not zombies: CRIU, its forks, the plugin's helpers and
