@@ -22,11 +22,11 @@ mod kube_support;
 use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
 use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
 use kube_support::amd_scenarios::amd_forensic_and_migration;
-use kube_support::gpu_scenarios::{restore_onto_another_gpu, restore_without_a_gpu};
+use kube_support::gpu_scenarios::{RefusedBy, restore_onto_another_gpu, restore_without_a_gpu};
 use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
-    Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
+    CRIU_FAILED, Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
     not_a_checkpoint, restore_on_an_older_driver, restore_refused, start,
 };
 
@@ -89,14 +89,23 @@ fn kubelet_restore_onto_the_gpu_node_bs_device_plugin_gives() {
 /// `kubectl` shows containerd's error, CRIU's log on the node the reason.
 #[test]
 fn kubelet_restore_without_a_gpu_is_refused() {
-    restore_without_a_gpu("k8s-no-gpu", &containerd_2_1().keeping_criu_logs());
+    restore_without_a_gpu(
+        "k8s-no-gpu",
+        &containerd_2_1().keeping_criu_logs(),
+        &CRIU_FAILED,
+        RefusedBy::Plugin,
+    );
 }
 
 /// A checkpoint of a newer driver than node b's: refused before any task; `kubectl` shows
 /// containerd's error, CRIU's log on the node both driver versions.
 #[test]
 fn kubelet_restore_on_an_older_driver_is_refused() {
-    restore_on_an_older_driver("k8s-older-driver", &containerd_2_1().keeping_criu_logs());
+    restore_on_an_older_driver(
+        "k8s-older-driver",
+        &containerd_2_1().keeping_criu_logs(),
+        &CRIU_FAILED,
+    );
 }
 
 /// The restore pulls the checkpoint's base image (`NAME@DIGEST`, recorded in the archive) with

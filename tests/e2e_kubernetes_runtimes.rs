@@ -20,11 +20,12 @@ mod containers_support;
 mod kube_support;
 
 use containers_support::{CUDA, Workload};
-use kube_support::gpu_scenarios::restore_without_a_gpu;
+use kube_support::crio_scenarios::migration_needs_the_base_image;
+use kube_support::gpu_scenarios::{RefusedBy, restore_without_a_gpu};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
-    Refusal, checkpoint_past_deadline, forensic, migration, restore_on_an_older_driver,
-    restore_refused,
+    CRIU_FAILED, Refusal, checkpoint_past_deadline, forensic, migration,
+    restore_on_an_older_driver, restore_refused,
 };
 
 #[test]
@@ -58,7 +59,7 @@ fn containerd_2_3_refuses_restore_without_opt_in() {
 #[test]
 fn containerd_2_3_runc_1_5_restore_without_a_gpu_is_refused() {
     let r = Runtime::containerd_2_3(Runc::V1_5, true).keeping_criu_logs();
-    restore_without_a_gpu("k8s-cd23-no-gpu", &r);
+    restore_without_a_gpu("k8s-cd23-no-gpu", &r, &CRIU_FAILED, RefusedBy::Plugin);
 }
 
 /// A checkpoint of a newer driver than node b's, on the opted-in path: refused before any
@@ -66,7 +67,7 @@ fn containerd_2_3_runc_1_5_restore_without_a_gpu_is_refused() {
 #[test]
 fn containerd_2_3_runc_1_5_restore_on_an_older_driver_is_refused() {
     let r = Runtime::containerd_2_3(Runc::V1_5, true).keeping_criu_logs();
-    restore_on_an_older_driver("k8s-cd23-older-driver", &r);
+    restore_on_an_older_driver("k8s-cd23-older-driver", &r, &CRIU_FAILED);
 }
 
 /// containerd 2.4: the kubelet's checkpoint works.
@@ -106,4 +107,63 @@ fn containerd_2_3_checkpoint_past_the_kubelets_deadline() {
         "containerd 2.3 left the container paused after the kubelet's deadline; if it no \
          longer does, README and docs/kubernetes.md must say so"
     );
+}
+
+/// CRI-O 1.36 with runc 1.5 under the kubelet: a CUDA pod checkpointed through the kubelet's
+/// API on node a, and its checkpoint image (CRI-O's annotation) restored on node b once the
+/// base image is there.
+#[test]
+fn crio_1_36_runc_1_5_migration_needs_the_base_image_cuda() {
+    let test = "k8s-crio-migration-cuda";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    migration_needs_the_base_image(test, CUDA, &r);
+}
+
+/// CRI-O 1.36: the kubelet's checkpoint of a CUDA pod, which keeps running with its GPU.
+#[test]
+fn crio_1_36_runc_1_5_forensic_checkpoint_cuda() {
+    let test = "k8s-crio-forensic-cuda";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    forensic(test, CUDA, &r);
+}
+
+/// CRI-O 1.36: a checkpoint restored from a manifest that asks for no GPU is refused by CRI-O
+/// before CRIU runs, naming the GPU's driver files (its CDI bind mounts) the checkpoint
+/// needs; node b's other pod (whose image is the checkpoint's base) runs on.
+#[test]
+fn crio_1_36_runc_1_5_restore_without_a_gpu_is_refused() {
+    let test = "k8s-crio-no-gpu";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
+    };
+    restore_without_a_gpu(test, &r, &expected, RefusedBy::Runtime);
+}
+
+/// CRI-O 1.36: a checkpoint of a newer driver than node b's is refused by the plugin before
+/// any task, and `kubectl` shows the plugin's reason: CRI-O quotes CRIU's log in its error.
+#[test]
+fn crio_1_36_runc_1_5_restore_on_an_older_driver_is_refused() {
+    let test = "k8s-crio-older-driver";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    let expected = Refusal {
+        state: "waiting",
+        reason: "RunContainerError",
+        says: &[
+            "container restore failed",
+            "gpu_plugin: restore failed: the image was made with",
+            "(CUDA 13.0); this machine's driver supports only CUDA 12.8",
+        ],
+    };
+    restore_on_an_older_driver(test, &r, &expected);
 }

@@ -127,16 +127,6 @@ pub trait CriDaemon {
     /// What the runtime needs of a container created from a checkpoint beyond what a container
     /// created from an image gets.
     fn restore_config(&self, _config: &mut v1::ContainerConfig) {}
-    /// `start` (the StartContainer of a container created from a checkpoint), with whatever
-    /// the runtime needs done meanwhile for [`CriDaemon::restore_log`] to be readable after.
-    fn around_restore(
-        &self,
-        _node_dir: &Path,
-        _id: &str,
-        start: &dyn Fn() -> cri_client::Result<()>,
-    ) -> cri_client::Result<()> {
-        start()
-    }
 }
 
 impl CriDaemon for Containerd<'_> {
@@ -366,9 +356,7 @@ impl<'e, D: CriDaemon> CriNode<'e, D> {
 
     /// StartContainer of container `id`, created from a checkpoint: the restore.
     pub fn start_restored(&self, id: &str) -> cri_client::Result<()> {
-        let dir = self.e.dir().join(&self.name);
-        self.cd
-            .around_restore(&dir, id, &|| self.cri.start_container(id))
+        self.cri.start_container(id)
     }
 
     /// The last lines of the daemon's log (for failure messages).

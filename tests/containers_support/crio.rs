@@ -20,7 +20,9 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cri_client::v1;
@@ -101,6 +103,8 @@ pub struct CriO {
     sock: PathBuf,
     /// The parent of the node's pods' cgroups.
     pub cgroup: Cgroup,
+    /// Keeps CRIU's restore logs (see [`RestoreLogKeeper`]).
+    _logs: RestoreLogKeeper,
     /// Holds the socket; removed after the daemon is gone.
     _short: TempDir,
 }
@@ -257,7 +261,67 @@ enable_nri = false
             daemon,
             sock,
             cgroup,
+            _logs: RestoreLogKeeper::start(&d),
             _short: short,
+        }
+    }
+
+    /// The daemon's pid (its mount namespace is the node's).
+    pub fn pid(&self) -> i32 {
+        self.daemon
+    }
+
+    /// SIGKILL to the daemon (as when the machine is lost), reaped; its conmons are in the
+    /// pods' cgroups.
+    pub fn kill_now(&self) {
+        common::signal(self.daemon, libc::SIGKILL);
+        let _ = common::reap_until_gone(&[self.daemon], common::WAIT);
+    }
+}
+
+/// CRI-O has conmon run `runc restore` in the container's bundle (vfs storage's
+/// `<runroot>/vfs-containers/<id>/userdata`), where CRIU writes `restore.log`, and deletes
+/// that log once the restore has succeeded. A thread of the test hard-links each such log to
+/// `<node>/restore-logs/<id>.log` as soon as it appears, so that it outlives CRI-O's deletion
+/// (the kubelet's restores are not the test's calls to wait around).
+struct RestoreLogKeeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RestoreLogKeeper {
+    /// How often the bundles are looked at: a restore's log lives far longer.
+    const EVERY: Duration = Duration::from_millis(3);
+
+    fn start(node_dir: &Path) -> RestoreLogKeeper {
+        let bundles = node_dir.join("run/vfs-containers");
+        let kept = node_dir.join("restore-logs");
+        std::fs::create_dir_all(&kept).expect("restore log directory");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                for c in std::fs::read_dir(&bundles).into_iter().flatten().flatten() {
+                    let to = kept.join(format!("{}.log", c.file_name().to_string_lossy()));
+                    if !to.exists() {
+                        let _ = std::fs::hard_link(c.path().join("userdata/restore.log"), &to);
+                    }
+                }
+                std::thread::sleep(Self::EVERY);
+            }
+        });
+        RestoreLogKeeper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RestoreLogKeeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -274,39 +338,9 @@ impl CriDaemon for CriO {
         &self.cgroup.path
     }
 
-    /// CRI-O has conmon run `runc restore` in the container's bundle (vfs storage's
-    /// `<runroot>/vfs-containers/<id>/userdata`), where CRIU writes `restore.log`, and deletes
-    /// that log once the restore has succeeded: [`CriDaemon::around_restore`] keeps it here.
+    /// Where [`RestoreLogKeeper`] keeps it.
     fn restore_log(&self, node_dir: &Path, id: &str) -> PathBuf {
         node_dir.join("restore-logs").join(format!("{id}.log"))
-    }
-
-    /// Runs `start` while a thread of the test hard-links CRIU's restore log to
-    /// [`CriDaemon::restore_log`] as soon as CRI-O creates it (before conmon starts runc), so
-    /// that the log outlives CRI-O's deletion of it.
-    fn around_restore(
-        &self,
-        node_dir: &Path,
-        id: &str,
-        start: &dyn Fn() -> cri_client::Result<()>,
-    ) -> cri_client::Result<()> {
-        let log = node_dir
-            .join("run/vfs-containers")
-            .join(id)
-            .join("userdata/restore.log");
-        let kept = self.restore_log(node_dir, id);
-        std::fs::create_dir_all(kept.parent().expect("parent")).expect("restore log directory");
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !done.load(Ordering::Relaxed) && std::fs::hard_link(&log, &kept).is_err() {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            });
-            let r = start();
-            done.store(true, Ordering::Relaxed);
-            r
-        })
     }
 
     /// CRI-O bind-mounts the host's `/etc/hosts` into a container of a host-network pod, and

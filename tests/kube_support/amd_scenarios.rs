@@ -103,7 +103,7 @@ pub fn amd_forensic_and_migration(test: &str, runtime: &Runtime) {
     );
     pod.out.wait_counting(3);
     assert_gpu_state_kept(&pod, pid, &before, "after the kubelet's checkpoint");
-    assert_archive_of(&e, "containerd", &archive, Workload::Kfd, pid);
+    assert_archive_of(&e, runtime.engine_name(), &archive, Workload::Kfd, pid);
 
     let image = push_checkpoint_image(&e, &archive, CONTAINER, &c.registry);
     pod.delete(Some(pid));

@@ -7,7 +7,7 @@
 
 use super::pods::{Extras, Pod};
 use super::runtimes::Runtime;
-use super::scenarios::{CRIU_FAILED, Checkpointed, Cluster, assert_refused, start};
+use super::scenarios::{Checkpointed, Cluster, Refusal, assert_refused, start};
 use crate::common::E2e;
 use crate::containers_support::cdi::{
     NvidiaCdi, StandInGpu, assert_refused_without_gpu, workload_gpus,
@@ -122,14 +122,25 @@ pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
     );
 }
 
+/// Who refuses a restore whose pod is given no GPU.
+pub enum RefusedBy {
+    /// The plugin, at its start in CRIU's restore: CRIU's log on the node names the
+    /// checkpoint's GPU (the runtime must keep it).
+    Plugin,
+    /// The runtime, before CRIU runs: CRI-O restores only where each bind mount of the
+    /// checkpoint is in the request, and the GPU's driver files come with the GPU (CDI).
+    Runtime,
+}
+
 /// The checkpoint of [`restore_onto_another_gpu`] restored on node b from a manifest that asks
-/// for no GPU: the plugin refuses at its start, naming the checkpoint's GPU, before CRIU makes
-/// any task; the driver is not asked to restore, the checkpoint's workload does not run, node
-/// b's other pod runs on. What `kubectl` shows is containerd's: runc's error carries CRIU's
-/// errno only, and containerd copies a container's output only once its restore succeeded
-/// (the plugin's line on CRIU's standard error is lost with it); the reason is in CRIU's log on
-/// the node, which runc keeps where `CriuWorkPath` points (`runtime` must keep it).
-pub fn restore_without_a_gpu(test: &str, runtime: &Runtime) {
+/// for no GPU: refused as `expected` shows through `kubectl`, `by` the plugin or the runtime,
+/// before CRIU makes any task; the driver is not asked to restore, the checkpoint's workload
+/// does not run, node b's other pod runs on. With containerd the plugin refuses, and what
+/// `kubectl` shows is containerd's: runc's error carries CRIU's errno only, and containerd
+/// copies a container's output only once its restore succeeded (the plugin's line on CRIU's
+/// standard error is lost with it); the reason is in CRIU's log on the node, which runc keeps
+/// where `CriuWorkPath` points.
+pub fn restore_without_a_gpu(test: &str, runtime: &Runtime, expected: &Refusal<'_>, by: RefusedBy) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
@@ -143,7 +154,9 @@ pub fn restore_without_a_gpu(test: &str, runtime: &Runtime) {
         ..pod.extras.clone()
     };
     let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &no_gpu);
-    assert_refused(&e, &refused, &CRIU_FAILED, k.marks.2, restores, &bystander);
-    let log = b.restore_log(&refused.container_id());
-    assert_refused_without_gpu(&log, &cdi.gpus[0].uuid);
+    assert_refused(&e, &refused, expected, k.marks.2, restores, &bystander);
+    if let RefusedBy::Plugin = by {
+        let log = b.restore_log(&refused.container_id());
+        assert_refused_without_gpu(&log, &cdi.gpus[0].uuid);
+    }
 }

@@ -9,6 +9,7 @@
 
 pub mod amd_scenarios;
 pub mod control_plane;
+pub mod crio_scenarios;
 pub mod gpu_scenarios;
 pub mod network;
 pub mod node;

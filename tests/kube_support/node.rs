@@ -1,5 +1,6 @@
 //! A node of the test's cluster: containerd 2.x with its CRI (as `containers_support::cri`
-//! configures it) and a kubelet registered with the API server, both in the node's own mount
+//! configures it) or CRI-O (as `containers_support::crio` does), and a kubelet registered with
+//! the API server, both in the node's own mount
 //! namespace, where CRIU finds its configuration at `/etc/criu` and the plugin at
 //! `/usr/lib/criu` (CRIU's built-in plugin directory, where the package installs it), as on
 //! a node with the package installed, and in the node's own network namespace
@@ -22,13 +23,10 @@ use std::time::{Duration, Instant};
 use super::control_plane::{ControlPlane, log_to, stop, tail, write_kubeconfig};
 use super::network::NodeNet;
 use super::pki::KeyPair;
-use super::runtimes::Runtime;
+use super::runtimes::{Engine, NodeEngine, Runtime};
 use super::upstream;
 use crate::common::{self, CriuRun, E2e};
-use crate::containers_support::cri::{
-    Images, Registry, cri_config_with, kill_cgroup_tree, workspace_bin,
-};
-use crate::containers_support::engines::Containerd;
+use crate::containers_support::cri::{Registry, kill_cgroup_tree, workspace_bin};
 use crate::containers_support::{PrivateMounts, ToolRun, reap_now, run_tool_for};
 
 /// The kernel settings the kubelet checks (`protectKernelDefaults`), with the values it wants.
@@ -51,11 +49,11 @@ const KUBELET_ROOT: &str = "/var/lib/kubelet";
 /// How long a kubelet may take to register its node.
 const REGISTERED: Duration = Duration::from_secs(120);
 
-/// One node: its containerd and its kubelet.
+/// One node: its runtime and its kubelet.
 pub struct KubeNode<'e> {
     pub e: &'e E2e,
     pub name: String,
-    pub cd: Containerd<'e>,
+    pub engine: NodeEngine<'e>,
     /// `https://NODE_IP:PORT`, the kubelet's API.
     pub kubelet_url: String,
     /// The node's network namespace.
@@ -74,8 +72,9 @@ pub struct KubeNode<'e> {
 
 impl<'e> KubeNode<'e> {
     /// Starts node `name` (state in `<test dir>/<name>`, network namespace `net`) of `cp`'s
-    /// cluster: containerd and runc of `runtime` with CRIU's configuration `etc_criu` and `env`, images from `registry`; then its
-    /// kubelet, once containerd's CRI answers; returns once the node is registered.
+    /// cluster: the engine and runc of `runtime` with CRIU's configuration `etc_criu` and
+    /// `env`, images from `registry`; then its kubelet, once the engine's CRI answers; returns
+    /// once the node is registered.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         e: &'e E2e,
@@ -109,26 +108,29 @@ impl<'e> KubeNode<'e> {
             std::fs::write(&f, format!("{value}\n")).expect("kernel setting");
             mounts = mounts.bind(f, Path::new("/proc/sys").join(key));
         }
-        let bins = runtime.bins.clone();
-        let pause = Images::of(registry).pause;
-        let options = runtime.cri_runtime_options.clone();
+        if matches!(runtime.engine, Engine::CriO { .. }) && hugetlb_out_of_reach() {
+            // CRI-O hands runc the kubelet's huge page limits (0 for each size the node has)
+            // where containerd drops them when no hugetlb hierarchy is there to set them in;
+            // runc then cannot place the container. Here the kubelet sees no huge page sizes.
+            let none = dir.join("no-hugepages");
+            std::fs::create_dir_all(&none).expect("node directory");
+            mounts = mounts.bind(none, HUGEPAGES);
+        }
         let criu_work = runtime.keep_criu_logs.then(|| dir.join("criu-work"));
         if let Some(w) = &criu_work {
             std::fs::create_dir_all(w).expect("CRIU's work directory");
         }
-        let work = criu_work.clone();
-        let config =
-            move |d: &Path| cri_config_with(d, &bins, registry, &pause, work.as_deref(), &options);
-        let cd = Containerd::start_node_mounted(
+        let engine = NodeEngine::start(
             e,
             name,
             mounts,
             env,
-            runtime.bins.clone(),
-            Some(&config),
+            runtime,
+            registry,
+            criu_work.as_deref(),
         );
 
-        let cgroup_root = format!("{}/kubelet", cd.cgroup.path);
+        let cgroup_root = format!("{}/kubelet", engine.cgroup_path());
         make_cgroup(&cgroup_root);
         let (client, serving) = cp.pki.node(e, name, &net.ip);
         let kubeconfig = dir.join("kubelet.kubeconfig");
@@ -150,7 +152,7 @@ impl<'e> KubeNode<'e> {
                 dir: &dir,
                 port,
                 cgroup_root: &cgroup_root,
-                socket: cd.socket(),
+                socket: engine.socket(),
                 serving: &serving,
                 ca: &cp.pki.ca.cert,
             }
@@ -169,7 +171,7 @@ impl<'e> KubeNode<'e> {
         let mut node = KubeNode {
             e,
             name: name.to_string(),
-            cd,
+            engine,
             kubelet_url: format!("https://{}:{port}", net.ip),
             dir,
             kubelet: None,
@@ -227,7 +229,7 @@ impl<'e> KubeNode<'e> {
         devices: &[String],
     ) {
         let mut cmd = self.e.command(Path::new("nsenter"));
-        cmd.arg(format!("--target={}", self.cd.pid()))
+        cmd.arg(format!("--target={}", self.engine.pid()))
             .arg("--mount")
             .arg("--")
             .arg(workspace_bin("device-plugin", "stand-in-device-plugin"))
@@ -271,7 +273,7 @@ impl<'e> KubeNode<'e> {
     /// `kubelet.log`.
     fn spawn_kubelet(&mut self) {
         let mut cmd = self.e.command(Path::new("nsenter"));
-        cmd.arg(format!("--target={}", self.cd.pid()))
+        cmd.arg(format!("--target={}", self.engine.pid()))
             .arg("--mount")
             .arg("--net")
             .arg("--")
@@ -300,31 +302,32 @@ impl<'e> KubeNode<'e> {
         tail(&self.dir.join("kubelet.log"), 40)
     }
 
-    /// The last lines of containerd's log.
-    pub fn containerd_log_tail(&self) -> String {
-        tail(&self.dir.join("containerd.log"), 40)
+    /// The last lines of the runtime's log.
+    pub fn runtime_log_tail(&self) -> String {
+        tail(&self.dir.join(self.engine.log_name()), 40)
     }
 
-    /// CRIU's log of the restore of container `id`, where containerd's shim keeps it, as a
-    /// finished run.
+    /// CRIU's log of the restore of container `id`, where the runtime keeps it, as a finished
+    /// run.
     pub fn restore_log(&self, id: &str) -> CriuRun {
         let log = match &self.criu_work {
             Some(w) => w.join("restore.log"),
-            None => self
-                .dir
-                .join("root/io.containerd.runtime.v2.task/k8s.io")
-                .join(id)
-                .join("restore.log"),
+            None => self.engine.restore_log(&self.dir, id),
         };
         let text = std::fs::read_to_string(&log)
             .unwrap_or_else(|err| panic!("CRIU's restore log {}: {err}", log.display()));
         self.restore_run(format!("the restore of container {id}"), Some(0), text)
     }
 
-    /// The newest restore's CRIU log where the runtime keeps it (`<node>/criu-work`), as a
-    /// finished run: what a pod that did not run can be told by; else nothing.
+    /// The newest restore's CRIU log where it is kept (runc's `<node>/criu-work`, or the
+    /// test's copies of CRI-O's), as a finished run: what a pod that did not run can be told
+    /// by; else nothing.
     pub fn kept_restore_log(&self) -> Option<CriuRun> {
-        let log = std::fs::read_to_string(self.criu_work.as_ref()?.join("restore.log")).ok()?;
+        let path = match &self.criu_work {
+            Some(w) => w.join("restore.log"),
+            None => self.engine.newest_restore_log(&self.dir)?,
+        };
+        let log = std::fs::read_to_string(path).ok()?;
         // Its exit status is not kept with it.
         Some(self.restore_run("the newest restore".into(), None, log))
     }
@@ -385,13 +388,13 @@ impl<'e> KubeNode<'e> {
         }
     }
 
-    /// Ends the node as a lost machine would: its kubelet and containerd killed, and with
-    /// them (the machine is gone) every process of its pods.
+    /// Ends the node as a lost machine would: its kubelet and runtime killed, and with them
+    /// (the machine is gone) every process of its pods.
     pub fn lose(&mut self) {
         if let Some(pid) = self.kubelet.take() {
             self.e.kill_and_reap(&[pid]);
         }
-        self.cd.kill_now();
+        self.engine.kill_now();
         kill_cgroup_tree(&self.cgroup_root);
         reap_now();
     }
@@ -406,7 +409,7 @@ impl Drop for KubeNode<'_> {
             stop(pid);
         }
         // The kubelet leaves its pods running when it ends; the node's containers go before
-        // its containerd (whose drop ends the shims).
+        // its runtime (containerd's drop ends the shims).
         kill_cgroup_tree(&self.cgroup_root);
         reap_now();
     }
@@ -416,6 +419,16 @@ impl Drop for KubeNode<'_> {
 fn is_fatal(line: &str) -> bool {
     let mut chars = line.chars();
     chars.next() == Some('F') && chars.take(4).filter(char::is_ascii_digit).count() == 4
+}
+
+/// Where the kernel lists its huge page sizes.
+const HUGEPAGES: &str = "/sys/kernel/mm/hugepages";
+
+/// Whether runc's cgroupfs manager has no hierarchy to set hugetlb limits in: a hybrid host
+/// (as this one) whose hugetlb controller is in the unified hierarchy, not a v1 one.
+fn hugetlb_out_of_reach() -> bool {
+    let v2_only = Path::new("/sys/fs/cgroup/cgroup.procs").is_file();
+    !v2_only && Path::new(HUGEPAGES).is_dir() && !Path::new("/sys/fs/cgroup/hugetlb").exists()
 }
 
 /// Makes cgroup `path` in every hierarchy (the kubelet wants its cgroup root to exist, and on
@@ -464,7 +477,7 @@ struct KubeletConfig<'a> {
     dir: &'a Path,
     port: u16,
     cgroup_root: &'a str,
-    /// containerd's CRI socket.
+    /// The runtime's CRI socket.
     socket: &'a Path,
     serving: &'a KeyPair,
     ca: &'a Path,

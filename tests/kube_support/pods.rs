@@ -288,7 +288,7 @@ impl<'c, 'e> Pod<'c, 'e> {
                 t0.elapsed(),
                 self.describe(),
                 node.kubelet_log_tail(),
-                node.containerd_log_tail(),
+                node.runtime_log_tail(),
                 node.kept_restore_log()
                     .map(|run| format!("{run:?}"))
                     .unwrap_or_default()
@@ -307,7 +307,7 @@ impl<'c, 'e> Pod<'c, 'e> {
 
     /// The host pid of the container's init, as the node's runtime reports it.
     pub fn pid(&self, node: &KubeNode<'_>) -> i32 {
-        let cri = Cri::connect(node.cd.socket(), Duration::from_secs(30)).expect("CRI");
+        let cri = Cri::connect(node.engine.socket(), Duration::from_secs(30)).expect("CRI");
         let status = cri
             .container_status(&self.container_id())
             .expect("ContainerStatus");

@@ -9,11 +9,11 @@ use super::control_plane::{ControlPlane, MAX_NODES};
 use super::network::{LoopbackForward, NodeNet, gateway_of};
 use super::node::KubeNode;
 use super::pods::{CONTAINER, Extras, Pod};
-use super::runtimes::Runtime;
+use super::runtimes::{NodeEngine, Runtime};
 use crate::common::{self, E2e};
 use crate::containers_support::cri::gpu_node::driver_restores;
 use crate::containers_support::cri::{
-    Images, Registry, assert_archive_of, calls, freezer_state, push_checkpoint_image, push_images,
+    Images, Registry, assert_archive_of, calls, freezer_state, push_checkpoint_image,
 };
 use crate::containers_support::{
     self, CUDA, Workload, assert_plugin_restored, etc_criu_settings, fake_cuda_env, needs_criu_4_2,
@@ -120,7 +120,7 @@ impl<'e> Cluster<'e> {
                 KubeNode::start(e, &cp, n, net, etc, env, runtime, &registry)
             })
             .collect();
-        push_images(e, &nodes[0].cd, &Images::of(&registry));
+        nodes[0].engine.push_images(e, &Images::of(&registry));
         Cluster {
             _forwards: forwards,
             registry,
@@ -148,6 +148,17 @@ impl<'e> Cluster<'e> {
         files: Option<&Vec<String>>,
     ) -> i32 {
         let restored = Pod::create_restored(&self.cp, node, old, image);
+        Cluster::assert_restored(node, &restored, (low, high), killed, files)
+    }
+
+    /// What [`Cluster::assert_restores`] checks of `restored`, running on `node`.
+    pub fn assert_restored(
+        node: &KubeNode<'_>,
+        restored: &Pod<'_, '_>,
+        (low, high): (usize, usize),
+        killed: usize,
+        files: Option<&Vec<String>>,
+    ) -> i32 {
         let pid = restored.pid(node);
         let log = node.restore_log(&restored.container_id());
         assert_plugin_restored(node.e, &log, restored.out.workload);
@@ -259,7 +270,7 @@ pub fn forensic(test: &str, workload: Workload, runtime: &Runtime) {
         "the container restarted"
     );
     pod.out.assert_given_back(files.as_ref(), &calls(&e), pid);
-    assert_archive_of(&e, "containerd", &archive, workload, pid);
+    assert_archive_of(&e, runtime.engine_name(), &archive, workload, pid);
 }
 
 /// The migration: checkpoint on node a through the kubelet, the archive turned into an OCI
@@ -468,9 +479,11 @@ pub struct Refusal<'a> {
 /// A checkpoint of another driver: a CUDA pod checkpointed on node a (the stand-in driver at
 /// CUDA 13.0) and restored on node b, whose driver supports CUDA 12.8 only. The plugin refuses
 /// at its start, naming both, before CRIU makes any task: the driver is not asked to restore,
-/// the workload does not run, node b's other pod runs on. `kubectl` shows containerd's error;
-/// the reason is in CRIU's log on the node (`runtime` must keep it).
-pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime) {
+/// the workload does not run, node b's other pod runs on. `kubectl` shows `expected`: with
+/// containerd its error ([`CRIU_FAILED`]), with CRI-O the plugin's reason, which CRI-O quotes
+/// from CRIU's log. The reason is in CRIU's log on the node (a containerd `runtime` must keep
+/// it).
+pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime, expected: &Refusal<'_>) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
@@ -480,8 +493,10 @@ pub fn restore_on_an_older_driver(test: &str, runtime: &Runtime) {
     older.push(("FAKE_CUDA_DRIVER_VERSION", "12080".into()));
     let nodes = [("a", runtime), ("b", runtime)];
     let c = Cluster::start_configured(&e, &nodes, true, &etc, &[env, older]);
-    let refused = c.assert_refused_on_b(CUDA, &CRIU_FAILED);
-    let log = c.nodes[1].restore_log(&refused.container_id());
+    c.assert_refused_on_b(CUDA, expected);
+    let log = c.nodes[1]
+        .kept_restore_log()
+        .expect("CRIU's log of the refused restore");
     for want in [
         "(CUDA 13.0)",
         "this machine's driver supports only CUDA 12.8",
@@ -542,7 +557,10 @@ pub fn checkpoint_past_deadline(test: &str, runtime: &Runtime) -> Option<String>
     assert_eq!(pod.pid(a), pid, "the pod's process after the deadline");
     eprintln!("after the abandoned checkpoint the container's cgroup is {left}");
     if left == "FROZEN" {
-        a.cd.ctr_in("k8s.io", &["task", "resume", &pod.container_id()])
+        let NodeEngine::Containerd(cd) = &a.engine else {
+            panic!("CRI-O left the container frozen");
+        };
+        cd.ctr_in("k8s.io", &["task", "resume", &pod.container_id()])
             .assert_ok();
     }
     assert_eq!(freezer_state(pid), "THAWED");
@@ -550,7 +568,7 @@ pub fn checkpoint_past_deadline(test: &str, runtime: &Runtime) -> Option<String>
     let archive = pod
         .checkpoint(a, Some(60))
         .unwrap_or_else(|err| panic!("kubelet checkpoint after the deadline: {err:?}"));
-    assert_archive_of(&e, "containerd", &archive, workload, pid);
+    assert_archive_of(&e, runtime.engine_name(), &archive, workload, pid);
     assert_eq!(pod.pid(a), pid, "the pod's process after its checkpoint");
     Some(left)
 }

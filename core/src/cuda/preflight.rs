@@ -60,11 +60,15 @@ impl Preflight {
 /// Refuses a driver older than the one the image was made with.
 pub fn check_driver(md: &CudaMetadata, driver_version: i32) -> Option<Refusal> {
     (driver_version < md.driver_version).then(|| {
+        // Older images do not record the driver's release.
+        let release = md.driver_release.as_deref().map_or_else(
+            || "a CUDA driver whose release it does not record".to_string(),
+            |r| format!("CUDA driver {r}"),
+        );
         Refusal::new(
             libc::EINVAL,
             format!(
-                "the image was made with CUDA driver {} (CUDA {}); this machine's driver supports only CUDA {}",
-                md.driver_release.as_deref().unwrap_or("?"),
+                "the image was made with {release} (CUDA {}); this machine's driver supports only CUDA {}",
                 cuda_ckpt_sys::format_version(md.driver_version),
                 cuda_ckpt_sys::format_version(driver_version)
             ),
@@ -202,6 +206,21 @@ mod tests {
                 .message
                 .contains("made with CUDA driver 580.1")
         );
+    }
+
+    #[test]
+    fn a_driver_release_the_image_lacks_is_said_to_be_unrecorded() {
+        let m = CudaMetadata {
+            driver_release: None,
+            ..md(vec![gpu(1, "H100")], 1 << 20)
+        };
+        let r = check_driver(&m, 12080).expect("an older driver is refused");
+        assert_eq!(
+            r.message,
+            "the image was made with a CUDA driver whose release it does not record (CUDA 13.0); \
+             this machine's driver supports only CUDA 12.8"
+        );
+        assert!(check_driver(&m, 13000).is_none());
     }
 
     #[test]
