@@ -22,7 +22,9 @@ mod kube_support;
 use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
 use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
 use kube_support::amd_scenarios::amd_forensic_and_migration;
-use kube_support::gpu_scenarios::{RefusedBy, restore_onto_another_gpu, restore_without_a_gpu};
+use kube_support::gpu_scenarios::{
+    Asks, RefusedBy, restore_onto_another_gpu, restore_refused_on_b,
+};
 use kube_support::pods::{Extras, Pod};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
@@ -89,9 +91,10 @@ fn kubelet_restore_onto_the_gpu_node_bs_device_plugin_gives() {
 /// `kubectl` shows containerd's error, CRIU's log on the node the reason.
 #[test]
 fn kubelet_restore_without_a_gpu_is_refused() {
-    restore_without_a_gpu(
+    restore_refused_on_b(
         "k8s-no-gpu",
         &containerd_2_1().keeping_criu_logs(),
+        Asks::NoGpu,
         &CRIU_FAILED,
         RefusedBy::Plugin,
     );

@@ -21,7 +21,7 @@ mod kube_support;
 
 use containers_support::{CUDA, Workload};
 use kube_support::crio_scenarios::migration_needs_the_base_image;
-use kube_support::gpu_scenarios::{RefusedBy, restore_without_a_gpu};
+use kube_support::gpu_scenarios::{Asks, RefusedBy, restore_refused_on_b};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     CRIU_FAILED, Refusal, checkpoint_past_deadline, forensic, migration,
@@ -59,7 +59,14 @@ fn containerd_2_3_refuses_restore_without_opt_in() {
 #[test]
 fn containerd_2_3_runc_1_5_restore_without_a_gpu_is_refused() {
     let r = Runtime::containerd_2_3(Runc::V1_5, true).keeping_criu_logs();
-    restore_without_a_gpu("k8s-cd23-no-gpu", &r, &CRIU_FAILED, RefusedBy::Plugin);
+    let no_gpu = Asks::NoGpu;
+    restore_refused_on_b(
+        "k8s-cd23-no-gpu",
+        &r,
+        no_gpu,
+        &CRIU_FAILED,
+        RefusedBy::Plugin,
+    );
 }
 
 /// A checkpoint of a newer driver than node b's, on the opted-in path: refused before any
@@ -145,7 +152,7 @@ fn crio_1_36_runc_1_5_restore_without_a_gpu_is_refused() {
         reason: "CreateContainerError",
         says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
     };
-    restore_without_a_gpu(test, &r, &expected, RefusedBy::Runtime);
+    restore_refused_on_b(test, &r, Asks::NoGpu, &expected, RefusedBy::Runtime);
 }
 
 /// CRI-O 1.36: a checkpoint of a newer driver than node b's is refused by the plugin before
@@ -166,4 +173,47 @@ fn crio_1_36_runc_1_5_restore_on_an_older_driver_is_refused() {
         ],
     };
     restore_on_an_older_driver(test, &r, &expected);
+}
+
+/// CRI-O 1.36 does not restore a pod whose GPU came by CDI, even given a GPU again: the
+/// checkpoint's container had the GPU's driver files bind-mounted by CDI, the kubelet asks for
+/// the GPU by its CDI name (not as mounts), and CRI-O refuses before CRIU runs. Nothing of the
+/// checkpoint runs; node b's other pod runs on.
+#[test]
+fn crio_1_36_runc_1_5_does_not_restore_a_gpu_given_by_cdi() {
+    let test = "k8s-crio-cdi-gpu";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
+    };
+    restore_refused_on_b(test, &r, Asks::OneGpu, &expected, RefusedBy::Runtime);
+}
+
+/// CRI-O 1.36's check of the mounts passed, its restore still gives no GPU: with the CDI
+/// spec's driver files as `hostPath` volumes of the restored pod, CRI-O runs the restore, but
+/// builds the container from the checkpoint's configuration, which has no CDI devices, and
+/// drops the request's: the container can reach no GPU. The plugin refuses before any task,
+/// and `kubectl` shows its reason, the checkpoint's GPU named.
+#[test]
+fn crio_1_36_runc_1_5_gives_no_gpu_to_a_restore_past_its_mount_check() {
+    let test = "k8s-crio-cdi-files";
+    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
+        return;
+    };
+    let expected = Refusal {
+        state: "waiting",
+        reason: "RunContainerError",
+        says: &[
+            "container restore failed: gpu_plugin: restore failed: cannot restore onto the GPUs \
+             reachable here",
+            "has no counterpart here",
+            "GPUs reachable here: none",
+        ],
+    };
+    let asks = Asks::OneGpuAndDriverFiles;
+    restore_refused_on_b(test, &r, asks, &expected, RefusedBy::PluginNamedInKubectl);
 }

@@ -122,25 +122,46 @@ pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
     );
 }
 
-/// Who refuses a restore whose pod is given no GPU.
+/// Who refuses a restore on node b.
 pub enum RefusedBy {
     /// The plugin, at its start in CRIU's restore: CRIU's log on the node names the
     /// checkpoint's GPU (the runtime must keep it).
     Plugin,
+    /// The plugin, and the pod's message in `kubectl` names the checkpoint's GPU too (CRI-O
+    /// quotes CRIU's log in its error).
+    PluginNamedInKubectl,
     /// The runtime, before CRIU runs: CRI-O restores only where each bind mount of the
-    /// checkpoint is in the request, and the GPU's driver files come with the GPU (CDI).
+    /// checkpoint is in the request, and a CDI device's mounts are not (the kubelet asks for
+    /// the device by its CDI name).
     Runtime,
 }
 
-/// The checkpoint of [`restore_onto_another_gpu`] restored on node b from a manifest that asks
-/// for no GPU: refused as `expected` shows through `kubectl`, `by` the plugin or the runtime,
-/// before CRIU makes any task; the driver is not asked to restore, the checkpoint's workload
-/// does not run, node b's other pod runs on. With containerd the plugin refuses, and what
-/// `kubectl` shows is containerd's: runc's error carries CRIU's errno only, and containerd
-/// copies a container's output only once its restore succeeded (the plugin's line on CRIU's
-/// standard error is lost with it); the reason is in CRIU's log on the node, which runc keeps
-/// where `CriuWorkPath` points.
-pub fn restore_without_a_gpu(test: &str, runtime: &Runtime, expected: &Refusal<'_>, by: RefusedBy) {
+/// What the manifest of the pod restored on node b asks for.
+pub enum Asks {
+    /// No GPU.
+    NoGpu,
+    /// One GPU, as the checkpointed pod did: node b's device plugin gives GPU 1.
+    OneGpu,
+    /// One GPU, and the driver files of the node's CDI spec as `hostPath` volumes at the
+    /// paths CDI mounts them (what CRI-O's check of the request's mounts wants).
+    OneGpuAndDriverFiles,
+}
+
+/// The checkpoint of [`restore_onto_another_gpu`] restored on node b from a manifest that
+/// `asks` for no GPU or one: refused as `expected` shows through `kubectl`, `by` the plugin or
+/// the runtime, before CRIU makes any task; the driver is not asked to restore, the
+/// checkpoint's workload does not run, node b's other pod runs on. With containerd the plugin
+/// refuses a pod given no GPU, and what `kubectl` shows is containerd's: runc's error carries
+/// CRIU's errno only, and containerd copies a container's output only once its restore
+/// succeeded (the plugin's line on CRIU's standard error is lost with it); the reason is in
+/// CRIU's log on the node, which runc keeps where `CriuWorkPath` points.
+pub fn restore_refused_on_b(
+    test: &str,
+    runtime: &Runtime,
+    asks: Asks,
+    expected: &Refusal<'_>,
+    by: RefusedBy,
+) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
@@ -149,14 +170,30 @@ pub fn restore_without_a_gpu(test: &str, runtime: &Runtime, expected: &Refusal<'
     let b = &c.nodes[1];
     let bystander = c.bystander(b);
     let restores = driver_restores(&e);
-    let no_gpu = Extras {
-        limits: Vec::new(),
-        ..pod.extras.clone()
+    let extras = match asks {
+        Asks::NoGpu => Extras {
+            limits: Vec::new(),
+            ..pod.extras.clone()
+        },
+        Asks::OneGpu => pod.extras.clone(),
+        Asks::OneGpuAndDriverFiles => Extras {
+            host_files: cdi.libraries.clone(),
+            ..pod.extras.clone()
+        },
     };
-    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &no_gpu);
-    assert_refused(&e, &refused, expected, k.marks.2, restores, &bystander);
-    if let RefusedBy::Plugin = by {
-        let log = b.restore_log(&refused.container_id());
-        assert_refused_without_gpu(&log, &cdi.gpus[0].uuid);
+    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &extras);
+    let message = assert_refused(&e, &refused, expected, k.marks.2, restores, &bystander);
+    let gpu0 = &cdi.gpus[0].uuid;
+    if let RefusedBy::Plugin | RefusedBy::PluginNamedInKubectl = by {
+        let log = b
+            .kept_restore_log()
+            .expect("CRIU's log of the refused restore");
+        assert_refused_without_gpu(&log, gpu0);
+    }
+    if let RefusedBy::PluginNamedInKubectl = by {
+        assert!(
+            message.contains(&format!("checkpointed GPU {gpu0}")),
+            "the pod's message does not name the checkpoint's GPU {gpu0}: {message}"
+        );
     }
 }

@@ -42,6 +42,9 @@ pub struct Extras {
     pub env: Vec<String>,
     /// The container's resource limits (an extended resource such as `nvidia.com/gpu`).
     pub limits: Vec<(String, String)>,
+    /// Host files bound into the container, read-only (`hostPath` volumes): host path, path
+    /// in the container.
+    pub host_files: Vec<(PathBuf, String)>,
 }
 
 impl Extras {
@@ -80,13 +83,25 @@ pub fn manifest(
             resources.push_str(&format!("        {k}: {}\n", quoted(v)));
         }
     }
+    let (mut file_mounts, mut file_volumes) = (String::new(), String::new());
+    for (i, (host, inside)) in extras.host_files.iter().enumerate() {
+        file_mounts.push_str(&format!(
+            "    - name: file-{i}\n      mountPath: {}\n      readOnly: true\n",
+            quoted(inside)
+        ));
+        file_volumes.push_str(&format!(
+            "  - name: file-{i}\n    hostPath:\n      path: {}\n      type: File\n",
+            quoted(&host.to_string_lossy())
+        ));
+    }
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}  \
          nodeName: {node}\n  hostNetwork: true\n  restartPolicy: Never\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n  - name: {CONTAINER}\n    image: \
          {image}\n    imagePullPolicy: IfNotPresent\n    command: [{command}]\n    env:\n{env}\
-         {resources}    volumeMounts:\n    - name: out\n      mountPath: /out\n  volumes:\n  \
-         - name: out\n    hostPath:\n      path: {out}\n      type: Directory\n",
+         {resources}    volumeMounts:\n    - name: out\n      mountPath: /out\n{file_mounts}  \
+         volumes:\n  - name: out\n    hostPath:\n      path: {out}\n      type: Directory\n\
+         {file_volumes}",
         spec = extras.spec,
         command = command.join(", "),
         out = out.display(),

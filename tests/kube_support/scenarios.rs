@@ -426,7 +426,8 @@ pub fn not_a_checkpoint(test: &str, runtime: &Runtime, expected: Refusal<'_>) {
 /// What a pod its node refuses must show and leave: through `kubectl`, the pod's
 /// container in `expected`'s state with its reason and message; the checkpoint's workload
 /// silent since it was deleted (`killed` lines; 0 for a pod that never ran), the driver asked
-/// to restore no more than before (`restores`), the node's `bystander` counting on.
+/// to restore no more than before (`restores`), the node's `bystander` counting on. The
+/// pod's message.
 pub fn assert_refused(
     e: &E2e,
     refused: &Pod<'_, '_>,
@@ -434,7 +435,7 @@ pub fn assert_refused(
     killed: usize,
     restores: usize,
     bystander: &Pod<'_, '_>,
-) {
+) -> String {
     let (state, reason, message) = refused.wait_refused();
     eprintln!("the refused pod: {state} {reason}: {message}");
     assert_eq!(
@@ -458,6 +459,7 @@ pub fn assert_refused(
     );
     bystander.out.wait_counting(3);
     assert_eq!(bystander.get("{.status.phase}"), "Running");
+    message
 }
 
 /// How containerd 2.1 and 2.3 answer a restore CRIU fails (runc's error carries CRIU's errno
