@@ -1,5 +1,5 @@
 //! Today's runtimes under the kubelet, side by side (the cluster of `tests/kube_support`):
-//! containerd 2.3 and 2.4 and runc 1.5, built from their Go modules
+//! containerd 2.3 and 2.4, CRI-O 1.36 and runc 1.5, built from their Go modules
 //! (`scripts/build-upstream.sh`), beside containerd 2.1 and runc 1.4 of `e2e_kubernetes`.
 //!
 //! - containerd 2.3 restores a checkpoint image through CreateContainer only where the node
@@ -9,6 +9,9 @@
 //! - containerd 2.4 no longer restores through CreateContainer: the kubelet's checkpoint still
 //!   works; a pod made from a checkpoint image is created as an ordinary container of the
 //!   image's files, which has no program to run.
+//! - CRI-O 1.36 checkpoints through the kubelet and restores a checkpoint image once its base
+//!   image is on the node; its errors quote CRIU's log, so `kubectl` shows why the plugin
+//!   refused a restore. It does not restore a pod whose GPU came by CDI.
 //!
 //! containerd freezes the container's cgroup around a checkpoint, which CRIU before 4.2 does
 //! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
