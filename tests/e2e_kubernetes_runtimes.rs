@@ -119,26 +119,36 @@ fn containerd_2_3_checkpoint_past_the_kubelets_deadline() {
     );
 }
 
+/// Runs `scenario` as `test` with CRI-O 1.36 and runc 1.5 on every node, where CRI-O is built
+/// (else a SKIPPED line).
+fn on_crio(test: &str, scenario: impl FnOnce(&str, &Runtime)) {
+    if let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) {
+        scenario(test, &r);
+    }
+}
+
+/// How CRI-O 1.36 refuses a restore whose request lacks a bind mount of the checkpoint: here
+/// the stand-in driver's library, which CDI mounted with the GPU.
+const CDI_MOUNTS_MISSING: Refusal<'static> = Refusal {
+    state: "waiting",
+    reason: "CreateContainerError",
+    says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
+};
+
 /// CRI-O 1.36 with runc 1.5 under the kubelet: a CUDA pod checkpointed through the kubelet's
 /// API on node a, and its checkpoint image (CRI-O's annotation) restored on node b once the
 /// base image is there.
 #[test]
 fn crio_1_36_runc_1_5_migration_needs_the_base_image_cuda() {
-    let test = "k8s-crio-migration-cuda";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
-    migration_needs_the_base_image(test, CUDA, &r);
+    on_crio("k8s-crio-migration-cuda", |test, r| {
+        migration_needs_the_base_image(test, CUDA, r);
+    });
 }
 
 /// CRI-O 1.36: the kubelet's checkpoint of a CUDA pod, which keeps running with its GPU.
 #[test]
 fn crio_1_36_runc_1_5_forensic_checkpoint_cuda() {
-    let test = "k8s-crio-forensic-cuda";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
-    forensic(test, CUDA, &r);
+    on_crio("k8s-crio-forensic-cuda", |test, r| forensic(test, CUDA, r));
 }
 
 /// CRI-O 1.36: a checkpoint restored from a manifest that asks for no GPU is refused by CRI-O
@@ -146,26 +156,21 @@ fn crio_1_36_runc_1_5_forensic_checkpoint_cuda() {
 /// needs; node b's other pod (whose image is the checkpoint's base) runs on.
 #[test]
 fn crio_1_36_runc_1_5_restore_without_a_gpu_is_refused() {
-    let test = "k8s-crio-no-gpu";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
-    let expected = Refusal {
-        state: "waiting",
-        reason: "CreateContainerError",
-        says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
-    };
-    restore_refused_on_b(test, &r, Asks::NoGpu, &expected, RefusedBy::Runtime);
+    on_crio("k8s-crio-no-gpu", |test, r| {
+        restore_refused_on_b(
+            test,
+            r,
+            Asks::NoGpu,
+            &CDI_MOUNTS_MISSING,
+            RefusedBy::Runtime,
+        );
+    });
 }
 
 /// CRI-O 1.36: a checkpoint of a newer driver than node b's is refused by the plugin before
 /// any task, and `kubectl` shows the plugin's reason: CRI-O quotes CRIU's log in its error.
 #[test]
 fn crio_1_36_runc_1_5_restore_on_an_older_driver_is_refused() {
-    let test = "k8s-crio-older-driver";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
     let expected = Refusal {
         state: "waiting",
         reason: "RunContainerError",
@@ -175,7 +180,9 @@ fn crio_1_36_runc_1_5_restore_on_an_older_driver_is_refused() {
             "(CUDA 13.0); this machine's driver supports only CUDA 12.8",
         ],
     };
-    restore_on_an_older_driver(test, &r, &expected);
+    on_crio("k8s-crio-older-driver", |test, r| {
+        restore_on_an_older_driver(test, r, &expected);
+    });
 }
 
 /// CRI-O 1.36 does not restore a pod whose GPU came by CDI, even given a GPU again: the
@@ -184,16 +191,15 @@ fn crio_1_36_runc_1_5_restore_on_an_older_driver_is_refused() {
 /// checkpoint runs; node b's other pod runs on.
 #[test]
 fn crio_1_36_runc_1_5_does_not_restore_a_gpu_given_by_cdi() {
-    let test = "k8s-crio-cdi-gpu";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
-    let expected = Refusal {
-        state: "waiting",
-        reason: "CreateContainerError",
-        says: &["expects following bind mounts defined (/gpu/libcuda.so.1)"],
-    };
-    restore_refused_on_b(test, &r, Asks::OneGpu, &expected, RefusedBy::Runtime);
+    on_crio("k8s-crio-cdi-gpu", |test, r| {
+        restore_refused_on_b(
+            test,
+            r,
+            Asks::OneGpu,
+            &CDI_MOUNTS_MISSING,
+            RefusedBy::Runtime,
+        );
+    });
 }
 
 /// CRI-O 1.36's check of the mounts passed, its restore still gives no GPU: with the CDI
@@ -203,10 +209,6 @@ fn crio_1_36_runc_1_5_does_not_restore_a_gpu_given_by_cdi() {
 /// and `kubectl` shows its reason, the checkpoint's GPU named.
 #[test]
 fn crio_1_36_runc_1_5_gives_no_gpu_to_a_restore_past_its_mount_check() {
-    let test = "k8s-crio-cdi-files";
-    let Some(r) = Runtime::crio_1_36(Runc::V1_5, test) else {
-        return;
-    };
     let expected = Refusal {
         state: "waiting",
         reason: "RunContainerError",
@@ -217,6 +219,8 @@ fn crio_1_36_runc_1_5_gives_no_gpu_to_a_restore_past_its_mount_check() {
             "GPUs reachable here: none",
         ],
     };
-    let asks = Asks::OneGpuAndDriverFiles;
-    restore_refused_on_b(test, &r, asks, &expected, RefusedBy::PluginNamedInKubectl);
+    on_crio("k8s-crio-cdi-files", |test, r| {
+        let asks = Asks::OneGpuAndDriverFiles;
+        restore_refused_on_b(test, r, asks, &expected, RefusedBy::PluginNamedInKubectl);
+    });
 }
