@@ -30,12 +30,13 @@ cp "$so" "$tested"
 cargo build --release --locked -p criu-gpu
 cmp "$so" "$tested" || { echo "[test] building criu-gpu as the package does changed $so" >&2; exit 1; }
 if [ "${GPU_PLUGIN_SKIP_E2E:-0}" != 1 ]; then
-    # The Kubernetes suites' cluster (kubelet, kube-apiserver, kubectl, etcd) and the runtimes
-    # Debian lacks (containerd 2.3 and 2.4, runc 1.5, CRI-O 1.36), from their Go modules
-    # (docs/upstream.md); about 14 minutes cold on 2 cores, seconds once built. crictl and
-    # nvidia-ctk are for the GPU machine only.
+    # The Kubernetes suites' cluster (kubelet, kube-apiserver, kubectl, etcd), the runtimes
+    # Debian lacks (containerd 2.3 and 2.4, runc 1.5, CRI-O 1.36) and crictl (an operator's
+    # pull on a CRI-O node), from their Go modules (docs/upstream.md); about 16 minutes cold on
+    # 2 cores, seconds once built. nvidia-ctk is for the GPU machine only.
     echo "[test] upstream programs from their Go modules"
-    scripts/build-upstream.sh kubernetes-1.37 etcd-3.7 containerd-2.3 containerd-2.4 runc-1.5 cri-o-1.36
+    scripts/build-upstream.sh kubernetes-1.37 etcd-3.7 containerd-2.3 containerd-2.4 runc-1.5 cri-o-1.36 \
+        crictl-1.37
 fi
 echo "[test] cargo test"
 cargo test --workspace --all-features --locked
@@ -50,8 +51,8 @@ for release in 4.2.1 4.3; do
         --test e2e_guardian --test e2e_criu_4_3 --test kfd_seccomp --test e2e_containers --test e2e_containers_2026 \
         --test e2e_cri --test e2e_crio --test e2e_gpu_containers
     # Kubernetes (a kubelet and API server of the test's own) with the newest CRIU only: the
-    # workspace run above has them with 4.1.1 (its CUDA cases skip, as containerd's freeze needs
-    # 4.2), and the kubelet adds nothing of its own that a CRIU release changes.
+    # workspace run above has them with 4.1.1 (its CUDA cases skip, as the freeze of containerd
+    # and CRI-O needs 4.2), and the kubelet adds nothing of its own that a CRIU release changes.
     if [ "$release" = 4.3 ]; then
         CRIU_BIN="$REPO/.criu-$release/bin/criu" cargo test --all-features --locked \
             --test e2e_kubernetes --test e2e_kubernetes_runtimes

@@ -13,7 +13,7 @@
 //!   image is on the node; its errors quote CRIU's log, so `kubectl` shows why the plugin
 //!   refused a restore. It does not restore a pod whose GPU came by CDI.
 //!
-//! containerd freezes the container's cgroup around a checkpoint, which CRIU before 4.2 does
+//! containerd and CRI-O freeze the container's cgroup around a checkpoint, which CRIU before 4.2 does
 //! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
 
 use criu_gpu_test_support as common;

@@ -1,7 +1,8 @@
 //! The *another GPU* scenarios: nodes with two stand-in GPUs in their CDI specs, each node's
 //! stand-in device plugin ([`KubeNode::start_device_plugin`]) giving pods one of them as NVIDIA's
 //! device plugin does (its CDI name, by UUID); a CUDA pod checkpointed on node a with GPU 0 and
-//! restored on node b, where GPU 1 is given, or no GPU.
+//! restored on node b, where GPU 1 is given, or no GPU, or where the runtime or the plugin
+//! refuses the restore ([`Asks`] says what the restored pod asks for).
 //!
 //! [`KubeNode::start_device_plugin`]: super::node::KubeNode::start_device_plugin
 

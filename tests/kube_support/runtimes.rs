@@ -160,9 +160,15 @@ impl<'e> NodeEngine<'e> {
                     Some(&config),
                 ))
             }
-            Engine::CriO { prefix, runc } => NodeEngine::CriO(CriO::start(
-                e, name, prefix, runc, mounts, env, registry, &images,
-            )),
+            Engine::CriO { prefix, runc } => {
+                assert!(
+                    criu_work.is_none(),
+                    "CRI-O's restores go through conmon, which has no runc CriuWorkPath"
+                );
+                NodeEngine::CriO(CriO::start(
+                    e, name, prefix, runc, mounts, env, registry, &images,
+                ))
+            }
         }
     }
 

@@ -60,7 +60,8 @@ impl Preflight {
 /// Refuses a driver older than the one the image was made with.
 pub fn check_driver(md: &CudaMetadata, driver_version: i32) -> Option<Refusal> {
     (driver_version < md.driver_version).then(|| {
-        // Older images do not record the driver's release.
+        // An image records no release where the dump could not read it (or made by an older
+        // plugin).
         let release = md.driver_release.as_deref().map_or_else(
             || "a CUDA driver whose release it does not record".to_string(),
             |r| format!("CUDA driver {r}"),
