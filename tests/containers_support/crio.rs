@@ -279,11 +279,26 @@ enable_nri = false
     }
 }
 
+/// Where [`RestoreLogKeeper`] keeps CRIU's restore logs of node `node_dir`, `<id>.log` each.
+fn kept_restore_logs(node_dir: &Path) -> PathBuf {
+    node_dir.join("restore-logs")
+}
+
+/// The newest of the restore logs kept for node `node_dir`, if any.
+pub fn newest_kept_restore_log(node_dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(kept_restore_logs(node_dir))
+        .ok()?
+        .flatten()
+        .filter_map(|f| Some((f.metadata().ok()?.modified().ok()?, f.path())))
+        .max()
+        .map(|(_, p)| p)
+}
+
 /// CRI-O has conmon run `runc restore` in the container's bundle (vfs storage's
 /// `<runroot>/vfs-containers/<id>/userdata`), where CRIU writes `restore.log`, and deletes
 /// that log once the restore has succeeded. A thread of the test hard-links each such log to
-/// `<node>/restore-logs/<id>.log` as soon as it appears, so that it outlives CRI-O's deletion
-/// (the kubelet's restores are not the test's calls to wait around).
+/// [`kept_restore_logs`] as soon as it appears, so that it outlives CRI-O's deletion (the
+/// kubelet's restores are not the test's calls to wait around).
 struct RestoreLogKeeper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -295,7 +310,7 @@ impl RestoreLogKeeper {
 
     fn start(node_dir: &Path) -> RestoreLogKeeper {
         let bundles = node_dir.join("run/vfs-containers");
-        let kept = node_dir.join("restore-logs");
+        let kept = kept_restore_logs(node_dir);
         std::fs::create_dir_all(&kept).expect("restore log directory");
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
@@ -340,7 +355,7 @@ impl CriDaemon for CriO {
 
     /// Where [`RestoreLogKeeper`] keeps it.
     fn restore_log(&self, node_dir: &Path, id: &str) -> PathBuf {
-        node_dir.join("restore-logs").join(format!("{id}.log"))
+        kept_restore_logs(node_dir).join(format!("{id}.log"))
     }
 
     /// CRI-O bind-mounts the host's `/etc/hosts` into a container of a host-network pod, and

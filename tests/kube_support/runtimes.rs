@@ -180,21 +180,20 @@ impl<'e> NodeEngine<'e> {
         }
     }
 
-    fn daemon(&self) -> &dyn CriSide {
-        match self {
-            NodeEngine::Containerd(cd) => cd,
-            NodeEngine::CriO(c) => c,
-        }
-    }
-
     /// The CRI's socket.
     pub fn socket(&self) -> &Path {
-        self.daemon().socket()
+        match self {
+            NodeEngine::Containerd(cd) => cd.cri_socket(),
+            NodeEngine::CriO(c) => c.cri_socket(),
+        }
     }
 
     /// The parent of the node's cgroups.
     pub fn cgroup_path(&self) -> &str {
-        self.daemon().cgroup()
+        match self {
+            NodeEngine::Containerd(cd) => cd.cgroup_path(),
+            NodeEngine::CriO(c) => c.cgroup_path(),
+        }
     }
 
     /// The daemon's log, in the node's directory.
@@ -208,22 +207,19 @@ impl<'e> NodeEngine<'e> {
     /// Where CRIU's log of the restore of container `id` is kept (`node_dir`: the node's
     /// directory).
     pub fn restore_log(&self, node_dir: &Path, id: &str) -> PathBuf {
-        self.daemon().log_of_restore(node_dir, id)
+        match self {
+            NodeEngine::Containerd(cd) => cd.restore_log(node_dir, id),
+            NodeEngine::CriO(c) => c.restore_log(node_dir, id),
+        }
     }
 
     /// The newest of the restore logs the test keeps of CRI-O's (`node_dir`: the node's
     /// directory); none of containerd's.
     pub fn newest_restore_log(&self, node_dir: &Path) -> Option<PathBuf> {
-        let NodeEngine::CriO(c) = self else {
-            return None;
-        };
-        let kept = c.restore_log(node_dir, "any");
-        std::fs::read_dir(kept.parent()?)
-            .ok()?
-            .flatten()
-            .filter_map(|f| Some((f.metadata().ok()?.modified().ok()?, f.path())))
-            .max()
-            .map(|(_, p)| p)
+        match self {
+            NodeEngine::Containerd(_) => None,
+            NodeEngine::CriO(_) => crio::newest_kept_restore_log(node_dir),
+        }
     }
 
     /// SIGKILL to the daemon (and containerd's shims), as when the machine is lost.
@@ -240,25 +236,6 @@ impl<'e> NodeEngine<'e> {
             NodeEngine::Containerd(cd) => push_with_ctr(e, cd, images),
             NodeEngine::CriO(_) => crio::push_images(e, images),
         }
-    }
-}
-
-/// [`CriDaemon`] as an object (its constants aside).
-trait CriSide {
-    fn socket(&self) -> &Path;
-    fn cgroup(&self) -> &str;
-    fn log_of_restore(&self, node_dir: &Path, id: &str) -> PathBuf;
-}
-
-impl<D: CriDaemon> CriSide for D {
-    fn socket(&self) -> &Path {
-        self.cri_socket()
-    }
-    fn cgroup(&self) -> &str {
-        self.cgroup_path()
-    }
-    fn log_of_restore(&self, node_dir: &Path, id: &str) -> PathBuf {
-        self.restore_log(node_dir, id)
     }
 }
 
