@@ -3,7 +3,7 @@
 //! (see `tests/e2e_cuda_fake.rs` for the harness). Each image below is edited after a good dump:
 //! a missing process record, a record saying `locked` or `checkpointed`, an inventory that does
 //! not list `cuda_plugin` (also restored with the NVIDIA side disabled), a metadata file damaged
-//! or of the older format 1.0. Each restore
+//! or of the older format 1.0, core images saying another CPU architecture. Each restore
 //! ends with every process running with its GPU state, or fails with nothing left behind, and a
 //! second restore from the mended images then works.
 //!
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::fake_cuda::*;
 use common::scenario::*;
-use common::{CriuRun, reap_until_gone};
+use common::{CriuRun, foreign_arch, reap_until_gone};
 
 /// A dumped tree of a root and one child on one stand-in GPU, with its images.
 struct Dumped {
@@ -295,6 +295,33 @@ fn a_fifo_process_tree_is_refused_before_anything_is_restored() {
     assert!(r.has("a FIFO"), "{r:?}");
     std::fs::remove_file(&pstree).unwrap();
     std::fs::write(&pstree, saved).unwrap();
+    let r = d.restore("r2", &[]);
+    d.assert_running(&r, "r2");
+}
+
+/// Core images saying arm64 (`common::foreign_arch`): the plugin refuses at its start, naming
+/// both architectures, before CRIU forks a task (CRIU's own check comes only after it has);
+/// the driver is not asked to restore. With the core images put back the same restore works.
+#[test]
+fn a_checkpoint_of_another_cpu_architecture_is_refused_before_any_task() {
+    let Some(d) = dump_tree("cuda-other-arch") else {
+        return;
+    };
+    let saved = foreign_arch::dumped_on(&d.f.images, foreign_arch::MARCH_AARCH64);
+    let r = d.restore("r1", &[]);
+    d.assert_failed_clean(&r, "the checkpoint was made on aarch64 (core-");
+    assert!(r.has("and this machine is x86_64"), "{r:?}");
+    assert!(
+        !r.has("Forking task") && !r.has("Core march mismatch"),
+        "CRIU went on to its own check: {r:?}"
+    );
+    let calls = d.f.calls("r1.calls");
+    for &p in &d.w.pids {
+        assert!(calls.transitions(p).is_empty(), "pid {p}: {calls:?}");
+    }
+    for (path, original) in saved {
+        std::fs::write(path, original).expect("core image put back");
+    }
     let r = d.restore("r2", &[]);
     d.assert_running(&r, "r2");
 }

@@ -19,17 +19,18 @@ mod containers_support;
 #[allow(dead_code)]
 mod kube_support;
 
-use containers_support::cri::{assert_archive_of, calls, criu_gpu, freezer_state};
-use containers_support::{CUDA, Workload, fake_cuda_env, run_tool, transitions};
+use containers_support::cri::{assert_archive_of, calls, freezer_state};
+use containers_support::{CUDA, Workload};
 use kube_support::amd_scenarios::amd_forensic_and_migration;
+use kube_support::bad_images::{another_cpu_architecture, not_a_checkpoint};
 use kube_support::gpu_scenarios::{
     Asks, RefusedBy, restore_onto_another_gpu, restore_refused_on_b,
 };
-use kube_support::pods::{Extras, Pod};
+use kube_support::hot_swap::{OtherPod, hot_swap};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     CRIU_FAILED, Cluster, Refusal, checkpoint_past_deadline, fault_tolerance, forensic, migration,
-    not_a_checkpoint, restore_on_an_older_driver, restore_refused, start,
+    restore_on_an_older_driver, restore_refused, start,
 };
 
 fn containerd_2_1() -> Runtime {
@@ -70,6 +71,19 @@ fn kubelet_refuses_an_image_that_is_not_a_checkpoint() {
         says: &["failed to read \"spec.dump\"", "no such file or directory"],
     };
     not_a_checkpoint("k8s-not-a-checkpoint", &containerd_2_1(), expected);
+}
+
+/// A checkpoint of another CPU architecture (its CRIU images and its image's configuration say
+/// arm64): containerd pulls the image (it does not match a single manifest's platform), and
+/// the plugin refuses the restore before CRIU forks any task; `kubectl` shows containerd's
+/// error, CRIU's log on the node the reason.
+#[test]
+fn kubelet_refuses_a_checkpoint_of_another_cpu_architecture() {
+    another_cpu_architecture(
+        "k8s-other-arch",
+        &containerd_2_1().keeping_criu_logs(),
+        &CRIU_FAILED,
+    );
 }
 
 /// *AMD*: the stand-in KFD module's workload in a pod given `/dev/kfd` and the render nodes by
@@ -218,87 +232,9 @@ fn kubelet_checkpoint_past_the_kubelets_deadline() {
 /// the training pod its GPU back, verified, and it counts on.
 #[test]
 fn criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
-    let Some(e) = start("k8s-hot-swap", CUDA) else {
-        return;
-    };
-    let c = Cluster::start(&e, CUDA, &[("a", &containerd_2_1())]);
-    let a = &c.nodes[0];
-    let train = Pod::create(&c.cp, a, "train", &c.images().workload, CUDA, "train");
-    let pid = train.pid(a);
-    let files = train.out.device_files();
-    assert!(!files.is_empty(), "the training pod holds no device memory");
-    // On the node: in its network namespace (the stand-in driver's sockets are there).
-    let tool = |command: &str| {
-        let mut cmd = e.command(std::path::Path::new("nsenter"));
-        cmd.arg(format!("--net={}", a.net.path().display()))
-            .arg("--")
-            .arg(criu_gpu())
-            .args([command, "--pod", "default/train", "--pod-logs"])
-            .arg(a.dir.join("pod-logs"))
-            .env(
-                "CRIU_GPU_PLUGIN_CONFIG",
-                e.dir().join("etc-criu/gpu-plugin.conf"),
-            );
-        for (k, v) in fake_cuda_env(&calls(&e)) {
-            cmd.env(k, v);
-        }
-        run_tool(
-            e.dir(),
-            cmd,
-            &format!("criu-gpu {command} --pod default/train"),
-        )
-    };
-
-    // Another pod on the node, with its own GPU memory: the suspend must leave it alone. Its
-    // workload shares its pod's pid namespace (so it is not pid 1 there: the stand-in driver's
-    // socket, named after that pid in the node's network namespace, stays its own).
-    let other = Pod::create_with(
-        &c.cp,
-        a,
-        "other",
-        &c.images().workload,
-        CUDA,
-        "other",
-        &Extras::spec("  shareProcessNamespace: true\n"),
+    hot_swap(
+        "k8s-hot-swap",
+        &containerd_2_1(),
+        OtherPod::SharesItsPidNamespace,
     );
-    let other_pid = other.pid(a);
-    let other_files = other.out.device_files();
-    assert!(!other_files.is_empty());
-
-    let s = tool("suspend");
-    s.assert_ok();
-    assert!(
-        train.out.device_files().is_empty(),
-        "GPU memory not freed: {s:?}"
-    );
-    assert_eq!(transitions(&calls(&e), pid), ["lock=0", "checkpoint=0"]);
-    assert_eq!(
-        train.pid(a),
-        pid,
-        "the training pod's process after the suspend"
-    );
-    assert_eq!(train.get("{.status.phase}"), "Running");
-    assert!(
-        transitions(&calls(&e), other_pid).is_empty(),
-        "the suspend of pod train touched pod other"
-    );
-    assert_eq!(other.out.device_files(), other_files);
-
-    // The other pod computes on the GPU meanwhile, then ends.
-    other.out.verify(other_pid);
-    other.delete(Some(other_pid));
-
-    let r = tool("resume");
-    r.assert_ok();
-    assert_eq!(
-        train.out.device_files(),
-        files,
-        "device memory not given back: {r:?}"
-    );
-    assert_eq!(
-        transitions(&calls(&e), pid),
-        ["lock=0", "checkpoint=0", "restore=0", "unlock=0"]
-    );
-    train.out.wait_counting(3);
-    train.out.verify(pid);
 }

@@ -11,7 +11,9 @@
 //!   image's files, which has no program to run.
 //! - CRI-O 1.36 checkpoints through the kubelet and restores a checkpoint image once its base
 //!   image is on the node; its errors quote CRIU's log, so `kubectl` shows why the plugin
-//!   refused a restore. It does not restore a pod whose GPU came by CDI.
+//!   refused a restore. It does not restore a pod whose GPU came by a CDI name; one whose GPU
+//!   came by a `cdi.k8s.io/` annotation gets the checkpoint's GPU back, whatever GPU the
+//!   kubelet gives the new pod, and is refused where the node has no such GPU.
 //!
 //! containerd and CRI-O freeze the container's cgroup around a checkpoint, which CRIU before 4.2 does
 //! not thaw for plugins: with CRIU 4.1 the CUDA cases are skipped, saying so.
@@ -23,8 +25,13 @@ mod containers_support;
 mod kube_support;
 
 use containers_support::{CUDA, Workload};
-use kube_support::crio_scenarios::migration_needs_the_base_image;
+use kube_support::bad_images::another_cpu_architecture;
+use kube_support::crio_scenarios::{
+    annotated_gpu_comes_back_as_the_checkpoints, annotated_gpu_not_on_the_node_is_refused,
+    migration_needs_the_base_image,
+};
 use kube_support::gpu_scenarios::{Asks, RefusedBy, restore_refused_on_b};
+use kube_support::hot_swap::{OtherPod, hot_swap};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
     CRIU_FAILED, Refusal, checkpoint_past_deadline, forensic, migration,
@@ -222,5 +229,55 @@ fn crio_1_36_runc_1_5_gives_no_gpu_to_a_restore_past_its_mount_check() {
     on_crio("k8s-crio-cdi-files", |test, r| {
         let asks = Asks::OneGpuAndDriverFiles;
         restore_refused_on_b(test, r, asks, &expected, RefusedBy::PluginNamedInKubectl);
+    });
+}
+
+/// CRI-O 1.36 restores a GPU given by a device plugin's `cdi.k8s.io/` annotation as the
+/// checkpoint's GPU: on node b, whose CDI spec also lists the checkpoint's GPU 0 and whose
+/// device plugin gives the restored pod GPU 1, the workload goes on with its device memory on
+/// GPU 0 (the driver files as `hostPath` volumes, for CRI-O's check of the mounts).
+#[test]
+fn crio_1_36_runc_1_5_restores_an_annotated_gpu_as_the_checkpoints() {
+    on_crio("k8s-crio-cdi-annotation", |test, r| {
+        annotated_gpu_comes_back_as_the_checkpoints(test, r);
+    });
+}
+
+/// CRI-O 1.36: the checkpoint's annotated GPU is not on node b (each node's CDI spec lists its
+/// own GPU only, as on two machines): CRI-O refuses the pod before CRIU runs, and `kubectl`
+/// names the GPU.
+#[test]
+fn crio_1_36_runc_1_5_refuses_an_annotated_gpu_the_node_lacks() {
+    on_crio("k8s-crio-cdi-annotation-elsewhere", |test, r| {
+        annotated_gpu_not_on_the_node_is_refused(test, r);
+    });
+}
+
+/// CRI-O 1.36: hot swap on a node, `criu-gpu suspend --pod` and `resume --pod` finding the
+/// training pod on a CRI-O node (CRI-O names the container's cgroup its own way); the other
+/// CUDA pod uses the host's pids.
+#[test]
+fn crio_1_36_runc_1_5_criu_gpu_hot_swaps_a_pod_off_the_gpu_and_back() {
+    on_crio("k8s-crio-hot-swap", |test, r| {
+        hot_swap(test, r, OtherPod::UsesTheHostPids);
+    });
+}
+
+/// CRI-O 1.36: a checkpoint of another CPU architecture (its CRIU images and its image's
+/// configuration say arm64) is pulled, and the plugin refuses the restore before CRIU forks
+/// any task; `kubectl` shows the plugin's reason, which CRI-O quotes from CRIU's log.
+#[test]
+fn crio_1_36_runc_1_5_refuses_a_checkpoint_of_another_cpu_architecture() {
+    let expected = Refusal {
+        state: "waiting",
+        reason: "RunContainerError",
+        says: &[
+            "container restore failed",
+            "gpu_plugin: restore failed: the checkpoint was made on aarch64 (core-1.img) and \
+             this machine is x86_64",
+        ],
+    };
+    on_crio("k8s-crio-other-arch", |test, r| {
+        another_cpu_architecture(test, r, &expected);
     });
 }

@@ -12,6 +12,7 @@ use criu_gpu_core::images::amd_check::{
 };
 use criu_gpu_core::images::cuda_check::{self as preflight, CudaSettings};
 use criu_gpu_core::images::metadata::{self, CudaMetadata};
+use criu_plugin::core_image;
 
 use crate::inspect::Contents;
 use crate::mounts;
@@ -28,6 +29,11 @@ pub struct Verdict {
 pub fn check(c: &Contents, cfg: &Config, device_map: Option<&str>) -> Verdict {
     let mut v = Verdict::default();
     v.reasons.extend(c.errors.iter().cloned());
+    if let Some((name, m)) = &c.march {
+        if *m != core_image::THIS_MARCH {
+            v.reasons.push(core_image::dumped_elsewhere(name, *m));
+        }
+    }
     match &c.cuda {
         Some(Ok(md)) => check_cuda(md, c, cfg, device_map, &mut v),
         Some(Err(e)) => v.reasons.push(e.to_string()),

@@ -182,10 +182,12 @@ SYNOPSIS
 
 DESCRIPTION
     Runs the plugin's own restore preflight against this machine, without restoring anything.
-    NVIDIA: the driver's version against the image's, the image's GPUs against this machine's
-    by UUID and model and memory (explicit --device-map pairs first, then the same UUID, then a
-    free GPU of the same model), the free GPU memory the processes need (NVML), whether a GPU
-    map needs driver 580, and that every CUDA process recorded is in the image's process tree.
+    The CPU architecture the checkpoint was made on (a task's core image), which must be this
+    machine's. NVIDIA: the driver's version against the image's, the image's GPUs against this
+    machine's by UUID and model and memory (explicit --device-map pairs first, then the same
+    UUID, then a free GPU of the same model), the free GPU memory the processes need (NVML),
+    whether a GPU map needs driver 580, and that every CUDA process recorded is in the image's
+    process tree.
     AMD: each KFD image's limits, this machine's KFD topology (/sys/class/kfd, GPUs without a
     render node left out) mapped from the image's (XGMI hives, the KFD_*_CHECK properties), and
     the pages files. A runtime's archive (containerd, CRI-O, Podman): each bind mount of the

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use criu_gpu_core::images::amd::{self as amd, DMABUF_FILE_PREFIX, KFD_FILE_PREFIX};
 use criu_gpu_core::images::metadata;
+use criu_plugin::core_image;
 
 use crate::archive::{self, Data, Entry, Packing, Want};
 
@@ -37,6 +38,9 @@ pub struct ImageSet {
     pub sizes: BTreeMap<String, u64>,
     /// Files not read because they are larger than their limit: (name, size, limit).
     pub too_large: Vec<(String, u64, u64)>,
+    /// The one `core-PID.img` read (the first seen), for the CPU architecture the checkpoint
+    /// was made on: every task of a checkpoint has the same.
+    pub core: Option<String>,
     /// Whether more names were seen than are remembered.
     names_capped: bool,
     /// GPU-side files the plugin (and CRIU) would refuse to read: not regular files.
@@ -44,6 +48,13 @@ pub struct ImageSet {
     /// What was ignored, and why.
     pub notes: Vec<String>,
     ignored: usize,
+}
+
+/// Whether `name` is a task's core image (`core-PID.img`).
+fn is_core_image(name: &str) -> bool {
+    name.strip_prefix("core-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The largest size read of file `name`, if it is one the GPU side reads.
@@ -73,6 +84,16 @@ impl ImageSet {
         if self.notes.len() < MAX_NOTES {
             self.notes.push(what);
         }
+    }
+
+    /// The limit to read `name` with: a file the GPU side reads, or the first core image.
+    fn wants(&mut self, name: &str) -> Option<u64> {
+        limit_for(name).or_else(|| {
+            (self.core.is_none() && is_core_image(name)).then(|| {
+                self.core = Some(name.to_string());
+                core_image::MAX_BYTES
+            })
+        })
     }
 
     /// Whether the files read so far are within the limits.
@@ -261,7 +282,7 @@ fn open_dir(path: &Path) -> Result<ImageSet, OpenError> {
             continue;
         }
         set.sizes.insert(name.clone(), m.len());
-        let Some(limit) = limit_for(&name) else {
+        let Some(limit) = set.wants(&name) else {
             continue;
         };
         if m.len() > limit {
@@ -339,7 +360,7 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, OpenError> {
             return Want::Skip;
         }
         s.sizes.insert(name.clone(), e.size);
-        match limit_for(&name) {
+        match s.wants(&name) {
             Some(limit) if s.room_for(e.size.min(limit)) => Want::Read(limit),
             Some(_) => {
                 s.note(format!(

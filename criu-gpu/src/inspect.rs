@@ -6,6 +6,7 @@ use criu_gpu_core::images::amd::{
     self as amd, ImageError, KfdCheckpoint, PagesLayout, ReadLimits, RenderNodeImage,
 };
 use criu_gpu_core::images::metadata::{self, CudaMetadata, MetadataError};
+use criu_plugin::core_image;
 use serde_json::{Value, json};
 
 use crate::images::ImageSet;
@@ -28,6 +29,9 @@ pub struct Contents {
     pub errors: Vec<String>,
     /// The container's OCI spec, where a runtime's archive holds one (`spec.dump`).
     pub spec: Option<Vec<u8>>,
+    /// The CPU architecture the checkpoint was made on (CRIU's number), from the core image
+    /// named (one that cannot be read is among `errors`).
+    pub march: Option<(String, u64)>,
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -53,7 +57,14 @@ pub fn read(set: &ImageSet) -> Contents {
         render: Vec::new(),
         errors: Vec::new(),
         spec: set.files.get(crate::mounts::SPEC_FILE).cloned(),
+        march: None,
     };
+    if let Some((name, bytes)) = set.core.as_ref().and_then(|n| Some((n, set.files.get(n)?))) {
+        match core_image::parse_march(bytes, name) {
+            Ok(m) => c.march = Some((name.clone(), m)),
+            Err(e) => c.errors.push(e.to_string()),
+        }
+    }
     c.errors.extend(set.refused.iter().cloned());
     if !set.has_inventory() && !set.refused.iter().any(|r| r.contains("inventory.img")) {
         c.errors
@@ -141,6 +152,12 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
         t.push_str(&format!("process tree: {} task(s)\n", tree.len()));
     }
     let mut errors = c.errors.clone();
+    let mut arch_json = Value::Null;
+    if let Some((name, m)) = &c.march {
+        let arch = core_image::march_name(*m);
+        t.push_str(&format!("made on: {arch} ({name})\n"));
+        arch_json = json!(arch);
+    }
     let mut cuda_json = Value::Null;
     match &c.cuda {
         Some(Ok(md)) => {
@@ -258,6 +275,7 @@ pub fn show(set: &ImageSet, c: &Contents) -> (String, Value, bool) {
     let j = json!({
         "source": set.source,
         "tasks": c.tree.as_ref().map(Vec::len),
+        "architecture": arch_json,
         "nvidia": cuda_json,
         "nvidia_without_metadata": c.cuda.is_none() && c.lists_cuda,
         "amd_kfd": kfd_json,

@@ -12,6 +12,7 @@ use criu_gpu_core::images::amd::{
     self as amd, BoEntry, DeviceEntry, ImageDir, KfdCheckpoint, PagesLayout,
 };
 use criu_gpu_core::images::metadata::CudaMetadata;
+use criu_gpu_test_support::foreign_arch;
 use support::T;
 
 /// Dumps a CUDA tree of 2 processes with real CRIU and the plugin; returns the image dir.
@@ -76,6 +77,7 @@ fn a_cuda_checkpoint_is_inspected_and_checked_from_a_directory_and_archives() {
         i.stdout
     );
     assert!(i.stdout.contains("process tree: 2 task(s)"), "{}", i.stdout);
+    assert!(i.stdout.contains("made on: x86_64 (core-"), "{}", i.stdout);
 
     let c = t.tool(&["check", images.to_str().unwrap()], &[]);
     assert_eq!(c.code, Some(0), "{c:?}");
@@ -171,8 +173,38 @@ fn a_cuda_checkpoint_is_inspected_and_checked_from_a_directory_and_archives() {
             i.stdout
         );
         assert!(i.stdout.contains(r#""tasks":2"#), "{name}: {}", i.stdout);
+        assert!(
+            i.stdout.contains(r#""architecture":"x86_64""#),
+            "{name}: {}",
+            i.stdout
+        );
         let c = t.tool(&["check", a.to_str().unwrap()], &[]);
         assert_eq!(c.code, Some(0), "{name}: {c:?}");
+    }
+}
+
+/// A checkpoint whose core images say arm64 (`criu_gpu_test_support::foreign_arch`):
+/// `inspect` names the architecture, and `check` of the directory and of an archive says it
+/// would not restore here, naming both architectures.
+#[test]
+fn a_checkpoint_of_another_cpu_architecture_fails_the_check() {
+    let t = T::start("img-other-arch");
+    let images = cuda_images(&t);
+    foreign_arch::dumped_on(&images, foreign_arch::MARCH_AARCH64);
+    let i = t.tool(&["inspect", images.to_str().unwrap()], &[]);
+    assert_eq!(i.code, Some(0), "{i:?}");
+    assert!(i.stdout.contains("made on: aarch64 (core-"), "{}", i.stdout);
+    let a = archive(&t, &images, "arm64.tar", None);
+    for source in [&images, &a] {
+        let c = t.tool(&["check", source.to_str().unwrap()], &[]);
+        assert_eq!(c.code, Some(1), "{c:?}");
+        for want in [
+            "the checkpoint was made on aarch64 (core-",
+            "this machine is x86_64",
+            "verdict: would NOT restore",
+        ] {
+            assert!(c.stdout.contains(want), "no `{want}`: {}", c.stdout);
+        }
     }
 }
 

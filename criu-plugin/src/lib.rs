@@ -13,6 +13,8 @@
 //! - [`symbols`]: CRIU's own functions and data (logging, image directory, inventory plugin
 //!   list, `opts.final_state`, the seize alarm), resolved at run time, never linked;
 //! - [`pstree`]: the pids of the tree a restore will create, from `pstree.img`;
+//! - [`core_image`]: the CPU architecture a checkpoint's task was dumped on, from its
+//!   `core-PID.img`;
 //! - [`stream`]: whether CRIU streams its images (`--stream`), for plugins that write files;
 //! - [`child`]: work run in a short-lived child process, so that CRIU's own process keeps a
 //!   single thread (which `setns(2)` into a container's namespaces needs) and hung calls can be
@@ -44,6 +46,7 @@
 
 pub mod abi;
 pub mod child;
+pub mod core_image;
 pub mod criu_internals;
 pub mod error;
 pub mod fds;
@@ -51,6 +54,7 @@ pub mod files;
 pub mod guardian;
 pub mod hooks;
 pub mod host;
+mod image_file;
 pub mod log;
 pub mod options;
 pub mod plugin;

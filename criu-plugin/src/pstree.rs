@@ -13,16 +13,13 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
-const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+use crate::image_file::{entries, varint_field};
+
 const PSTREE_MAGIC: u32 = 0x5027_3030;
 /// The largest `pstree.img` read (an entry is a few dozen bytes).
 const MAX_BYTES: u64 = 64 << 20;
 /// The largest entry accepted.
 const MAX_ENTRY: usize = 1 << 20;
-
-fn bad(why: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("pstree.img: {why}"))
-}
 
 /// The pids of every task in `pstree.img` of the image directory `dir`.
 pub fn read_pids(dir: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
@@ -32,63 +29,19 @@ pub fn read_pids(dir: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
 
 /// The pids of the entries of a `pstree.img` held in `bytes`.
 pub fn parse_pids(bytes: &[u8]) -> io::Result<Vec<u32>> {
-    let u32_at = |at: usize| -> Option<u32> {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    };
-    if u32_at(0) != Some(IMG_COMMON_MAGIC) || u32_at(4) != Some(PSTREE_MAGIC) {
-        return Err(bad("not a CRIU process tree image"));
-    }
-    let mut at = 8;
-    let mut pids = Vec::new();
-    while at < bytes.len() {
-        let len = u32_at(at).ok_or_else(|| bad("truncated entry size"))? as usize;
-        at += 4;
-        if len > MAX_ENTRY {
-            return Err(bad("entry too large"));
-        }
-        let entry = bytes
-            .get(at..at + len)
-            .ok_or_else(|| bad("truncated entry"))?;
-        at += len;
-        pids.push(entry_pid(entry).ok_or_else(|| bad("entry without a pid"))?);
-    }
-    Ok(pids)
-}
-
-/// Field 1 of a protobuf message, a varint; other fields are skipped by their wire type.
-fn entry_pid(mut m: &[u8]) -> Option<u32> {
-    fn varint(m: &mut &[u8]) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = m.split_first()?;
-            *m = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    let mut pid = None;
-    while !m.is_empty() {
-        let key = varint(&mut m)?;
-        match (key >> 3, key & 7) {
-            (1, 0) => pid = Some(u32::try_from(varint(&mut m)?).ok()?),
-            (_, 0) => {
-                varint(&mut m)?;
-            }
-            (_, 2) => {
-                let n = usize::try_from(varint(&mut m)?).ok()?;
-                m = m.get(n..)?;
-            }
-            (_, 5) => m = m.get(4..)?,
-            (_, 1) => m = m.get(8..)?,
-            _ => return None,
-        }
-    }
-    pid
+    entries(bytes, PSTREE_MAGIC, "pstree.img", MAX_ENTRY)?
+        .into_iter()
+        .map(|entry| {
+            varint_field(entry, 1)
+                .and_then(|pid| u32::try_from(pid).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "pstree.img: entry without a pid",
+                    )
+                })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -96,7 +49,7 @@ mod tests {
     use super::*;
 
     fn image(entries: &[&[u8]]) -> Vec<u8> {
-        let mut v = IMG_COMMON_MAGIC.to_le_bytes().to_vec();
+        let mut v = crate::image_file::IMG_COMMON_MAGIC.to_le_bytes().to_vec();
         v.extend_from_slice(&PSTREE_MAGIC.to_le_bytes());
         for e in entries {
             v.extend_from_slice(&(e.len() as u32).to_le_bytes());

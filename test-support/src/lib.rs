@@ -25,6 +25,7 @@ pub mod dirs;
 pub mod e2e;
 pub mod fake_cuda;
 pub mod fake_cuda_build;
+pub mod foreign_arch;
 pub mod kfd_standin;
 pub mod procs;
 pub mod release_plugin;

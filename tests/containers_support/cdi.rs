@@ -226,8 +226,13 @@ impl NvidiaCdi {
     /// kind `nvidia.com/gpu`, one device per GPU under its index and under its UUID, and the
     /// edits every GPU needs (control nodes, libraries, hooks) at the spec's level.
     pub fn spec_json(&self) -> String {
+        self.spec_json_of(&self.gpus)
+    }
+
+    /// [`NvidiaCdi::spec_json`] for a host that has `gpus` (some of these GPUs) only.
+    pub fn spec_json_of(&self, gpus: &[StandInGpu]) -> String {
         let mut devices = Vec::new();
-        for g in &self.gpus {
+        for g in gpus {
             for name in [g.index.to_string(), g.uuid.clone()] {
                 devices.push(format!(
                     r#"    {{"name": {}, "containerEdits": {{"deviceNodes": [{}]}}}}"#,
@@ -314,9 +319,14 @@ impl NvidiaCdi {
 
     /// Writes [`NvidiaCdi::spec_json`] as `dir/nvidia.json` (for `/etc/cdi` or `/var/run/cdi`).
     pub fn write_spec(&self, dir: &Path) -> PathBuf {
+        self.write_spec_of(dir, &self.gpus)
+    }
+
+    /// Writes [`NvidiaCdi::spec_json_of`] `gpus` as `dir/nvidia.json`.
+    pub fn write_spec_of(&self, dir: &Path, gpus: &[StandInGpu]) -> PathBuf {
         std::fs::create_dir_all(dir).expect("CDI directory");
         let p = dir.join("nvidia.json");
-        std::fs::write(&p, self.spec_json()).expect("CDI spec");
+        std::fs::write(&p, self.spec_json_of(gpus)).expect("CDI spec");
         p
     }
 

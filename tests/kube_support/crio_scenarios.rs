@@ -1,16 +1,24 @@
-//! What CRI-O (1.36) under the kubelet asks of the operator beyond containerd: a restore from
-//! a checkpoint image uses the checkpoint's base image by its ID on the node and never pulls
-//! it. On a node that has never run the image the pod is refused until the image is there
-//! (pulled with `crictl`, or there for another pod); then the kubelet's next try restores.
+//! What CRI-O (1.36) under the kubelet does beyond containerd:
+//!
+//! - A restore from a checkpoint image uses the checkpoint's base image by its ID on the node
+//!   and never pulls it. On a node that has never run the image the pod is refused until the
+//!   image is there (pulled with `crictl`, or there for another pod); then the kubelet's next
+//!   try restores.
+//! - A restored container's annotations are the checkpoint's, so a GPU a device plugin gave
+//!   by a `cdi.k8s.io/` annotation comes back as the checkpoint's GPU, whatever GPU the node's
+//!   device plugin gives the new pod; where the node has no such GPU, CRI-O refuses the pod,
+//!   naming it.
 
 use super::control_plane::tail;
+use super::gpu_scenarios::{Asks, GivenBy, Specs, checkpoint_on_gpu0};
 use super::node::KubeNode;
 use super::pods::Pod;
 use super::runtimes::Runtime;
-use super::scenarios::{Cluster, start};
+use super::scenarios::{Cluster, Refusal, assert_refused, start};
 use super::upstream;
+use crate::containers_support::cdi::workload_gpus;
 use crate::containers_support::cri::gpu_node::driver_restores;
-use crate::containers_support::{Workload, run_tool};
+use crate::containers_support::{CUDA, Workload, run_tool};
 
 /// The migration on CRI-O nodes: checkpoint on node a through the kubelet, the checkpoint
 /// image pushed, the pod deleted, and the same manifest with the checkpoint image applied on
@@ -53,6 +61,74 @@ pub fn migration_needs_the_base_image(test: &str, workload: Workload, runtime: &
     restored.wait_running(b);
     let new_pid = Cluster::assert_restored(b, &restored, (low, high), killed, k.files.as_ref());
     assert_ne!(new_pid, k.pid);
+}
+
+/// A GPU given by a `cdi.k8s.io/` annotation (NVIDIA's `cdi-annotations` strategy), on CRI-O
+/// nodes whose CDI specs both list both stand-in GPUs (on hardware: a restore on the node the
+/// checkpoint was made on). A CUDA pod given GPU 0 on node a is checkpointed through the
+/// kubelet; the same manifest with the checkpoint image, and with the driver files as
+/// `hostPath` volumes (CRI-O's check of the request's mounts wants them), is created on node b,
+/// whose device plugin gives the new pod GPU 1. CRI-O builds the restored container's
+/// annotations from the checkpoint's, injects GPU 0 from them and not GPU 1, and the workload
+/// goes on with its device memory on a GPU the kubelet did not give the pod.
+pub fn annotated_gpu_comes_back_as_the_checkpoints(test: &str, runtime: &Runtime) {
+    let Some(e) = start(test, CUDA) else {
+        return;
+    };
+    let nodes = [("a", runtime), ("b", runtime)];
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiAnnotation, Specs::BothGpus);
+    let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
+    let gpu0 = &cdi.gpus[0];
+    let b = &c.nodes[1];
+    // Its image is the checkpoint's base, which CRI-O needs on the node.
+    let _bystander = c.bystander(b);
+    let extras = Asks::OneGpuAndDriverFiles.extras(&pod, &cdi);
+    let restored = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &extras);
+    restored.wait_running(b);
+    let allocated = std::fs::read_to_string(b.dir.join("device-plugin.log")).unwrap_or_default();
+    assert!(
+        allocated.contains(r#"Allocate ["gpu1"]"#),
+        "node b's device plugin did not give the restored pod GPU 1: {allocated}"
+    );
+    let (low, high, killed) = k.marks;
+    Cluster::assert_restored(b, &restored, (low, high), killed, k.files.as_ref());
+    assert_eq!(
+        workload_gpus(&restored.out.dir),
+        [(gpu0.uuid.clone(), gpu0.index)],
+        "the GPUs of the restored pod: CRI-O gives the checkpoint's annotated GPU 0, not the \
+         GPU 1 the kubelet allocated; if that changed, docs/kubernetes.md and docs/cri-o.md \
+         must say so"
+    );
+}
+
+/// The same on CRI-O nodes that are two machines: each node's CDI spec lists only the GPU its
+/// device plugin offers. On node b CRI-O injects the checkpoint's annotated GPU 0, which b does
+/// not have, and refuses the pod before CRIU runs: `kubectl` shows `CreateContainerError` naming
+/// the GPU. The driver is not asked to restore, nothing of the checkpoint runs, and node b's
+/// other pod runs on.
+pub fn annotated_gpu_not_on_the_node_is_refused(test: &str, runtime: &Runtime) {
+    let Some(e) = start(test, CUDA) else {
+        return;
+    };
+    let nodes = [("a", runtime), ("b", runtime)];
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiAnnotation, Specs::OwnGpuOnly);
+    let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
+    let b = &c.nodes[1];
+    let bystander = c.bystander(b);
+    let restores = driver_restores(&e);
+    let extras = Asks::OneGpuAndDriverFiles.extras(&pod, &cdi);
+    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &extras);
+    let gpu0 = format!("nvidia.com/gpu={}", cdi.gpus[0].uuid);
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &[
+            "CDI device injection failed",
+            "unresolvable CDI devices",
+            &gpu0,
+        ],
+    };
+    assert_refused(&e, &refused, &expected, k.marks.2, restores, &bystander);
 }
 
 /// `crictl pull image` against `node`'s CRI, as an operator would on the node.

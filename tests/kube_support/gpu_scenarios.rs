@@ -1,8 +1,9 @@
 //! The *another GPU* scenarios: nodes with two stand-in GPUs in their CDI specs, each node's
-//! stand-in device plugin ([`KubeNode::start_device_plugin`]) giving pods one of them as NVIDIA's
-//! device plugin does (its CDI name, by UUID); a CUDA pod checkpointed on node a with GPU 0 and
-//! restored on node b, where GPU 1 is given, or no GPU, or where the runtime or the plugin
-//! refuses the restore ([`Asks`] says what the restored pod asks for).
+//! stand-in device plugin ([`KubeNode::start_device_plugin`]) giving pods one of them as
+//! NVIDIA's device plugin does (by UUID, as a CDI name or in an annotation); a CUDA pod
+//! checkpointed on node a with GPU 0 and restored on node b, where GPU 1 is given, or no GPU,
+//! or where the runtime or the plugin refuses the restore ([`Asks`] says what the restored pod
+//! asks for).
 //!
 //! [`KubeNode::start_device_plugin`]: super::node::KubeNode::start_device_plugin
 
@@ -17,13 +18,39 @@ use crate::containers_support::cri::gpu_node::driver_restores;
 use crate::containers_support::cri::{archive_member, calls};
 use crate::containers_support::{CUDA, etc_criu_settings, fake_cuda, fake_cuda_env};
 
+/// How a node's device plugin names the GPU it gives a pod (NVIDIA's
+/// `--device-list-strategy`).
+#[derive(Clone, Copy, Debug)]
+pub enum GivenBy {
+    /// `cdi-cri`: the GPU's CDI name, which the kubelet puts in the request's CDI devices.
+    CdiName,
+    /// `cdi-annotations`: a `cdi.k8s.io/` annotation naming the GPU, which the kubelet puts
+    /// among the container's annotations.
+    CdiAnnotation,
+}
+
+/// Which of the stand-in GPUs each node's CDI spec lists.
+#[derive(Clone, Copy, Debug)]
+pub enum Specs {
+    /// Both, on every node: a node's spec has the GPU its device plugin offers and the other
+    /// node's (as where the two nodes are one machine's).
+    BothGpus,
+    /// The GPU its device plugin offers only (as on two machines, whose GPUs' UUIDs differ).
+    OwnGpuOnly,
+}
+
 impl<'e> Cluster<'e> {
-    /// A cluster whose nodes have two stand-in GPUs: each node's CDI spec lists both (as
-    /// `nvidia-ctk cdi generate` would), the plugin's settings name them, and the stand-in CUDA
-    /// driver models them. Pods get a GPU from a node's device plugin
+    /// A cluster whose nodes have two stand-in GPUs: each node's CDI spec lists them as
+    /// `specs` says (as `nvidia-ctk cdi generate` would), the plugin's settings name them, and
+    /// the stand-in CUDA driver models them. Pods get a GPU from a node's device plugin
     /// ([`KubeNode::start_device_plugin`]), which on the first node offers GPU 0 and on the
-    /// second GPU 1: [`gpu_extras`] asks for one.
-    pub fn start_with_gpus(e: &'e E2e, nodes: &[(&str, &Runtime)]) -> (Cluster<'e>, NvidiaCdi) {
+    /// second GPU 1, naming it as `by` says: [`gpu_extras`] asks for one.
+    pub fn start_with_gpus(
+        e: &'e E2e,
+        nodes: &[(&str, &Runtime)],
+        by: GivenBy,
+        specs: Specs,
+    ) -> (Cluster<'e>, NvidiaCdi) {
         let f = fake_cuda();
         let cdi = NvidiaCdi::new(
             &e.dir().join("nvidia"),
@@ -36,8 +63,12 @@ impl<'e> Cluster<'e> {
         env.push(("FAKE_CUDA_GPUS", cdi.gpus.len().to_string().into()));
         let mut c = Cluster::start_configured(e, nodes, true, &etc, &vec![env; nodes.len()]);
         for (node, gpu) in c.nodes.iter_mut().zip(&cdi.gpus) {
-            cdi.write_spec(&node.dir.join("cdi"));
-            node.start_device_plugin(&c.cp, "nvidia.com/gpu", &[cdi_device(gpu)]);
+            let listed = match specs {
+                Specs::BothGpus => cdi.gpus.as_slice(),
+                Specs::OwnGpuOnly => std::slice::from_ref(gpu),
+            };
+            cdi.write_spec_of(&node.dir.join("cdi"), listed);
+            node.start_device_plugin(&c.cp, "nvidia.com/gpu", &[offered(gpu, by)]);
         }
         (c, cdi)
     }
@@ -53,16 +84,24 @@ pub fn gpu_extras(cdi: &NvidiaCdi) -> Extras {
     }
 }
 
-/// The device a node's stand-in device plugin offers for `gpu`: NVIDIA's plugin with
-/// `--device-list-strategy=cdi-cri` answers with the GPU's CDI name, by UUID.
-pub fn cdi_device(gpu: &StandInGpu) -> String {
-    format!("gpu{}=cdi:nvidia.com/gpu={}", gpu.index, gpu.uuid)
+/// The device a node's stand-in device plugin offers for `gpu`, named as NVIDIA's plugin
+/// names it: by UUID, as a CDI device or in an annotation (whose key NVIDIA's plugin makes
+/// from a response ID).
+fn offered(gpu: &StandInGpu, by: GivenBy) -> String {
+    let name = format!("nvidia.com/gpu={}", gpu.uuid);
+    match by {
+        GivenBy::CdiName => format!("gpu{}=cdi:{name}", gpu.index),
+        GivenBy::CdiAnnotation => format!(
+            "gpu{i}=annotation:cdi.k8s.io/nvidia-device-plugin_gpu{i}={name}",
+            i = gpu.index
+        ),
+    }
 }
 
 /// On a cluster of nodes a and b of `runtime` with the stand-in GPUs: a CUDA pod asking for
 /// one GPU on node a, given GPU 0 by a's device plugin, checkpointed through the kubelet (the
 /// image records GPU 0 only), its checkpoint image pushed, and deleted.
-fn checkpoint_on_gpu0<'c, 'e>(
+pub fn checkpoint_on_gpu0<'c, 'e>(
     e: &E2e,
     c: &'c Cluster<'e>,
     cdi: &NvidiaCdi,
@@ -101,7 +140,8 @@ pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
-    let (c, cdi) = Cluster::start_with_gpus(&e, &[("a", runtime), ("b", runtime)]);
+    let nodes = [("a", runtime), ("b", runtime)];
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiName, Specs::BothGpus);
     let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
     let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
     let b = &c.nodes[1];
@@ -148,6 +188,23 @@ pub enum Asks {
     OneGpuAndDriverFiles,
 }
 
+impl Asks {
+    /// The extras of a pod made again from `old`'s manifest that asks for this.
+    pub fn extras(&self, old: &Pod<'_, '_>, cdi: &NvidiaCdi) -> Extras {
+        match self {
+            Asks::NoGpu => Extras {
+                limits: Vec::new(),
+                ..old.extras.clone()
+            },
+            Asks::OneGpu => old.extras.clone(),
+            Asks::OneGpuAndDriverFiles => Extras {
+                host_files: cdi.libraries.clone(),
+                ..old.extras.clone()
+            },
+        }
+    }
+}
+
 /// The checkpoint of [`restore_onto_another_gpu`] restored on node b from a manifest that
 /// `asks` for no GPU or one: refused as `expected` shows through `kubectl`, `by` the plugin or
 /// the runtime, before CRIU makes any task; the driver is not asked to restore, the
@@ -166,23 +223,13 @@ pub fn restore_refused_on_b(
     let Some(e) = start(test, CUDA) else {
         return;
     };
-    let (c, cdi) = Cluster::start_with_gpus(&e, &[("a", runtime), ("b", runtime)]);
+    let nodes = [("a", runtime), ("b", runtime)];
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiName, Specs::BothGpus);
     let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
     let b = &c.nodes[1];
     let bystander = c.bystander(b);
     let restores = driver_restores(&e);
-    let extras = match asks {
-        Asks::NoGpu => Extras {
-            limits: Vec::new(),
-            ..pod.extras.clone()
-        },
-        Asks::OneGpu => pod.extras.clone(),
-        Asks::OneGpuAndDriverFiles => Extras {
-            host_files: cdi.libraries.clone(),
-            ..pod.extras.clone()
-        },
-    };
-    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &extras);
+    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &asks.extras(&pod, &cdi));
     let message = assert_refused(&e, &refused, expected, k.marks.2, restores, &bystander);
     let gpu0 = &cdi.gpus[0].uuid;
     if let RefusedBy::Plugin | RefusedBy::PluginNamedInKubectl = by {

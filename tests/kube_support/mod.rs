@@ -8,9 +8,11 @@
 //! (`CRIU_GPU_TEST_UPSTREAM` names another directory of that layout).
 
 pub mod amd_scenarios;
+pub mod bad_images;
 pub mod control_plane;
 pub mod crio_scenarios;
 pub mod gpu_scenarios;
+pub mod hot_swap;
 pub mod network;
 pub mod node;
 pub mod pki;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::control_plane::{ControlPlane, MAX_NODES};
 use super::network::{LoopbackForward, NodeNet, gateway_of};
 use super::node::KubeNode;
-use super::pods::{CONTAINER, Extras, Pod};
+use super::pods::{CONTAINER, Pod};
 use super::runtimes::{NodeEngine, Runtime};
 use crate::common::{self, E2e};
 use crate::containers_support::cri::gpu_node::driver_restores;
@@ -385,42 +385,6 @@ pub fn restore_refused(
         registry_on_loopback,
     );
     c.assert_refused_on_b(workload, &expected);
-}
-
-/// An image that says it is a checkpoint and is not: the checkpoint annotation on a layer of
-/// one ordinary file, pushed as buildah pushes a checkpoint, and a pod of it on node a (of
-/// `runtime`), where a bystander runs. The pod is refused as `expected` shows through
-/// `kubectl`; nothing of it runs, and the bystander counts on.
-pub fn not_a_checkpoint(test: &str, runtime: &Runtime, expected: Refusal<'_>) {
-    let Some(e) = start(test, Workload::Counter) else {
-        return;
-    };
-    let c = Cluster::start(&e, Workload::Counter, &[("a", runtime)]);
-    let a = &c.nodes[0];
-    let bystander = c.bystander(a);
-    let files = e.dir().join("not-a-checkpoint");
-    std::fs::create_dir_all(&files).expect("the layer's folder");
-    std::fs::write(files.join("notes.txt"), "not a checkpoint\n").expect("the layer's file");
-    let archive = e.dir().join("not-a-checkpoint.tar");
-    let mut tar = e.command(Path::new("tar"));
-    tar.arg("-C")
-        .arg(&files)
-        .arg("-cf")
-        .arg(&archive)
-        .arg("notes.txt");
-    containers_support::run_tool(e.dir(), tar, "tar").assert_ok();
-    let image = push_checkpoint_image(&e, &archive, CONTAINER, &c.registry);
-    let restores = driver_restores(&e);
-    let refused = Pod::apply_with(
-        &c.cp,
-        a,
-        "w",
-        &image,
-        Workload::Counter,
-        "w",
-        &Extras::default(),
-    );
-    assert_refused(&e, &refused, &expected, 0, restores, &bystander);
 }
 
 /// What a pod its node refuses must show and leave: through `kubectl`, the pod's

@@ -16,7 +16,7 @@ use criu_plugin::{HookError, HookResult, VmaUpdate};
 
 use super::contents;
 use super::device;
-use super::error::{Error, device_error};
+use super::error::{Error, FailureKind, device_error};
 use super::parallel::{Handover, QueueOutcome};
 use super::run::{CopyKind, MAX_KFD_IMAGES, RunBase, fail};
 use super::topology::Topology;
@@ -122,6 +122,12 @@ impl RestoreRun {
                 .and_then(|_| contents::open_pages(ctx.images, *id, &image).map(drop))
                 .map_err(|e| fail(e.context(format!("restore preflight of KFD file {id}"))))?;
             pids.insert(image.pid);
+        }
+        // Before CRIU forks the tasks (its own check comes only after).
+        if let (Ok(dir), Some(&pid)) = (ctx.images.dir_fd(), pids.iter().min()) {
+            if let Some(why) = criu_plugin::core_image::foreign_architecture(dir, pid) {
+                return Err(fail(Error::new(FailureKind::Image, libc::EINVAL, why)));
+            }
         }
         self.kfd_processes = pids.len();
         log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());

@@ -132,6 +132,7 @@ impl RestoreRun {
             return Ok(None);
         }
         check_records_in_tree(&md)?;
+        check_architecture(&md)?;
         let (d, version) = require_driver(
             settings,
             &format!("the image holds {} CUDA process(es)", md.processes.len()),
@@ -447,6 +448,21 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
             list_pids(&missing)
         ),
     ).into())
+}
+
+/// Refuses an image whose first CUDA process was dumped on another CPU architecture, before
+/// CRIU forks it (CRIU's own check comes only after): its GPU state is not touched.
+fn check_architecture(md: &CudaMetadata) -> HookResult {
+    let (Some(dir), Some(first)) = (image::image_dir(), md.processes.first()) else {
+        return Ok(());
+    };
+    let Ok(pid) = u32::try_from(first.pid) else {
+        return Ok(());
+    };
+    match criu_plugin::core_image::foreign_architecture(dir, pid) {
+        None => Ok(()),
+        Some(why) => Err(Failure::new(FailureKind::Image, libc::EINVAL, why).into()),
+    }
 }
 
 /// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU

@@ -221,6 +221,19 @@ pub fn push_checkpoint_image(
     container: &str,
     registry: &Registry,
 ) -> String {
+    push_checkpoint_image_for(e, archive, container, registry, None)
+}
+
+/// [`push_checkpoint_image`], the image's configuration naming CPU architecture `arch` (as
+/// GOARCH spells it: `arm64`) if given, else this machine's (buildah's default): the
+/// platform a node's pull matches against its own.
+pub fn push_checkpoint_image_for(
+    e: &E2e,
+    archive: &Path,
+    container: &str,
+    registry: &Registry,
+    arch: Option<&str>,
+) -> String {
     let buildah = super::super::tool_2026("CRIU_GPU_TEST_BUILDAH2", "bin/buildah");
     let d = e.dir().join("buildah");
     let [root, runroot, varlib] = ["root", "run", "var-lib-containers"].map(|s| d.join(s));
@@ -273,6 +286,9 @@ pub fn push_checkpoint_image(
     let mut config = vec!["config".to_string()];
     for a in CHECKPOINT_ANNOTATIONS {
         config.push(format!("--annotation={a}={container}"));
+    }
+    if let Some(arch) = arch {
+        config.push(format!("--arch={arch}"));
     }
     config.push(ctr.clone());
     run(&config.iter().map(String::as_str).collect::<Vec<_>>());
