@@ -306,20 +306,22 @@ fn hostile_images_fail_cleanly() {
 /// of this machine's architecture restore.
 #[test]
 fn a_checkpoint_of_another_cpu_architecture_is_refused_at_restore_init() {
-    use criu_gpu_test_support::foreign_arch::{MARCH_AARCH64, bare_core_image};
-    let (_, images, dumped) = dumped_images(510);
+    use criu_gpu_test_support::foreign_arch::{MARCH_AARCH64, bare_tree};
+    let (_, images, dumped) = dumped_images(110);
     let id = dumped[0].kfd_id;
-    let core = images.path().join("core-510.img");
-    std::fs::write(&core, bare_core_image(MARCH_AARCH64)).unwrap();
-    let (sim, mut b) = restore_backend(images.path(), 510, Faults::default(), true);
+    bare_tree(images.path(), 110, MARCH_AARCH64);
+    let (sim, mut b) = restore_backend(images.path(), 110, Faults::default(), true);
     let pre = b.restore_init();
     b.exit(Stage::Restore, -1);
     assert_eq!(pre.map_err(|h| h.errno()), Err(libc::EINVAL));
     assert_no_leaks(&sim, 0, 0);
-    assert!(sim.process(510).is_none(), "kernel state was created");
-    let here = criu_plugin::core_image::THIS_MARCH as u8;
-    std::fs::write(&core, bare_core_image(here)).unwrap();
-    let (pre, r, _) = try_restore(images.path(), id, 510, Faults::default(), true);
+    assert!(sim.process(110).is_none(), "kernel state was created");
+    bare_tree(
+        images.path(),
+        110,
+        criu_plugin::core_image::THIS_MARCH as u8,
+    );
+    let (pre, r, _) = try_restore(images.path(), id, 110, Faults::default(), true);
     assert_eq!((pre, r), (Ok(()), Ok(())));
 }
 

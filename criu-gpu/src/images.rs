@@ -38,8 +38,8 @@ pub struct ImageSet {
     pub sizes: BTreeMap<String, u64>,
     /// Files not read because they are larger than their limit: (name, size, limit).
     pub too_large: Vec<(String, u64, u64)>,
-    /// The one `core-PID.img` read (the first seen), for the CPU architecture the checkpoint
-    /// was made on: every task of a checkpoint has the same.
+    /// The one `core-PID.img` read (the first seen that could be), for the CPU architecture
+    /// the checkpoint was made on: every task of a checkpoint has the same.
     pub core: Option<String>,
     /// Whether more names were seen than are remembered.
     names_capped: bool,
@@ -48,13 +48,6 @@ pub struct ImageSet {
     /// What was ignored, and why.
     pub notes: Vec<String>,
     ignored: usize,
-}
-
-/// Whether `name` is a task's core image (`core-PID.img`).
-fn is_core_image(name: &str) -> bool {
-    name.strip_prefix("core-")
-        .and_then(|r| r.strip_suffix(".img"))
-        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The largest size read of file `name`, if it is one the GPU side reads.
@@ -86,14 +79,25 @@ impl ImageSet {
         }
     }
 
-    /// The limit to read `name` with: a file the GPU side reads, or the first core image.
-    fn wants(&mut self, name: &str) -> Option<u64> {
+    /// The limit to read `name` (of `size` bytes) with: a file the GPU side reads, or a core
+    /// image while none has been read, if it fits (one that does not is passed over: it only
+    /// tells the architecture).
+    fn wants(&self, name: &str, size: u64) -> Option<u64> {
         limit_for(name).or_else(|| {
-            (self.core.is_none() && is_core_image(name)).then(|| {
-                self.core = Some(name.to_string());
-                core_image::MAX_BYTES
-            })
+            let core = self.core.is_none()
+                && core_image::is_core_file(name)
+                && size <= core_image::MAX_BYTES
+                && self.room_for(size);
+            core.then_some(core_image::MAX_BYTES)
         })
+    }
+
+    /// Keeps file `name`'s contents.
+    fn keep(&mut self, name: String, bytes: Vec<u8>) {
+        if self.core.is_none() && core_image::is_core_file(&name) {
+            self.core = Some(name.clone());
+        }
+        self.files.insert(name, bytes);
     }
 
     /// Whether the files read so far are within the limits.
@@ -282,7 +286,7 @@ fn open_dir(path: &Path) -> Result<ImageSet, OpenError> {
             continue;
         }
         set.sizes.insert(name.clone(), m.len());
-        let Some(limit) = set.wants(&name) else {
+        let Some(limit) = set.wants(&name, m.len()) else {
             continue;
         };
         if m.len() > limit {
@@ -292,14 +296,18 @@ fn open_dir(path: &Path) -> Result<ImageSet, OpenError> {
         if !set.room_for(m.len()) {
             return Err(OpenError::TooMuchData(path.to_path_buf()));
         }
-        let bytes =
-            criu_plugin::files::read_regular(None, &ent.path(), true, limit).map_err(|err| {
-                OpenError::Unreadable {
+        let bytes = match criu_plugin::files::read_regular(None, &ent.path(), true, limit) {
+            Ok(b) => b,
+            // It only tells the architecture; another core image may.
+            Err(_) if core_image::is_core_file(&name) => continue,
+            Err(err) => {
+                return Err(OpenError::Unreadable {
                     path: ent.path(),
                     err,
-                }
-            })?;
-        set.files.insert(name, bytes);
+                });
+            }
+        };
+        set.keep(name, bytes);
     }
     Ok(set)
 }
@@ -360,7 +368,7 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, OpenError> {
             return Want::Skip;
         }
         s.sizes.insert(name.clone(), e.size);
-        match s.wants(&name) {
+        match s.wants(&name, e.size) {
             Some(limit) if s.room_for(e.size.min(limit)) => Want::Read(limit),
             Some(_) => {
                 s.note(format!(
@@ -378,9 +386,7 @@ fn open_archive(path: &Path, packing: Packing) -> Result<ImageSet, OpenError> {
         };
         let mut s = set.borrow_mut();
         match d {
-            Data::Bytes(b) => {
-                s.files.insert(name, b);
-            }
+            Data::Bytes(b) => s.keep(name, b),
             Data::TooLarge { limit } => s.too_large.push((name, e.size, limit)),
         }
     };

@@ -3,7 +3,8 @@
 //! CRIU restores a task only on the architecture it was dumped on, but finds out only once it
 //! has forked the task ("Core march mismatch N" in its log). A plugin that restores device
 //! state can look first, at restore `init`, and refuse with the names of both architectures
-//! before anything is forked.
+//! before anything is forked. Every task of a checkpoint has the same architecture: the tree's
+//! root (the first of `pstree.img`) is read.
 //!
 //! The file: two `u32` magics (`IMG_COMMON_MAGIC`, `CORE_MAGIC`), then one entry, a `u32`
 //! size and a `core_entry` protobuf message whose field 1 (`mtype`, varint) is CRIU's number
@@ -16,11 +17,12 @@ use std::path::Path;
 use crate::image_file::{entries, varint_field};
 
 const CORE_MAGIC: u32 = 0x5505_3847;
-/// The largest `core-PID.img` read (a task's registers, signal actions and the like: a few
-/// KiB).
+/// The largest `core-PID.img` read (a task's registers, signal actions and the like take a
+/// few KiB).
 pub const MAX_BYTES: u64 = 16 << 20;
 
-/// CRIU's numbers for CPU architectures (`core_entry.mtype`), with `uname -m`'s names.
+/// CRIU's numbers for CPU architectures (`core_entry.mtype`), with the names Linux gives the
+/// machines CRIU runs on.
 const MARCHES: [(u64, &str); 8] = [
     (1, "x86_64"),
     (2, "arm"),
@@ -33,7 +35,7 @@ const MARCHES: [(u64, &str); 8] = [
 ];
 
 /// CRIU's number for the architecture this code was built for (and so the CRIU that loads
-/// it runs on).
+/// it runs on); 0 for one CRIU does not know, where nothing is refused.
 pub const THIS_MARCH: u64 = if cfg!(target_arch = "x86_64") {
     1
 } else if cfg!(target_arch = "arm") {
@@ -54,7 +56,7 @@ pub const THIS_MARCH: u64 = if cfg!(target_arch = "x86_64") {
     0
 };
 
-/// The name of CRIU's architecture number `mtype` (`uname -m`'s spelling).
+/// The name of CRIU's architecture number `mtype`.
 pub fn march_name(mtype: u64) -> String {
     MARCHES.iter().find(|(n, _)| *n == mtype).map_or_else(
         || format!("CRIU architecture {mtype}"),
@@ -62,33 +64,61 @@ pub fn march_name(mtype: u64) -> String {
     )
 }
 
+/// The core image of task `pid`.
+pub fn file_name(pid: u32) -> String {
+    format!("core-{pid}.img")
+}
+
+/// Whether `name` is a task's core image (`core-PID.img`).
+pub fn is_core_file(name: &str) -> bool {
+    name.strip_prefix("core-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// CRIU's number for the architecture task `pid` of the image directory `dir` was dumped on.
 pub fn read_march(dir: BorrowedFd<'_>, pid: u32) -> io::Result<u64> {
-    let name = format!("core-{pid}.img");
+    let name = file_name(pid);
     let bytes = crate::files::read_regular(Some(dir), Path::new(&name), true, MAX_BYTES)?;
     parse_march(&bytes, &name)
 }
 
 /// CRIU's architecture number in the core image `bytes` (named `file` in errors).
 pub fn parse_march(bytes: &[u8], file: &str) -> io::Result<u64> {
-    let all = entries(bytes, CORE_MAGIC, file, MAX_BYTES as usize)?;
-    all.first()
-        .and_then(|entry| varint_field(entry, 1))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{file}: no architecture"),
-            )
-        })
+    let no_arch = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{file}: no architecture"),
+        )
+    };
+    let first = entries(bytes, CORE_MAGIC, file, MAX_BYTES as usize)?
+        .next()
+        .ok_or_else(no_arch)??;
+    varint_field(first, 1).ok_or_else(no_arch)
 }
 
-/// Why task `pid` of the image directory `dir` cannot be restored here, when its core image
-/// says it was dumped on another architecture; `None` when it says this one, or cannot be
-/// read (CRIU then says why, or checks the architecture itself: `--stream` images are not in
-/// the directory).
-pub fn foreign_architecture(dir: BorrowedFd<'_>, pid: u32) -> Option<String> {
-    let mtype = read_march(dir, pid).ok()?;
-    (mtype != THIS_MARCH).then(|| dumped_elsewhere(&format!("core-{pid}.img"), mtype))
+/// Why the image directory `dir` cannot be restored here, when the core image of its tree's
+/// root task says it was dumped on another architecture; `None` when it says this one, or
+/// cannot be read (CRIU then says why, or checks the architecture itself: `--stream` images
+/// are not in the directory).
+pub fn foreign_architecture(dir: BorrowedFd<'_>) -> Option<String> {
+    if THIS_MARCH == 0 {
+        return None;
+    }
+    let root = match crate::pstree::read_pids(dir) {
+        Ok(pids) => *pids.first()?,
+        Err(e) => {
+            log::debug!("architecture not checked: {e}");
+            return None;
+        }
+    };
+    match read_march(dir, root) {
+        Ok(mtype) => (mtype != THIS_MARCH).then(|| dumped_elsewhere(&file_name(root), mtype)),
+        Err(e) => {
+            log::debug!("architecture not checked: {}: {e}", file_name(root));
+            None
+        }
+    }
 }
 
 /// The refusal of a checkpoint whose core image `file` says architecture `mtype`.
@@ -134,6 +164,9 @@ mod tests {
         assert!(parse_march(&image(&[0x1a, 0x00]), "core-1.img").is_err());
         assert!(parse_march(&image(&[0x08]), "core-1.img").is_err());
         assert!(parse_march(b"not an image at all", "core-1.img").is_err());
+        assert!(parse_march(&image(&[])[..8], "core-1.img").is_err());
+        assert!(is_core_file("core-12.img") && !is_core_file("core-.img"));
+        assert!(!is_core_file("core-1.img.bak") && !is_core_file("corex-1.img"));
         let mut cut = image(&[0x08, 0x01]);
         cut.pop();
         assert!(parse_march(&cut, "core-1.img").is_err());

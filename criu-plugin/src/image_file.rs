@@ -12,37 +12,76 @@ fn bad(file: &str, why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("{file}: {why}"))
 }
 
-/// The entries of an image file of magic `magic` held in `bytes` (`file` names it in errors),
-/// each at most `max_entry` bytes.
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    bytes
+        .get(at..at.checked_add(4)?)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// The entries of an image file, one at a time: nothing is collected, so a caller stops at
+/// the first it needs or the first that is damaged.
+pub(crate) struct Entries<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    file: &'a str,
+    max_entry: usize,
+}
+
+/// The entries of an image file of magic `magic` held in `bytes` (`file` names it in
+/// errors), each at most `max_entry` bytes; a file of other magics is refused.
 pub(crate) fn entries<'a>(
     bytes: &'a [u8],
     magic: u32,
-    file: &str,
+    file: &'a str,
     max_entry: usize,
-) -> io::Result<Vec<&'a [u8]>> {
-    let u32_at = |at: usize| -> Option<u32> {
-        bytes
-            .get(at..at.checked_add(4)?)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    };
-    if u32_at(0) != Some(IMG_COMMON_MAGIC) || u32_at(4) != Some(magic) {
-        return Err(bad(file, "not the CRIU image it should be"));
+) -> io::Result<Entries<'a>> {
+    let (common, own) = (u32_at(bytes, 0), u32_at(bytes, 4));
+    if common != Some(IMG_COMMON_MAGIC) || own != Some(magic) {
+        let found = match (common, own) {
+            (Some(c), Some(o)) => format!("magics {c:#010x} {o:#010x}"),
+            _ => format!("{} bytes", bytes.len()),
+        };
+        return Err(bad(
+            file,
+            &format!("{found}, not a CRIU image of magic {magic:#010x}"),
+        ));
     }
-    let mut at = 8;
-    let mut out = Vec::new();
-    while at < bytes.len() {
-        let len = u32_at(at).ok_or_else(|| bad(file, "truncated entry size"))? as usize;
-        at += 4;
-        if len > max_entry {
-            return Err(bad(file, "entry too large"));
+    Ok(Entries {
+        bytes,
+        at: 8,
+        file,
+        max_entry,
+    })
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = io::Result<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.bytes.len() {
+            return None;
         }
-        let entry = bytes
-            .get(at..at + len)
-            .ok_or_else(|| bad(file, "truncated entry"))?;
-        at += len;
-        out.push(entry);
+        let entry = (|| {
+            let len = u32_at(self.bytes, self.at)
+                .ok_or_else(|| bad(self.file, "truncated entry size"))?
+                as usize;
+            if len > self.max_entry {
+                return Err(bad(self.file, "entry too large"));
+            }
+            let start = self.at + 4;
+            let entry = self
+                .bytes
+                .get(start..start + len)
+                .ok_or_else(|| bad(self.file, "truncated entry"))?;
+            self.at = start + len;
+            Ok(entry)
+        })();
+        if entry.is_err() {
+            // Nothing after a damaged entry can be found.
+            self.at = self.bytes.len();
+        }
+        Some(entry)
     }
-    Ok(out)
 }
 
 fn varint(m: &mut &[u8]) -> Option<u64> {

@@ -30,9 +30,8 @@ pub fn read_pids(dir: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
 /// The pids of the entries of a `pstree.img` held in `bytes`.
 pub fn parse_pids(bytes: &[u8]) -> io::Result<Vec<u32>> {
     entries(bytes, PSTREE_MAGIC, "pstree.img", MAX_ENTRY)?
-        .into_iter()
         .map(|entry| {
-            varint_field(entry, 1)
+            varint_field(entry?, 1)
                 .and_then(|pid| u32::try_from(pid).ok())
                 .ok_or_else(|| {
                     io::Error::new(

@@ -4,28 +4,35 @@
 //! task's `core-PID.img` holds two `u32` magics, an entry's `u32` size, then a `core_entry`
 //! whose field 1 (`mtype`, CRIU's number for the architecture) protobuf-c writes first, as
 //! `08 01` for x86_64. That byte is changed in place; the rest of the image (registers
-//! included) stays this machine's, which CRIU never reaches once that field refuses it.
+//! included) stays this machine's, which CRIU never reaches once that field refuses it. The
+//! checkpoints changed are this machine's, so these helpers want an x86_64 host.
 
 use std::path::Path;
+
+use criu_plugin::core_image::is_core_file;
 
 /// CRIU's number for arm64 (`core_entry.mtype`, `AARCH64`).
 pub const MARCH_AARCH64: u8 = 3;
 
 const CORE_HEAD: [u8; 8] = [0x19, 0x43, 0x56, 0x54, 0x47, 0x38, 0x05, 0x55];
 
-/// A core image of nothing but its architecture, `march`: for tests whose checkpoints CRIU
-/// did not write.
-pub fn bare_core_image(march: u8) -> Vec<u8> {
-    let mut img = CORE_HEAD.to_vec();
-    img.extend_from_slice(&2u32.to_le_bytes());
-    img.extend_from_slice(&[0x08, march]);
-    img
-}
-
-fn is_core_image(name: &str) -> bool {
-    name.strip_prefix("core-")
-        .and_then(|r| r.strip_suffix(".img"))
-        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+/// For tests whose checkpoints CRIU did not write: a `pstree.img` of one task, `pid` (below
+/// 128), and its core image of nothing but its architecture, `march`, in `dir`.
+pub fn bare_tree(dir: &Path, pid: u8, march: u8) {
+    assert!(pid < 0x80, "a one-byte varint");
+    let image = |magic: &[u8], entry: &[u8]| {
+        let mut img = magic.to_vec();
+        img.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+        img.extend_from_slice(entry);
+        img
+    };
+    let pstree_head = [0x19, 0x43, 0x56, 0x54, 0x30, 0x30, 0x27, 0x50];
+    std::fs::write(dir.join("pstree.img"), image(&pstree_head, &[0x08, pid])).expect("pstree.img");
+    std::fs::write(
+        dir.join(format!("core-{pid}.img")),
+        image(&CORE_HEAD, &[0x08, march]),
+    )
+    .expect("core image");
 }
 
 /// Sets the architecture of the core image `img` (named `file`) to `march`; panics unless it
@@ -45,7 +52,7 @@ pub fn dumped_on(dir: &Path, march: u8) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     let mut saved = Vec::new();
     for e in std::fs::read_dir(dir).expect("image directory").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !is_core_image(&name) {
+        if !is_core_file(&name) {
             continue;
         }
         let original = std::fs::read(e.path()).expect("core image");
@@ -74,7 +81,8 @@ pub fn archive_dumped_on(archive: &Path, out: &Path, march: u8) {
             .unwrap_or_else(|_| panic!("tar member {name}: size {size_field:?}"));
         let data = at + BLOCK;
         let file = name.trim_start_matches("./");
-        if file.strip_prefix("checkpoint/").is_some_and(is_core_image) {
+        let regular = matches!(header[156], b'0' | 0);
+        if regular && file.strip_prefix("checkpoint/").is_some_and(is_core_file) {
             set_march(&mut tar[data..data + size], file, march);
             changed += 1;
         }

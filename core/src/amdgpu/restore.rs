@@ -109,6 +109,12 @@ impl RestoreRun {
         if ids.is_empty() {
             return Err(HookError::NotMine);
         }
+        // Before the GPUs are mapped (another machine's topology would fail first) and before
+        // CRIU forks the tasks (its own check comes only after).
+        let dir = self.base.images.dir_fd().ok();
+        if let Some(why) = dir.and_then(criu_plugin::core_image::foreign_architecture) {
+            return Err(fail(Error::new(FailureKind::Image, libc::EINVAL, why)));
+        }
         let ctx = self.restore_ctx();
         let mut pids = HashSet::new();
         for id in &ids {
@@ -122,12 +128,6 @@ impl RestoreRun {
                 .and_then(|_| contents::open_pages(ctx.images, *id, &image).map(drop))
                 .map_err(|e| fail(e.context(format!("restore preflight of KFD file {id}"))))?;
             pids.insert(image.pid);
-        }
-        // Before CRIU forks the tasks (its own check comes only after).
-        if let (Ok(dir), Some(&pid)) = (ctx.images.dir_fd(), pids.iter().min()) {
-            if let Some(why) = criu_plugin::core_image::foreign_architecture(dir, pid) {
-                return Err(fail(Error::new(FailureKind::Image, libc::EINVAL, why)));
-            }
         }
         self.kfd_processes = pids.len();
         log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());

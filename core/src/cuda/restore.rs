@@ -131,8 +131,8 @@ impl RestoreRun {
             }
             return Ok(None);
         }
+        check_architecture()?;
         check_records_in_tree(&md)?;
-        check_architecture(&md)?;
         let (d, version) = require_driver(
             settings,
             &format!("the image holds {} CUDA process(es)", md.processes.len()),
@@ -450,16 +450,10 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
     ).into())
 }
 
-/// Refuses an image whose first CUDA process was dumped on another CPU architecture, before
-/// CRIU forks it (CRIU's own check comes only after): its GPU state is not touched.
-fn check_architecture(md: &CudaMetadata) -> HookResult {
-    let (Some(dir), Some(first)) = (image::image_dir(), md.processes.first()) else {
-        return Ok(());
-    };
-    let Ok(pid) = u32::try_from(first.pid) else {
-        return Ok(());
-    };
-    match criu_plugin::core_image::foreign_architecture(dir, pid) {
+/// Refuses an image dumped on another CPU architecture, before CRIU forks anything (CRIU's
+/// own check comes only after): its GPU state is not touched.
+fn check_architecture() -> HookResult {
+    match image::image_dir().and_then(criu_plugin::core_image::foreign_architecture) {
         None => Ok(()),
         Some(why) => Err(Failure::new(FailureKind::Image, libc::EINVAL, why).into()),
     }
