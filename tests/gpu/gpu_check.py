@@ -9,7 +9,8 @@ Markdown table of timings and writes logs to --logs.
         [--cases basic1,basic8,tree,multi4,torch,leave] [--bench] [--logs DIR]
 
 CRIU 4.3 cases: postfail (DUMP_FINISH after a failing post-dump script), mapopt and mapmissing
-(a GPU map given as --plugin-option).
+(a GPU map given as --plugin-option). Any CRIU: otherarch (core images made to say arm64:
+refused before any task, then restored as they were).
 
 The script makes itself a child subreaper, so killed workloads are reaped at once and their pids
 are free for the restore (CRIU restores the same pids).
@@ -384,6 +385,40 @@ def mapmissing_case(ctx, wl):
     return end_case(ctx, res, pids, img)
 
 
+def otherarch_case(ctx, wl):
+    """A checkpoint of another CPU architecture: each core-PID.img made to say arm64 (CRIU's
+    mtype, the byte after the entry size: 08 01 for x86_64). Refused at the plugin's start,
+    naming both architectures, before CRIU forks a task; with the core images put back the
+    same images restore and verify."""
+    res = {"case": "otherarch"}
+    prefix, pids, img, _ = dump_only(ctx, "otherarch", [wl, "--gib", "1", "--out"], 1)
+    saved = {}
+    for name in os.listdir(img):
+        if re.fullmatch(r"core-\d+\.img", name):
+            path = os.path.join(img, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            if data[12:14] != b"\x08\x01":
+                raise RuntimeError(f"{name} does not start as an x86_64 core image: {data[:16].hex()}")
+            saved[path] = data
+            with open(path, "wb") as f:
+                f.write(data[:13] + bytes([3]) + data[14:])
+    rc, log = refused_restore(ctx, [ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o",
+                                    "refused.log"], img, "refused.log", "otherarch.refused")
+    errors, refused = common.refusal(res, rc, log)
+    refused = refused and "the checkpoint was made on aarch64" in errors[0]
+    for path, data in saved.items():
+        with open(path, "wb") as f:
+            f.write(data)
+    ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
+           log="otherarch.restore.out")
+    time.sleep(1.0)
+    v = verify(prefix, pids)
+    res["detail"] = {str(k): v[k][2] for k in v}
+    res["ok"] = refused and all(o and moved for o, moved, _ in v.values())
+    return end_case(ctx, res, pids, img)
+
+
 def table(results):
     """The benchmark table for docs/performance.md."""
     rows = ["| case | processes | images GB | dump s | restore s | GPU checkpoint ms | GPU restore ms "
@@ -431,6 +466,7 @@ def main():
         "postfail": lambda: postfail_case(ctx, wl),
         "mapopt": lambda: mapopt_case(ctx, wl),
         "mapmissing": lambda: mapmissing_case(ctx, wl),
+        "otherarch": lambda: otherarch_case(ctx, wl),
         "torch": lambda: dump_restore(ctx, "torch", [sys.executable, os.path.join(HERE, "train.py"), "--out"],
                                       1, key="step"),
     }
