@@ -27,10 +27,11 @@ mod kube_support;
 use containers_support::{CUDA, Workload};
 use kube_support::bad_images::another_cpu_architecture;
 use kube_support::crio_scenarios::{
-    annotated_gpu_comes_back_as_the_checkpoints, annotated_gpu_not_on_the_node_is_refused,
-    migration_needs_the_base_image,
+    annotated_gpu_comes_back_as_the_checkpoints, migration_needs_the_base_image,
 };
-use kube_support::gpu_scenarios::{Asks, RefusedBy, restore_refused_on_b};
+use kube_support::gpu_scenarios::{
+    Asks, GivenBy, GpuNodes, RefusedBy, Specs, restore_refused_on_b, restore_refused_on_b_of,
+};
 use kube_support::hot_swap::{OtherPod, hot_swap};
 use kube_support::runtimes::{Runc, Runtime};
 use kube_support::scenarios::{
@@ -244,12 +245,22 @@ fn crio_1_36_runc_1_5_restores_an_annotated_gpu_as_the_checkpoints() {
 }
 
 /// CRI-O 1.36: the checkpoint's annotated GPU is not on node b (each node's CDI spec lists its
-/// own GPU only, as on two machines): CRI-O refuses the pod before CRIU runs, and `kubectl`
-/// names the GPU.
+/// own GPU only, as on two machines; the driver files as `hostPath` volumes, for CRI-O's check
+/// of the mounts): CRI-O refuses the pod before CRIU runs, and `kubectl` names the GPU.
 #[test]
 fn crio_1_36_runc_1_5_refuses_an_annotated_gpu_the_node_lacks() {
+    let gpus = GpuNodes {
+        by: GivenBy::CdiAnnotation,
+        specs: Specs::OwnGpuOnly,
+    };
+    let expected = Refusal {
+        state: "waiting",
+        reason: "CreateContainerError",
+        says: &["CDI device injection failed", "unresolvable CDI devices"],
+    };
     on_crio("k8s-crio-cdi-annotation-elsewhere", |test, r| {
-        annotated_gpu_not_on_the_node_is_refused(test, r);
+        let (asks, by) = (Asks::OneGpuAndDriverFiles, RefusedBy::RuntimeNamingTheGpu);
+        restore_refused_on_b_of(test, r, gpus, asks, &expected, by);
     });
 }
 

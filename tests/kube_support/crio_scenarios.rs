@@ -6,15 +6,15 @@
 //!   try restores.
 //! - A restored container's annotations are the checkpoint's, so a GPU a device plugin gave
 //!   by a `cdi.k8s.io/` annotation comes back as the checkpoint's GPU, whatever GPU the node's
-//!   device plugin gives the new pod; where the node has no such GPU, CRI-O refuses the pod,
-//!   naming it.
+//!   device plugin gives the new pod (where the node has no such GPU, CRI-O refuses the pod,
+//!   naming it: [`super::gpu_scenarios::restore_refused_on_b_of`]).
 
 use super::control_plane::tail;
-use super::gpu_scenarios::{Asks, GivenBy, Specs, checkpoint_on_gpu0};
+use super::gpu_scenarios::{Asks, GivenBy, GpuNodes, Specs, checkpoint_on_gpu0};
 use super::node::KubeNode;
 use super::pods::Pod;
 use super::runtimes::Runtime;
-use super::scenarios::{Cluster, Refusal, assert_refused, start};
+use super::scenarios::{Cluster, start};
 use super::upstream;
 use crate::containers_support::cdi::workload_gpus;
 use crate::containers_support::cri::gpu_node::driver_restores;
@@ -76,7 +76,11 @@ pub fn annotated_gpu_comes_back_as_the_checkpoints(test: &str, runtime: &Runtime
         return;
     };
     let nodes = [("a", runtime), ("b", runtime)];
-    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiAnnotation, Specs::BothGpus);
+    let gpus = GpuNodes {
+        by: GivenBy::CdiAnnotation,
+        specs: Specs::BothGpus,
+    };
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, gpus);
     let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
     let gpu0 = &cdi.gpus[0];
     let b = &c.nodes[1];
@@ -99,36 +103,6 @@ pub fn annotated_gpu_comes_back_as_the_checkpoints(test: &str, runtime: &Runtime
          GPU 1 the kubelet allocated; if that changed, docs/kubernetes.md and docs/cri-o.md \
          must say so"
     );
-}
-
-/// The same on CRI-O nodes that are two machines: each node's CDI spec lists only the GPU its
-/// device plugin offers. On node b CRI-O injects the checkpoint's annotated GPU 0, which b does
-/// not have, and refuses the pod before CRIU runs: `kubectl` shows `CreateContainerError` naming
-/// the GPU. The driver is not asked to restore, nothing of the checkpoint runs, and node b's
-/// other pod runs on.
-pub fn annotated_gpu_not_on_the_node_is_refused(test: &str, runtime: &Runtime) {
-    let Some(e) = start(test, CUDA) else {
-        return;
-    };
-    let nodes = [("a", runtime), ("b", runtime)];
-    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiAnnotation, Specs::OwnGpuOnly);
-    let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
-    let b = &c.nodes[1];
-    let bystander = c.bystander(b);
-    let restores = driver_restores(&e);
-    let extras = Asks::OneGpuAndDriverFiles.extras(&pod, &cdi);
-    let refused = Pod::apply_restored_with(&c.cp, b, &pod, &k.image, &extras);
-    let gpu0 = format!("nvidia.com/gpu={}", cdi.gpus[0].uuid);
-    let expected = Refusal {
-        state: "waiting",
-        reason: "CreateContainerError",
-        says: &[
-            "CDI device injection failed",
-            "unresolvable CDI devices",
-            &gpu0,
-        ],
-    };
-    assert_refused(&e, &refused, &expected, k.marks.2, restores, &bystander);
 }
 
 /// `crictl pull image` against `node`'s CRI, as an operator would on the node.

@@ -39,18 +39,34 @@ pub enum Specs {
     OwnGpuOnly,
 }
 
+/// How the nodes of a cluster with the stand-in GPUs hand them out.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuNodes {
+    pub by: GivenBy,
+    pub specs: Specs,
+}
+
+impl GpuNodes {
+    /// NVIDIA's device plugin with `--device-list-strategy=cdi-cri`, each node's CDI spec
+    /// listing both GPUs.
+    pub const CDI_NAMES: GpuNodes = GpuNodes {
+        by: GivenBy::CdiName,
+        specs: Specs::BothGpus,
+    };
+}
+
 impl<'e> Cluster<'e> {
     /// A cluster whose nodes have two stand-in GPUs: each node's CDI spec lists them as
-    /// `specs` says (as `nvidia-ctk cdi generate` would), the plugin's settings name them, and
-    /// the stand-in CUDA driver models them. Pods get a GPU from a node's device plugin
+    /// `gpus.specs` says (as `nvidia-ctk cdi generate` would), the plugin's settings name them,
+    /// and the stand-in CUDA driver models them. Pods get a GPU from a node's device plugin
     /// ([`KubeNode::start_device_plugin`]), which on the first node offers GPU 0 and on the
-    /// second GPU 1, naming it as `by` says: [`gpu_extras`] asks for one.
+    /// second GPU 1, naming it as `gpus.by` says: [`gpu_extras`] asks for one.
     pub fn start_with_gpus(
         e: &'e E2e,
         nodes: &[(&str, &Runtime)],
-        by: GivenBy,
-        specs: Specs,
+        gpus: GpuNodes,
     ) -> (Cluster<'e>, NvidiaCdi) {
+        let GpuNodes { by, specs } = gpus;
         let f = fake_cuda();
         let cdi = NvidiaCdi::new(
             &e.dir().join("nvidia"),
@@ -141,7 +157,7 @@ pub fn restore_onto_another_gpu(test: &str, runtime: &Runtime) {
         return;
     };
     let nodes = [("a", runtime), ("b", runtime)];
-    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiName, Specs::BothGpus);
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GpuNodes::CDI_NAMES);
     let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
     let (gpu0, gpu1) = (&cdi.gpus[0], &cdi.gpus[1]);
     let b = &c.nodes[1];
@@ -175,6 +191,9 @@ pub enum RefusedBy {
     /// checkpoint is in the request, and a CDI device's mounts are not (the kubelet asks for
     /// the device by its CDI name).
     Runtime,
+    /// The runtime, before CRIU runs, and the pod's message in `kubectl` names the
+    /// checkpoint's GPU (CRI-O injecting a CDI device node b lacks).
+    RuntimeNamingTheGpu,
 }
 
 /// What the manifest of the pod restored on node b asks for.
@@ -220,11 +239,23 @@ pub fn restore_refused_on_b(
     expected: &Refusal<'_>,
     by: RefusedBy,
 ) {
+    restore_refused_on_b_of(test, runtime, GpuNodes::CDI_NAMES, asks, expected, by);
+}
+
+/// [`restore_refused_on_b`] on nodes that hand out the stand-in GPUs as `gpus` says.
+pub fn restore_refused_on_b_of(
+    test: &str,
+    runtime: &Runtime,
+    gpus: GpuNodes,
+    asks: Asks,
+    expected: &Refusal<'_>,
+    by: RefusedBy,
+) {
     let Some(e) = start(test, CUDA) else {
         return;
     };
     let nodes = [("a", runtime), ("b", runtime)];
-    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, GivenBy::CdiName, Specs::BothGpus);
+    let (c, cdi) = Cluster::start_with_gpus(&e, &nodes, gpus);
     let (pod, k) = checkpoint_on_gpu0(&e, &c, &cdi);
     let b = &c.nodes[1];
     let bystander = c.bystander(b);
@@ -238,10 +269,15 @@ pub fn restore_refused_on_b(
             .expect("CRIU's log of the refused restore");
         assert_refused_without_gpu(&log, gpu0);
     }
-    if let RefusedBy::PluginNamedInKubectl = by {
+    let named = match by {
+        RefusedBy::PluginNamedInKubectl => Some(format!("checkpointed GPU {gpu0}")),
+        RefusedBy::RuntimeNamingTheGpu => Some(format!("nvidia.com/gpu={gpu0}")),
+        RefusedBy::Plugin | RefusedBy::Runtime => None,
+    };
+    if let Some(named) = named {
         assert!(
-            message.contains(&format!("checkpointed GPU {gpu0}")),
-            "the pod's message does not name the checkpoint's GPU {gpu0}: {message}"
+            message.contains(&named),
+            "the pod's message does not name the checkpoint's GPU ({named}): {message}"
         );
     }
 }
