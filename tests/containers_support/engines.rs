@@ -307,15 +307,24 @@ disabled_plugins = [{cri_off}"io.containerd.snapshotter.v1.btrfs",
             containers: Default::default(),
             _short: short,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !c.ctr(&["version"]).ok() {
+        // containerd listens once every plugin is loaded, so a connect says it serves. Polled
+        // with a connect, not `ctr`: under the guest's TCG one `ctr` takes up to 25 s to start.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while std::os::unix::net::UnixStream::connect(&c.sock).is_err() {
             assert!(
                 Instant::now() < deadline && common::exists(daemon),
                 "containerd did not come up: {}",
                 std::fs::read_to_string(&c.log).unwrap_or_default()
             );
+            reap_now();
             std::thread::sleep(Duration::from_millis(100));
         }
+        let version = c.ctr(&["version"]);
+        assert!(
+            version.ok(),
+            "containerd does not answer: {}",
+            std::fs::read_to_string(&c.log).unwrap_or_default()
+        );
         c
     }
 
