@@ -20,14 +20,14 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::control_plane::{ControlPlane, log_to, stop, tail, write_kubeconfig};
+use super::control_plane::{ControlPlane, field, log_to, stop, tail, write_kubeconfig};
 use super::network::NodeNet;
 use super::pki::KeyPair;
 use super::runtimes::{Engine, NodeEngine, Runtime};
 use super::upstream;
 use crate::common::{self, CriuRun, E2e};
 use crate::containers_support::cri::{Registry, kill_cgroup_tree, workspace_bin};
-use crate::containers_support::{PrivateMounts, ToolRun, reap_now, run_tool_for};
+use crate::containers_support::{PrivateMounts, reap_now};
 
 /// The kernel settings the kubelet checks (`protectKernelDefaults`), with the values it wants.
 const KERNEL_DEFAULTS: [(&str, &str); 6] = [
@@ -47,7 +47,7 @@ const KUBELET_RESTARTS: u32 = 2;
 const KUBELET_ROOT: &str = "/var/lib/kubelet";
 
 /// How long a kubelet may take to register its node.
-const REGISTERED: Duration = Duration::from_secs(120);
+const REGISTERED: Duration = Duration::from_secs(180);
 
 /// One node: its runtime and its kubelet.
 pub struct KubeNode<'e> {
@@ -184,7 +184,7 @@ impl<'e> KubeNode<'e> {
         node.spawn_kubelet();
         let t0 = Instant::now();
         let mut restarts = 0;
-        while !cp.kubectl_quiet(&["get", "node", name]).ok() {
+        while cp.get_object(&format!("/api/v1/nodes/{name}")).is_none() {
             if !node.kubelet.is_some_and(common::running) {
                 // As its service manager would (kubeadm's unit: `Restart=always`): a kubelet
                 // ends on some start-up races (cAdvisor's first look at the root file system
@@ -241,18 +241,14 @@ impl<'e> KubeNode<'e> {
         log_to(&mut cmd, &log);
         let pid = self.e.spawn_session(cmd);
         self.device_plugin = Some(pid);
-        let path = format!(
-            "jsonpath={{.status.allocatable.{}}}",
-            resource.replace('.', "\\.")
+        let pointer = format!(
+            "/status/allocatable/{}",
+            resource.replace('~', "~0").replace('/', "~1")
         );
         let want = devices.len().to_string();
         let t0 = Instant::now();
-        while cp
-            .kubectl_quiet(&["get", "node", &self.name, "-o", &path])
-            .stdout
-            .trim()
-            != want
-        {
+        let node = format!("/api/v1/nodes/{}", self.name);
+        while field(cp.get_object(&node).as_ref(), &pointer) != want {
             assert!(
                 common::running(pid) && t0.elapsed() < REGISTERED,
                 "node {}'s allocatable {resource} is not {want}:\n{}\n{}",
@@ -364,28 +360,8 @@ impl<'e> KubeNode<'e> {
         path: &str,
         limit: Duration,
     ) -> (u16, String) {
-        let mut cmd = self.e.command(Path::new("curl"));
-        cmd.args(["-sS", "-X", method, "-w", "\n%{http_code}"])
-            .arg("--cacert")
-            .arg(&cp.pki.ca.cert)
-            .arg("--cert")
-            .arg(&cp.pki.admin.cert)
-            .arg("--key")
-            .arg(&cp.pki.admin.key)
-            .arg(format!("{}{path}", self.kubelet_url));
-        let r: ToolRun = run_tool_for(
-            self.e.dir(),
-            cmd,
-            &format!("curl -X {method} kubelet {}{path}", self.name),
-            limit,
-        );
-        let out = r.stdout.trim_end();
-        let (body, code) = out.rsplit_once('\n').unwrap_or(("", out));
-        match code.trim().parse() {
-            Ok(code) if code > 0 => (code, body.to_string()),
-            // No answer: curl says why.
-            _ => (0, format!("{body}{}", r.stderr)),
-        }
+        let url = format!("{}{path}", self.kubelet_url);
+        cp.curl_as_admin(method, &url, &format!("kubelet {}", self.name), limit)
     }
 
     /// Ends the node as a lost machine would: its kubelet and runtime killed, and with them
