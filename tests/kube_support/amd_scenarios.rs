@@ -97,7 +97,7 @@ pub fn amd_forensic_and_migration(test: &str, runtime: &Runtime) {
     let high = pod.out.mark();
     assert_eq!(pod.pid(a), pid, "the pod's process after its checkpoint");
     assert_eq!(
-        pod.get("{.status.containerStatuses[0].restartCount}"),
+        pod.get("/status/containerStatuses/0/restartCount"),
         "0",
         "the container restarted"
     );

@@ -21,6 +21,20 @@ pub const MAX_NODES: u8 = 4;
 /// How long the API server may take to be ready (on 2 busy cores: 20 to 60 s).
 const APISERVER_READY: Duration = Duration::from_secs(180);
 
+/// How long one look at the cluster (a `GET`) may take.
+const LOOK: Duration = Duration::from_secs(30);
+
+/// The text of the field at JSON pointer `pointer` (`/status/phase`) of `object`: a string as
+/// it is, a number or other value in JSON, "" when the field is absent (as `kubectl get -o
+/// jsonpath` prints).
+pub fn field(object: Option<&serde_json::Value>, pointer: &str) -> String {
+    match object.and_then(|o| o.pointer(pointer)) {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    }
+}
+
 /// etcd, kube-apiserver, and the administrator's kubeconfig.
 pub struct ControlPlane<'e> {
     e: &'e E2e,
@@ -156,8 +170,8 @@ impl<'e> ControlPlane<'e> {
         };
         let t0 = Instant::now();
         loop {
-            let r = cp.kubectl_quiet(&["get", "--raw", "/readyz"]);
-            if r.ok() && r.stdout.trim() == "ok" {
+            let r = cp.curl_as_admin("GET", &format!("{}/readyz", cp.server), "API server", LOOK);
+            if r == (200, "ok".to_string()) {
                 break;
             }
             for (pid, log) in [(etcd_pid, "etcd.log"), (api_pid, "kube-apiserver.log")] {
@@ -177,16 +191,61 @@ impl<'e> ControlPlane<'e> {
         eprintln!("control plane ready in {:?}", t0.elapsed());
         // What the controller manager would make: the namespace's service account, and the
         // cluster's CA as the configmap every pod's projected API access volume reads.
-        cp.kubectl(&["create", "serviceaccount", "default", "--namespace=default"]);
-        let ca = format!("--from-file=ca.crt={}", cp.pki.ca.cert.display());
-        cp.kubectl(&[
-            "create",
-            "configmap",
-            "kube-root-ca.crt",
-            "--namespace=default",
-            &ca,
-        ]);
+        let ca = std::fs::read_to_string(&cp.pki.ca.cert).expect("the cluster's CA");
+        cp.apply(
+            "cluster-defaults",
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  \
+                 namespace: default\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  \
+                 name: kube-root-ca.crt\n  namespace: default\ndata:\n  ca.crt: {}\n",
+                serde_json::Value::String(ca)
+            ),
+        );
         cp
+    }
+
+    /// `curl` of `url` (a server of the cluster's, `what` in the log) as the cluster's
+    /// administrator: the HTTP status and the body; status 0 and curl's words when nothing
+    /// answered. The tests read the cluster with curl and write it with `kubectl`, as a user
+    /// does: under the guest's TCG one `kubectl` takes 10 to 25 s to start, curl about 1 s.
+    pub fn curl_as_admin(
+        &self,
+        method: &str,
+        url: &str,
+        what: &str,
+        limit: Duration,
+    ) -> (u16, String) {
+        let mut cmd = self.e.command(Path::new("curl"));
+        cmd.args(["-sS", "-X", method, "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(&self.pki.ca.cert)
+            .arg("--cert")
+            .arg(&self.pki.admin.cert)
+            .arg("--key")
+            .arg(&self.pki.admin.key)
+            .arg(url);
+        let r: ToolRun = run_tool_for(
+            self.e.dir(),
+            cmd,
+            &format!("curl -X {method} {what} {url}"),
+            limit,
+        );
+        let out = r.stdout.trim_end();
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", out));
+        match code.trim().parse() {
+            Ok(code) if code > 0 => (code, body.to_string()),
+            _ => (0, format!("{body}{}", r.stderr)),
+        }
+    }
+
+    /// The API server's object at `path` (`/api/v1/...`); `None` when there is none or no
+    /// answer.
+    pub fn get_object(&self, path: &str) -> Option<serde_json::Value> {
+        let url = format!("{}{path}", self.server);
+        match self.curl_as_admin("GET", &url, "API server", LOOK) {
+            (200, body) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
     }
 
     /// `kubectl` as the administrator; panics unless it succeeds.

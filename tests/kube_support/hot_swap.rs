@@ -99,7 +99,7 @@ pub fn hot_swap(test: &str, runtime: &Runtime, other_pod: OtherPod) {
         pid,
         "the training pod's process after the suspend"
     );
-    assert_eq!(train.get("{.status.phase}"), "Running");
+    assert_eq!(train.get("/status/phase"), "Running");
     assert!(
         transitions(&calls(&e), other_pid).is_empty(),
         "the suspend of pod train touched pod other"

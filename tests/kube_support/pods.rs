@@ -1,13 +1,13 @@
 //! Pods as a user makes them: a manifest applied with `kubectl`, the pod bound to its node by
 //! `spec.nodeName`; what the tests read back (phase, container, host pid) comes from the API
-//! server and the node's runtime; checkpoints through the kubelet's API.
+//! server (a `GET` of the pod) and the node's runtime; checkpoints through the kubelet's API.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cri_client::Cri;
 
-use super::control_plane::ControlPlane;
+use super::control_plane::{ControlPlane, field};
 use super::node::KubeNode;
 use crate::common::{self, wait_until};
 use crate::containers_support::{Output, Workload};
@@ -237,21 +237,22 @@ impl<'c, 'e> Pod<'c, 'e> {
     pub fn wait_refused(&self) -> (String, String, String) {
         let t0 = Instant::now();
         loop {
+            let pod = self.object();
+            let at = |f: &str| {
+                field(
+                    pod.as_ref(),
+                    &format!("/status/containerStatuses/0/state/{f}"),
+                )
+            };
             for state in ["waiting", "terminated"] {
-                let reason = self.get(&format!(
-                    "{{.status.containerStatuses[0].state.{state}.reason}}"
-                ));
+                let reason = at(&format!("{state}/reason"));
                 let transient = ["", "ContainerCreating", "PodInitializing"];
                 if !transient.contains(&reason.as_str()) {
-                    let message = self.get(&format!(
-                        "{{.status.containerStatuses[0].state.{state}.message}}"
-                    ));
-                    return (state.to_string(), reason, message);
+                    return (state.to_string(), reason, at(&format!("{state}/message")));
                 }
             }
-            let running = self.get("{.status.containerStatuses[0].state.running.startedAt}");
             assert!(
-                running.is_empty(),
+                at("running/startedAt").is_empty(),
                 "pod {} runs, but its node should refuse it:\n{}",
                 self.name,
                 self.describe()
@@ -266,17 +267,15 @@ impl<'c, 'e> Pod<'c, 'e> {
         }
     }
 
-    /// `kubectl get pod` with a JSONPath template.
-    pub fn get(&self, jsonpath: &str) -> String {
+    /// The pod as the API server has it now; `None` when it has none.
+    pub fn object(&self) -> Option<serde_json::Value> {
         self.cp
-            .kubectl_quiet(&[
-                "get",
-                "pod",
-                &self.name,
-                "-o",
-                &format!("jsonpath={jsonpath}"),
-            ])
-            .stdout
+            .get_object(&format!("/api/v1/namespaces/default/pods/{}", self.name))
+    }
+
+    /// The pod's field at JSON pointer `pointer` (`/status/phase`), "" when absent.
+    pub fn get(&self, pointer: &str) -> String {
+        field(self.object().as_ref(), pointer)
     }
 
     /// `kubectl describe pod` (for failure messages).
@@ -290,8 +289,12 @@ impl<'c, 'e> Pod<'c, 'e> {
     pub fn wait_running(&self, node: &KubeNode<'_>) {
         let t0 = Instant::now();
         loop {
-            let phase = self.get("{.status.phase}");
-            let started = self.get("{.status.containerStatuses[0].state.running.startedAt}");
+            let pod = self.object();
+            let phase = field(pod.as_ref(), "/status/phase");
+            let started = field(
+                pod.as_ref(),
+                "/status/containerStatuses/0/state/running/startedAt",
+            );
             if phase == "Running" && !started.is_empty() {
                 eprintln!("pod {} running in {:?}", self.name, t0.elapsed());
                 return;
@@ -314,7 +317,7 @@ impl<'c, 'e> Pod<'c, 'e> {
 
     /// The runtime's id of the pod's container (`containerd://ID` in the pod's status).
     pub fn container_id(&self) -> String {
-        let id = self.get("{.status.containerStatuses[0].containerID}");
+        let id = self.get("/status/containerStatuses/0/containerID");
         id.split_once("://")
             .map(|(_, id)| id.to_string())
             .unwrap_or_else(|| panic!("pod {}: no container id in {id:?}", self.name))

@@ -263,9 +263,9 @@ pub fn forensic(test: &str, workload: Workload, runtime: &Runtime) {
         archive.display()
     );
     assert_eq!(pod.pid(a), pid, "the pod's process after its checkpoint");
-    assert_eq!(pod.get("{.status.phase}"), "Running");
+    assert_eq!(pod.get("/status/phase"), "Running");
     assert_eq!(
-        pod.get("{.status.containerStatuses[0].restartCount}"),
+        pod.get("/status/containerStatuses/0/restartCount"),
         "0",
         "the container restarted"
     );
@@ -422,7 +422,7 @@ pub fn assert_refused(
         "the driver was asked to restore"
     );
     bystander.out.wait_counting(3);
-    assert_eq!(bystander.get("{.status.phase}"), "Running");
+    assert_eq!(bystander.get("/status/phase"), "Running");
     message
 }
 
