@@ -8,7 +8,8 @@
 #   env     the environment to give it, NUL-separated KEY=VALUE
 #   cwd     its working directory
 #   shares  "TAG PATH" lines: 9p shares to mount at PATH (the host's paths, so that absolute
-#           paths of the checkout, its build outputs and the tools it links to mean the same)
+#           paths of the checkout, its build outputs and the tools it links to mean the same);
+#           those tagged guest.tool* hold built tools and are cached
 #   tmpfs   paths to cover with a tmpfs (the tests' scratch directory: overlayfs, which the
 #           runtimes stack on it, cannot use 9p as an upper layer)
 #   rc      written here: the program's exit status
@@ -57,7 +58,10 @@ ctl=/run/guest-ctl
 while read -r tag path; do
     [ -n "$tag" ] || continue
     mkdir -p "$path"
-    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=mmap "$tag" "$path" \
+    # guest.tool*: folders nothing changes while the guest runs, cached (run.sh says why).
+    cache=mmap
+    [[ $tag != guest.tool* ]] || cache=loose
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=$cache "$tag" "$path" \
         || say "cannot mount share $tag at $path"
 done <"$ctl/shares"
 while read -r path; do
