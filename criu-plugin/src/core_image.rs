@@ -98,20 +98,12 @@ pub fn parse_march(bytes: &[u8], file: &str) -> io::Result<u64> {
 }
 
 /// Why the image directory `dir` cannot be restored here, when the core image of its tree's
-/// root task says it was dumped on another architecture; `None` when it says this one, or
-/// cannot be read (CRIU then says why, or checks the architecture itself: `--stream` images
-/// are not in the directory).
-pub fn foreign_architecture(dir: BorrowedFd<'_>) -> Option<String> {
+/// root task (`root`, the first pid of `pstree.img`) says it was dumped on another
+/// architecture; `None` when it says this one, or cannot be read (CRIU then says why).
+pub fn foreign_architecture(dir: BorrowedFd<'_>, root: u32) -> Option<String> {
     if THIS_MARCH == 0 {
         return None;
     }
-    let root = match crate::pstree::read_pids(dir) {
-        Ok(pids) => *pids.first()?,
-        Err(e) => {
-            log::debug!("architecture not checked: {e}");
-            return None;
-        }
-    };
     match read_march(dir, root) {
         Ok(mtype) => (mtype != THIS_MARCH).then(|| dumped_elsewhere(&file_name(root), mtype)),
         Err(e) => {

@@ -111,8 +111,20 @@ impl RestoreRun {
         }
         // Before the GPUs are mapped (another machine's topology would fail first) and before
         // CRIU forks the tasks (its own check comes only after).
+        // The process tree, read once for this check and the guardian.
         let dir = self.base.images.dir_fd().ok();
-        if let Some(why) = dir.and_then(criu_plugin::core_image::foreign_architecture) {
+        let image_pids = match dir.map(criu_plugin::pstree::read_pids) {
+            Some(Ok(pids)) => pids,
+            Some(Err(e)) => {
+                log::debug!("amdgpu: process tree not read: {e}");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        if let Some(why) = dir
+            .zip(image_pids.first())
+            .and_then(|(dir, root)| criu_plugin::core_image::foreign_architecture(dir, *root))
+        {
             return Err(fail(Error::new(FailureKind::Image, libc::EINVAL, why)));
         }
         let ctx = self.restore_ctx();
@@ -131,24 +143,17 @@ impl RestoreRun {
         }
         self.kfd_processes = pids.len();
         log::info!("amdgpu: {} KFD file(s) can be restored here", ids.len());
-        self.start_guardian()
+        self.start_guardian(&image_pids)
     }
 
     /// Starts the restore's guardian (once; before CRIU forks the tasks, which the preflight
     /// is): no KFD process is restored unless something outside CRIU ends the tree should
     /// CRIU end before the queues are resumed.
-    fn start_guardian(&mut self) -> HookResult {
+    fn start_guardian(&mut self, image_pids: &[u32]) -> HookResult {
         if !self.want_guardian || self.guardian.is_some() {
             return Ok(());
         }
-        let image_pids = self
-            .base
-            .images
-            .dir_fd()
-            .ok()
-            .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
-            .unwrap_or_default();
-        match RestoreGuardian::spawn("amdgpu", &image_pids, || ()) {
+        match RestoreGuardian::spawn("amdgpu", image_pids, || ()) {
             Ok(g) => {
                 self.guardian = g;
                 Ok(())

@@ -15,6 +15,7 @@
 //! ([`criu_plugin::criu_internals::RESUME_DEVICES_LATE_FAILURE`]).
 
 use std::collections::BTreeMap;
+use std::io;
 
 use crate::restore_guardian::Watch;
 use criu_plugin::{HookError, HookResult, InventoryListing};
@@ -66,15 +67,17 @@ impl RestoreRun {
         settings: &CudaSettings,
         listing: InventoryListing,
     ) -> HookResult<Option<RestoreRun>> {
-        let Some(mut run) = Self::plan(settings, listing)? else {
+        // The image's process tree, read once for the checks and the guardian; not for an
+        // image the plugin is not listed in, which is restored without a guardian: its tasks
+        // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
+        let tree = (listing != InventoryListing::NotListed)
+            .then(|| image::image_dir().map(criu_plugin::pstree::read_pids))
+            .flatten();
+        let Some(mut run) = Self::plan(settings, listing, tree.as_ref())? else {
             return Ok(None);
         };
-        // An image the plugin is not listed in is restored without a guardian: its tasks
-        // are CRIU's business, unless one turns out to be checkpointed (see `unlisted`).
         if listing != InventoryListing::NotListed {
-            let image_pids: Vec<u32> = image::image_dir()
-                .and_then(|d| criu_plugin::pstree::read_pids(d).ok())
-                .unwrap_or_default();
+            let image_pids = tree.and_then(Result::ok).unwrap_or_default();
             run.guardian =
                 RestoreGuardian::spawn("cuda", &image_pids, super::guardian::ClaimTasks::default)
                     .map_err(|e| Failure::new(FailureKind::System, libc::EAGAIN, e))?;
@@ -82,8 +85,13 @@ impl RestoreRun {
         Ok(Some(run))
     }
 
-    /// The restore the image asks for, before any guardian.
-    fn plan(settings: &CudaSettings, listing: InventoryListing) -> HookResult<Option<RestoreRun>> {
+    /// The restore the image asks for, before any guardian; `tree` is the image's
+    /// `pstree.img` as read (`None` without an image directory: `--stream`).
+    fn plan(
+        settings: &CudaSettings,
+        listing: InventoryListing,
+        tree: Option<&io::Result<Vec<u32>>>,
+    ) -> HookResult<Option<RestoreRun>> {
         // An image that does not need the plugin is none of its business: whatever file of
         // our name lies in it (stale, misplaced, hostile) is not even opened.
         if listing == InventoryListing::NotListed {
@@ -131,8 +139,7 @@ impl RestoreRun {
             }
             return Ok(None);
         }
-        check_architecture()?;
-        check_records_in_tree(&md)?;
+        check_tree(&md, tree)?;
         let (d, version) = require_driver(
             settings,
             &format!("the image holds {} CUDA process(es)", md.processes.len()),
@@ -409,19 +416,21 @@ fn plan_gpus(
     Ok((gpu_map, targets))
 }
 
-/// Refuses records of processes the restore will not create (per the image's
-/// `pstree.img`): their GPU state would be restored nowhere, and the task that is restored
-/// in their place would stay checkpointed. Unreadable trees (`--stream`) are not checked.
-fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
-    let Some(dir) = image::image_dir() else {
+/// Refuses an image whose process tree (`pstree.img`, as read) cannot be restored here with
+/// its GPU state: dumped on another CPU architecture (CRIU's own check comes only once it has
+/// forked the root), or missing processes the metadata records (their GPU state would be
+/// restored nowhere, and the tasks restored in their place would stay checkpointed).
+/// Unreadable trees (`--stream`) are not checked.
+fn check_tree(md: &CudaMetadata, tree: Option<&io::Result<Vec<u32>>>) -> HookResult {
+    let (Some(dir), Some(tree)) = (image::image_dir(), tree) else {
         return Ok(());
     };
-    let pids = match criu_plugin::pstree::read_pids(dir) {
+    let pids = match tree {
         Ok(p) => p,
         // A FIFO, device or link in its place is no image CRIU can restore from (and
         // `criu-gpu check` refuses the same).
         Err(e)
-            if criu_plugin::files::is_not_regular(&e) || e.raw_os_error() == Some(libc::ELOOP) =>
+            if criu_plugin::files::is_not_regular(e) || e.raw_os_error() == Some(libc::ELOOP) =>
         {
             return Err(Failure::new(
                 FailureKind::Image,
@@ -435,7 +444,13 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
             return Ok(());
         }
     };
-    let missing = preflight::records_not_in_tree(md, &pids);
+    if let Some(why) = pids
+        .first()
+        .and_then(|root| criu_plugin::core_image::foreign_architecture(dir, *root))
+    {
+        return Err(Failure::new(FailureKind::Image, libc::EINVAL, why).into());
+    }
+    let missing = preflight::records_not_in_tree(md, pids);
     if missing.is_empty() {
         return Ok(());
     }
@@ -448,15 +463,6 @@ fn check_records_in_tree(md: &CudaMetadata) -> HookResult {
             list_pids(&missing)
         ),
     ).into())
-}
-
-/// Refuses an image dumped on another CPU architecture, before CRIU forks anything (CRIU's
-/// own check comes only after): its GPU state is not touched.
-fn check_architecture() -> HookResult {
-    match image::image_dir().and_then(criu_plugin::core_image::foreign_architecture) {
-        None => Ok(()),
-        Some(why) => Err(Failure::new(FailureKind::Image, libc::EINVAL, why).into()),
-    }
 }
 
 /// Ends the restored processes `tree` after `failed` (some of them) could not get their GPU
