@@ -364,6 +364,18 @@ def mapopt_case(ctx, wl):
     return res
 
 
+def restore_after_refusal(ctx, res, prefix, pids, img, refused):
+    """The end of a case whose first restore was `refused`: the same images restored as they
+    are now and verified. The case passes when the refusal did and every process goes on."""
+    ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
+           log=f"{res['case']}.restore.out")
+    time.sleep(1.0)
+    v = verify(prefix, pids)
+    res["detail"] = {str(k): v[k][2] for k in v}
+    res["ok"] = refused and all(o and moved for o, moved, _ in v.values())
+    return end_case(ctx, res, pids, img)
+
+
 def mapmissing_case(ctx, wl):
     """A GPU map option naming a GPU this machine lacks: refused before any task is forked,
     with a message naming it; the same images then restore without the option."""
@@ -375,14 +387,7 @@ def mapmissing_case(ctx, wl):
                                     "refused.log", f"--plugin-option=gpu_plugin.cuda.device-map={uuids[0]}={missing}"],
                               img, "refused.log", "mapmissing.refused")
     errors, refused = common.refusal(res, rc, log)
-    refused = refused and missing in errors[0]
-    ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
-           log="mapmissing.restore.out")
-    time.sleep(1.0)
-    v = verify(prefix, pids)
-    res["detail"] = {str(k): v[k][2] for k in v}
-    res["ok"] = refused and all(o and moved for o, moved, _ in v.values())
-    return end_case(ctx, res, pids, img)
+    return restore_after_refusal(ctx, res, prefix, pids, img, refused and missing in errors[0])
 
 
 def otherarch_case(ctx, wl):
@@ -410,13 +415,7 @@ def otherarch_case(ctx, wl):
     for path, data in saved.items():
         with open(path, "wb") as f:
             f.write(data)
-    ctx.sh([ctx.criu, "restore", "-D", img, "-L", ctx.libdir, "-d", "-v4", "-o", "restore.log"],
-           log="otherarch.restore.out")
-    time.sleep(1.0)
-    v = verify(prefix, pids)
-    res["detail"] = {str(k): v[k][2] for k in v}
-    res["ok"] = refused and all(o and moved for o, moved, _ in v.values())
-    return end_case(ctx, res, pids, img)
+    return restore_after_refusal(ctx, res, prefix, pids, img, refused)
 
 
 def table(results):
