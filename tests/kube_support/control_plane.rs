@@ -207,7 +207,7 @@ impl<'e> ControlPlane<'e> {
     /// `curl` of `url` (a server of the cluster's, `what` in the log) as the cluster's
     /// administrator: the HTTP status and the body; status 0 and curl's words when nothing
     /// answered. The tests read the cluster with curl and write it with `kubectl`, as a user
-    /// does: under the guest's TCG one `kubectl` takes 10 to 25 s to start, curl about 1 s.
+    /// does: in a busy guest under TCG one `kubectl` took 10 to 25 s, one curl 1 to 4 s.
     pub fn curl_as_admin(
         &self,
         method: &str,
