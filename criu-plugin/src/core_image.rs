@@ -97,13 +97,14 @@ pub fn parse_march(bytes: &[u8], file: &str) -> io::Result<u64> {
     varint_field(first, 1).ok_or_else(no_arch)
 }
 
-/// Why the image directory `dir` cannot be restored here, when the core image of its tree's
-/// root task (`root`, the first pid of `pstree.img`) says it was dumped on another
+/// Why the image directory `dir` cannot be restored here, when the core image of the root
+/// task of `tree` (its `pstree.img` pids, as read) says it was dumped on another
 /// architecture; `None` when it says this one, or cannot be read (CRIU then says why).
-pub fn foreign_architecture(dir: BorrowedFd<'_>, root: u32) -> Option<String> {
+pub fn foreign_architecture(dir: BorrowedFd<'_>, tree: &[u32]) -> Option<String> {
     if THIS_MARCH == 0 {
         return None;
     }
+    let root = *tree.first()?;
     match read_march(dir, root) {
         Ok(mtype) => (mtype != THIS_MARCH).then(|| dumped_elsewhere(&file_name(root), mtype)),
         Err(e) => {

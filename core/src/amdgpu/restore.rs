@@ -109,9 +109,9 @@ impl RestoreRun {
         if ids.is_empty() {
             return Err(HookError::NotMine);
         }
-        // Before the GPUs are mapped (another machine's topology would fail first) and before
-        // CRIU forks the tasks (its own check comes only after).
-        // The process tree, read once for this check and the guardian.
+        // The architecture, before the GPUs are mapped (another machine's topology would fail
+        // first) and before CRIU forks the tasks (its own check comes only after); the process
+        // tree it needs is read once, for the guardian too.
         let dir = self.base.images.dir_fd().ok();
         let image_pids = match dir.map(criu_plugin::pstree::read_pids) {
             Some(Ok(pids)) => pids,
@@ -121,9 +121,8 @@ impl RestoreRun {
             }
             None => Vec::new(),
         };
-        if let Some(why) = dir
-            .zip(image_pids.first())
-            .and_then(|(dir, root)| criu_plugin::core_image::foreign_architecture(dir, *root))
+        if let Some(why) =
+            dir.and_then(|dir| criu_plugin::core_image::foreign_architecture(dir, &image_pids))
         {
             return Err(fail(Error::new(FailureKind::Image, libc::EINVAL, why)));
         }

@@ -444,10 +444,7 @@ fn check_tree(md: &CudaMetadata, tree: Option<&io::Result<Vec<u32>>>) -> HookRes
             return Ok(());
         }
     };
-    if let Some(why) = pids
-        .first()
-        .and_then(|root| criu_plugin::core_image::foreign_architecture(dir, *root))
-    {
+    if let Some(why) = criu_plugin::core_image::foreign_architecture(dir, pids) {
         return Err(Failure::new(FailureKind::Image, libc::EINVAL, why).into());
     }
     let missing = preflight::records_not_in_tree(md, pids);
