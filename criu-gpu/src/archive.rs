@@ -351,6 +351,7 @@ fn tar_error(n: u64, e: &io::Error, pos: u64, last: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use criu_gpu_test_support::ustar::header;
 
     #[test]
     fn packings() {
@@ -360,20 +361,6 @@ mod tests {
         let mut v7 = header("x", 0, b'0');
         v7[257..263].fill(0);
         assert!(sniff(&v7).is_none());
-    }
-
-    fn header(name: &str, size: u64, kind: u8) -> Vec<u8> {
-        let mut h = vec![0u8; BLOCK];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..107].copy_from_slice(b"0000644");
-        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
-        h[156] = kind;
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        h
     }
 
     /// An error as the assertions read it: its message.

@@ -33,6 +33,7 @@ pub mod rng;
 pub mod run_leftovers;
 pub mod scenario;
 pub mod tree;
+pub mod ustar;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
